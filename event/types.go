@@ -1,0 +1,43 @@
+package event
+
+// Event types written to an execution's log. The names and payloads follow the
+// kernel API (seed 004); permission and channel events follow the Agent
+// Runtime families (seed 001).
+const (
+	ExecutionCreated   = "execution.created"
+	ExecutionStarted   = "execution.started"
+	ExecutionBlocked   = "execution.blocked"
+	ExecutionResumed   = "execution.resumed"
+	ExecutionCompleted = "execution.completed"
+	ExecutionFailed    = "execution.failed"
+	ExecutionCancelled = "execution.cancelled"
+	ExecutionReset     = "execution.reset"
+
+	IntentAccepted = "intent.accepted"
+	IntentDenied   = "intent.denied"
+
+	StepCreated          = "step.created"
+	StepDispatched       = "step.dispatched"
+	StepStarted          = "step.started"
+	StepCompleted        = "step.completed"
+	StepFailed           = "step.failed"
+	StepRetried          = "step.retried"
+	StepTimedOut         = "step.timed_out"
+	StepCancelled        = "step.cancelled"
+	StepApprovalRequired = "step.approval_required"
+
+	SignalReceived = "signal.received"
+	AgentTimeout   = "agent.timeout"
+
+	PermissionRequested = "permission.requested"
+	PermissionResolved  = "permission.resolved"
+)
+
+// Push types: transient deliveries to agents and runners, not logged.
+const (
+	PushExecutionAssigned = "execution.assigned"
+	PushToolResult        = "tool.result"
+	PushApprovalResolved  = "approval.resolved"
+	PushSignalReceived    = "signal.received"
+	PushJobAssigned       = "job.assigned"
+)

@@ -1,0 +1,119 @@
+package wsaccept
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// conn is the net.Conn websocket.Accept gets from responseWriter.Hijack and
+// that serve later attaches to fasthttp's hijacked conn.
+//
+// It reads through the hijacked conn rather than the socket underneath,
+// because fasthttp's buffered reader may already hold bytes the client
+// pipelined behind the handshake.
+//
+// Its Close has to interrupt the socket itself: fasthttp's hijacked conn
+// ignores Close unless Server.KeepHijackedConns is set, yet websocket.Conn
+// relies on Close to unblock reads and writes.
+type conn struct {
+	// hc and raw are set by bind before the websocket.Conn is used; hc is
+	// cleared by release.
+	hc  net.Conn
+	raw net.Conn
+
+	laddr, raddr net.Addr
+
+	// inUse is held for reading across every call into hc, so that release
+	// can wait until none is in flight.
+	inUse  sync.RWMutex
+	closed atomic.Bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// halfCloser is implemented by *net.TCPConn and *net.UnixConn.
+type halfCloser interface {
+	CloseRead() error
+	CloseWrite() error
+}
+
+// aLongTimeAgo is a deadline that has passed, which makes blocked I/O on a
+// net.Conn return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+func (c *conn) bind(hc net.Conn) {
+	c.hc = hc
+	c.raw = hc
+	if u, ok := hc.(interface{ UnsafeConn() net.Conn }); ok {
+		c.raw = u.UnsafeConn()
+	}
+	c.laddr, c.raddr = hc.LocalAddr(), hc.RemoteAddr()
+}
+
+func (c *conn) Read(p []byte) (int, error) {
+	c.inUse.RLock()
+	defer c.inUse.RUnlock()
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.hc.Read(p)
+}
+
+func (c *conn) Write(p []byte) (int, error) {
+	c.inUse.RLock()
+	defer c.inUse.RUnlock()
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.hc.Write(p)
+}
+
+// Close wakes pending I/O with a past deadline and shuts the socket down, so
+// the peer sees the end at once; only TLS and Server.MaxConnsPerIP wrappers,
+// which cannot be half-closed, wait for the handler to return.
+//
+// It must not close the socket fasthttp gave out: without KeepHijackedConns
+// fasthttp closes that conn itself after the hijack handler, and with
+// MaxConnsPerIP it is a pooled wrapper that a first Close hands to the next
+// connection, which the second Close would then cut. hc.Close is the close
+// fasthttp expects from a hijack handler in either mode.
+func (c *conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		if c.hc == nil {
+			return // fasthttp never hijacked the connection
+		}
+		_ = c.hc.SetDeadline(aLongTimeAgo)
+		if hc, ok := c.raw.(halfCloser); ok {
+			_ = hc.CloseRead()
+			_ = hc.CloseWrite()
+		}
+		c.closeErr = c.hc.Close()
+	})
+	return c.closeErr
+}
+
+// release closes c and waits out any call into hc, after which fasthttp may
+// recycle hc and its buffered reader for another connection.
+func (c *conn) release() {
+	_ = c.Close()
+	c.inUse.Lock()
+	c.hc = nil
+	c.inUse.Unlock()
+}
+
+func (c *conn) LocalAddr() net.Addr  { return c.laddr }
+func (c *conn) RemoteAddr() net.Addr { return c.raddr }
+
+// errDeadline is returned by the deadline setters: websocket.Conn times out
+// with contexts, and a deadline moved by anyone else could undo the one
+// Close uses to interrupt the socket.
+var errDeadline = errors.New("wsaccept: deadlines are not supported, use contexts")
+
+func (c *conn) SetDeadline(time.Time) error      { return errDeadline }
+func (c *conn) SetReadDeadline(time.Time) error  { return errDeadline }
+func (c *conn) SetWriteDeadline(time.Time) error { return errDeadline }

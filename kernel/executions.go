@@ -1,0 +1,400 @@
+package kernel
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Field limits, in bytes, as the kernel API enforces them.
+const (
+	maxIDLen         = 256
+	maxErrorLen      = 4096
+	maxLabels        = 64
+	maxLabelLen      = 256
+	maxIdempotencyKey = 256
+)
+
+func checkLen(field, v string, max int) error {
+	if len(v) > max {
+		return invalid("%s exceeds maximum length of %d characters", field, max)
+	}
+	return nil
+}
+
+// CreateRequest is the body of POST /v0/executions.
+type CreateRequest struct {
+	AgentID   string            `json:"agent_id"`
+	Input     json.RawMessage   `json:"input"`
+	Labels    map[string]string `json:"labels"`
+	SessionID string            `json:"session_id"` // extension: the durable session to file it under
+}
+
+// Create starts an execution. If an agent consumer for it is online, the
+// execution is assigned before Create returns, so the answer says running.
+func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View, error) {
+	if req.AgentID == "" {
+		return View{}, invalid("agent_id is required")
+	}
+	if err := checkLen("agent_id", req.AgentID, maxIDLen); err != nil {
+		return View{}, err
+	}
+	if err := checkLen("session_id", req.SessionID, maxIDLen); err != nil {
+		return View{}, err
+	}
+	if len(req.Labels) > maxLabels {
+		return View{}, invalid("labels: at most %d labels", maxLabels)
+	}
+	for key, v := range req.Labels {
+		if key == "" || len(key) > maxLabelLen || len(v) > maxLabelLen {
+			return View{}, invalid("labels: keys must be 1-%d bytes and values at most %d bytes", maxLabelLen, maxLabelLen)
+		}
+	}
+	if isNull(req.Input) {
+		req.Input = nil
+	}
+	k.mu.Lock()
+	full := len(k.live) >= k.opts.MaxLive
+	k.mu.Unlock()
+	if full {
+		return View{}, newErr(ErrUnavailable, "service unavailable: %d executions are live, the configured maximum", k.opts.MaxLive)
+	}
+	ex := &Execution{ID: event.NewID(), SessionID: req.SessionID, TraceID: meta.TraceID, Steps: map[string]*Step{}}
+	if ex.SessionID == "" {
+		ex.SessionID = "sess-" + ex.ID
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	t := k.begin(ex, meta)
+	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels})
+	consumer := k.pickAgentConsumer(req.AgentID)
+	var lease *Lease
+	if consumer != "" {
+		lease = &Lease{ID: event.NewID(), ConsumerID: consumer}
+		t.add(event.ExecutionStarted, "", &startedPayload{SessionID: lease.ID, ConsumerID: consumer})
+	}
+	if err := t.commit(ctx); err != nil {
+		return View{}, err
+	}
+	if isNull(ex.Input) {
+		ex.Input = nil
+	}
+	k.counters.created.Add(1)
+	k.mu.Lock()
+	k.live[ex.ID] = ex
+	as := k.agentSetLocked(ex.AgentID)
+	if lease != nil {
+		as.consumers[lease.ConsumerID].leases[ex.ID] = lease.ID
+	} else {
+		as.pending = append(as.pending, ex.ID)
+	}
+	k.mu.Unlock()
+	k.armExecutionTimer(ex)
+	if lease != nil {
+		k.pushAssigned(ex)
+	}
+	return ex.view(), nil
+}
+
+// Get returns an execution's state.
+func (k *Kernel) Get(ctx context.Context, id string) (View, error) {
+	k.mu.Lock()
+	ex := k.live[id]
+	k.mu.Unlock()
+	if ex != nil {
+		ex.mu.Lock()
+		v := ex.view()
+		ex.mu.Unlock()
+		return v, nil
+	}
+	return k.loadView(id)
+}
+
+// loadView rebuilds a finished execution's view from its summary and the
+// first and last events, without replaying the whole log.
+func (k *Kernel) loadView(id string) (View, error) {
+	sum, err := k.summary(id)
+	if err != nil {
+		return View{}, err
+	}
+	v := View{ID: sum.ID, Status: sum.Status, AgentID: sum.AgentID, Labels: sum.Labels, SessionID: sum.SessionID,
+		CreatedAt: sum.CreatedAt, UpdatedAt: sum.UpdatedAt}
+	if len(v.Labels) == 0 {
+		v.Labels = nil
+	}
+	var first createdPayload
+	if err := k.readPayload(id, 1, &first); err != nil {
+		return View{}, err
+	}
+	if !isNull(first.Input) {
+		v.Input = first.Input
+	}
+	if sum.Status == StatusCompleted {
+		var last completedPayload
+		if err := k.readPayload(id, sum.Seq, &last); err != nil {
+			return View{}, err
+		}
+		v.Output, v.HasOutput = orNull(last.Output), true
+	}
+	return v, nil
+}
+
+func (k *Kernel) readPayload(id string, seq uint64, into any) error {
+	raw, err := k.store.Entry(streamOf(id), seq)
+	if err != nil {
+		return newErr(ErrUnavailable, "service unavailable: read event %d of %s: %v", seq, id, err)
+	}
+	var ev struct {
+		Payload json.RawMessage `json:"payload"`
+	}
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return fmt.Errorf("decode event %d of %s: %w", seq, id, err)
+	}
+	return json.Unmarshal(ev.Payload, into)
+}
+
+// ListRequest filters and pages GET /v0/executions.
+type ListRequest struct {
+	Status  Status
+	AgentID string
+	Labels  map[string]string
+	Cursor  string
+	Limit   int
+}
+
+// ListPage is one page of executions.
+type ListPage struct {
+	Executions []Summary `json:"executions"`
+	NextCursor string    `json:"next_cursor"`
+}
+
+// List returns executions newest first. The cursor is opaque to clients; it
+// names the last row returned, and the next page starts strictly after it.
+func (k *Kernel) List(ctx context.Context, req ListRequest) (ListPage, error) {
+	if req.Limit <= 0 {
+		req.Limit = 50
+	}
+	if req.Limit > 200 {
+		req.Limit = 200
+	}
+	after := ""
+	if req.Cursor != "" {
+		raw, err := base64.StdEncoding.DecodeString(req.Cursor)
+		if err != nil || !strings.Contains(string(raw), "|") {
+			return ListPage{}, invalid("invalid cursor")
+		}
+		ts, id, _ := strings.Cut(string(raw), "|")
+		created, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil || id == "" {
+			return ListPage{}, invalid("invalid cursor")
+		}
+		after = summaryKey(created, id)
+	}
+	page := ListPage{Executions: []Summary{}}
+	more := false
+	var lastKey string
+	err := k.store.Records(kindSummary, func(key string, decode func(any) error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		if after != "" && key <= after {
+			return true
+		}
+		var s Summary
+		if decode(&s) != nil {
+			return true
+		}
+		if !matches(&s, req) {
+			return true
+		}
+		if len(page.Executions) == req.Limit {
+			more = true
+			return false
+		}
+		page.Executions = append(page.Executions, s)
+		lastKey = key
+		return true
+	})
+	if err != nil {
+		return ListPage{}, newErr(ErrUnavailable, "service unavailable: %v", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return ListPage{}, err
+	}
+	if more && lastKey != "" {
+		last := page.Executions[len(page.Executions)-1]
+		page.NextCursor = base64.StdEncoding.EncodeToString([]byte(last.CreatedAt.Format(time.RFC3339Nano) + "|" + last.ID))
+	}
+	return page, nil
+}
+
+func matches(s *Summary, req ListRequest) bool {
+	if req.Status != "" && s.Status != req.Status {
+		return false
+	}
+	if req.AgentID != "" && s.AgentID != req.AgentID {
+		return false
+	}
+	for key, v := range req.Labels {
+		if s.Labels[key] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Cancel cancels a non-terminal execution and returns its final state.
+func (k *Kernel) Cancel(ctx context.Context, id string, meta Meta) (View, error) {
+	ex, err := k.lockLive(id)
+	if err != nil {
+		return View{}, err
+	}
+	defer ex.mu.Unlock()
+	t := k.begin(ex, meta)
+	k.cancelSteps(t, "execution cancelled")
+	t.add(event.ExecutionCancelled, "", &reasonPayload{Reason: "cancelled by request"})
+	if err := t.commit(ctx); err != nil {
+		return View{}, err
+	}
+	k.finish(ex)
+	return ex.view(), nil
+}
+
+// cancelSteps adds step.cancelled for every active step.
+func (k *Kernel) cancelSteps(t *tx, reason string) {
+	for _, id := range t.ex.StepOrder {
+		if !t.ex.Steps[id].Status.Terminal() {
+			t.add(event.StepCancelled, id, &reasonPayload{Reason: reason})
+		}
+	}
+}
+
+// SignalRequest is the body of POST /v0/executions/{id}/signal.
+type SignalRequest struct {
+	SignalType string          `json:"signal_type"`
+	Payload    json.RawMessage `json:"payload"`
+}
+
+const signalStepApprove = "step.approve"
+
+// approvalPayload is the payload of a step.approve signal.
+type approvalPayload struct {
+	StepID   string `json:"step_id"`
+	Approved *bool  `json:"approved"`
+	Reason   string `json:"reason"`
+}
+
+// Signal delivers a signal. It resumes an execution blocked on that signal
+// type, resolves a pending approval for step.approve, and is otherwise kept
+// for a later wait. A malformed approval is refused before anything is
+// written.
+func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta Meta) (After, error) {
+	if req.SignalType == "" {
+		return nil, invalid("signal_type is required")
+	}
+	if err := checkLen("signal_type", req.SignalType, maxIDLen); err != nil {
+		return nil, err
+	}
+	ex, err := k.lockLive(id)
+	if err != nil {
+		return nil, err
+	}
+	defer ex.mu.Unlock()
+	var approval *approvalPayload
+	if req.SignalType == signalStepApprove && ex.Status == StatusBlocked && ex.BlockReason == "approval" {
+		approval = &approvalPayload{}
+		if isNull(req.Payload) || json.Unmarshal(req.Payload, approval) != nil || approval.Approved == nil {
+			return nil, invalid(`step.approve payload must be an object {"step_id": string, "approved": bool, "reason"?: string}`)
+		}
+		if approval.StepID != ex.BlockRef {
+			return nil, invalid("step.approve for step %s, but the execution awaits approval of step %s", approval.StepID, ex.BlockRef)
+		}
+	}
+	if len(ex.Signals) >= k.opts.MaxSignals {
+		return nil, conflict("conflict: execution %s holds %d unconsumed signals, the maximum", ex.ID, k.opts.MaxSignals)
+	}
+	var fx effects
+	t := k.begin(ex, meta)
+	t.add(event.SignalReceived, "", &signalPayload{SignalType: req.SignalType, Payload: orNull(req.Payload)})
+	switch {
+	case approval != nil:
+		outcome := outcomeDenied
+		if *approval.Approved {
+			outcome = outcomeApproved
+		}
+		k.resolveApproval(t, &fx, ex.Steps[ex.BlockRef], outcome, approval.Reason)
+	case ex.Status == StatusBlocked && ex.BlockReason == "signal" && ex.BlockRef == req.SignalType:
+		t.add(event.ExecutionResumed, "", &reasonPayload{Reason: "signal received: " + req.SignalType})
+	}
+	if err := t.commit(ctx); err != nil {
+		return nil, err
+	}
+	if ex.Lease != nil {
+		push := signalPush{ExecutionID: ex.ID, SignalType: req.SignalType, Payload: orNull(req.Payload)}
+		peer := k.agentPeer(ex)
+		fx.add(func() { _ = k.deliver(peer, event.PushSignalReceived, &push) })
+	}
+	k.afterResume(ex, &fx)
+	return k.after(fx), nil
+}
+
+// EventPage is one page of an execution's events.
+type EventPage struct {
+	Events         []json.RawMessage `json:"events"`
+	LatestSequence uint64            `json:"latest_sequence"`
+}
+
+// Events returns up to limit events after a sequence. LatestSequence is the
+// sequence of the page's last event, as the kernel API defines it.
+func (k *Kernel) Events(ctx context.Context, id string, after uint64, limit int) (EventPage, error) {
+	if err := k.exists(id); err != nil {
+		return EventPage{}, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	if limit > 1000 {
+		limit = 1000
+	}
+	entries, err := k.store.Read(streamOf(id), after, limit)
+	if err != nil {
+		return EventPage{}, newErr(ErrUnavailable, "service unavailable: %v", err)
+	}
+	page := EventPage{Events: make([]json.RawMessage, len(entries))}
+	for i, e := range entries {
+		page.Events[i] = e.Data
+		page.LatestSequence = e.Seq
+	}
+	return page, nil
+}
+
+// exists reports ErrNotFound for an unknown execution.
+func (k *Kernel) exists(id string) error {
+	k.mu.Lock()
+	_, ok := k.live[id]
+	k.mu.Unlock()
+	if ok {
+		return nil
+	}
+	_, err := k.summary(id)
+	return err
+}
+
+// ReadEvents calls fn for each stored event of id after a sequence, in order;
+// data is valid only during the call. fn returns false to stop.
+func (k *Kernel) ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	if err := k.store.Scan(streamOf(id), after, fn); err != nil {
+		if errors.Is(err, store.ErrClosed) {
+			return newErr(ErrUnavailable, "service unavailable: shutting down")
+		}
+		return newErr(ErrUnavailable, "service unavailable: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,372 @@
+// Package kernel is Gatehouse's execution kernel: executions, steps, jobs,
+// signals, timers and the policy gate, with the state machines of the kernel
+// API (seed 004).
+//
+// Every change is a set of events committed to the store before it is
+// applied in memory or answered; the in-memory state of live executions is
+// the fold of their events, and the same fold rebuilds it at start-up. The
+// kernel knows nothing about HTTP or sockets: it hands deliveries for agents
+// and runners to a Deliverer and is told by the gateway when they connect.
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Peer names one consumer of deliveries: a connection identity of an agent or
+// a runner. Deliveries for a consumer survive its reconnects.
+type Peer struct {
+	Role     string // "agent" or "runner"
+	ID       string // agent_id or runner_id
+	Consumer string // consumer_id
+}
+
+// Peer roles.
+const (
+	RoleAgent  = "agent"
+	RoleRunner = "runner"
+)
+
+// Deliverer carries pushes to agents and runners. The gateway implements it.
+type Deliverer interface {
+	// Deliver queues a push for p. An error means it was not queued.
+	Deliver(p Peer, typ string, data []byte) error
+	// Forget drops p's undelivered pushes and ends its connection, if any:
+	// the kernel has given up on that consumer.
+	Forget(p Peer)
+}
+
+// Policy decides tool invocations.
+type Policy interface {
+	Evaluate(in policy.Input) policy.Result
+}
+
+// Options configure a Kernel. Zero durations take the defaults shown.
+type Options struct {
+	Store     *store.Store // required
+	Deliverer Deliverer    // required
+	Policy    Policy       // nil: the built-in default policy
+	Logger    *slog.Logger
+
+	StepTimeout       time.Duration // 5m: step deadline unless policy sets one
+	ExecutionTimeout  time.Duration // 1h: from creation, in any non-terminal state
+	AgentGrace        time.Duration // 30s: how long a disconnected agent consumer keeps its executions
+	RunnerGrace       time.Duration // 30s: how long a disconnected runner consumer keeps its job
+	RetryBase         time.Duration // 1s: first retry backoff of a remote job
+	RetryMax          time.Duration // 30s: backoff cap
+	RemoteMaxAttempts int           // 3: attempts of a remote step
+	MaxSteps          int           // 10000: steps per execution
+	MaxSignals        int           // 1000: unconsumed signals per execution
+	MaxLive           int           // 100000: non-terminal executions
+}
+
+func (o *Options) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.StepTimeout, 5*time.Minute)
+	def(&o.ExecutionTimeout, time.Hour)
+	def(&o.AgentGrace, 30*time.Second)
+	def(&o.RunnerGrace, 30*time.Second)
+	def(&o.RetryBase, time.Second)
+	def(&o.RetryMax, 30*time.Second)
+	if o.RemoteMaxAttempts <= 0 {
+		o.RemoteMaxAttempts = 3
+	}
+	if o.MaxSteps <= 0 {
+		o.MaxSteps = 10000
+	}
+	if o.MaxSignals <= 0 {
+		o.MaxSignals = 1000
+	}
+	if o.MaxLive <= 0 {
+		o.MaxLive = 100000
+	}
+	if o.Policy == nil {
+		o.Policy = policy.Default()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Kernel runs executions. It is safe for concurrent use.
+type Kernel struct {
+	opts  Options
+	store *store.Store
+	out   Deliverer
+	pol   Policy
+	log   *slog.Logger
+
+	// mu guards the maps below. It is never held while waiting for the
+	// store or while taking an execution's lock: an execution's lock may be
+	// held when taking mu, never the other way round.
+	mu      sync.Mutex
+	live    map[string]*Execution
+	agents  map[string]*agentSet
+	runners map[string]*runnerSet
+	queue   []*job // remote jobs waiting for a runner, in arrival order
+	rr      map[string]int
+	closed  bool
+
+	watchMu  sync.Mutex
+	watchers map[string]map[*Watch]struct{}
+
+	counters counters
+	wg       sync.WaitGroup // running effects, so Close can wait for them
+}
+
+type counters struct {
+	created, completed, failed, cancelled atomic.Uint64
+	intents, denied, steps, jobs, retries atomic.Uint64
+	events                                atomic.Uint64
+}
+
+// New recovers the kernel's state from the store and returns it ready.
+func New(ctx context.Context, o Options) (*Kernel, error) {
+	if o.Store == nil || o.Deliverer == nil {
+		return nil, errors.New("kernel: Options.Store and Options.Deliverer are required")
+	}
+	o.defaults()
+	k := &Kernel{
+		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, log: o.Logger,
+		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
+		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{},
+	}
+	if err := k.recover(ctx); err != nil {
+		return nil, fmt.Errorf("kernel: recover: %w", err)
+	}
+	return k, nil
+}
+
+// Close stops timers and waits for running effects. It writes nothing: a
+// restart resumes from the log, giving connected peers their grace period.
+func (k *Kernel) Close() {
+	k.mu.Lock()
+	k.closed = true
+	for _, ex := range k.live {
+		ex.mu.Lock()
+		ex.stopTimers()
+		ex.mu.Unlock()
+	}
+	for _, as := range k.agents {
+		for _, c := range as.consumers {
+			c.stopGrace()
+		}
+	}
+	for _, rs := range k.runners {
+		for _, c := range rs.consumers {
+			c.stopGrace()
+		}
+	}
+	k.mu.Unlock()
+	k.wg.Wait()
+	k.watchMu.Lock()
+	for _, ws := range k.watchers {
+		for w := range ws {
+			w.close()
+		}
+	}
+	k.watchMu.Unlock()
+}
+
+func (k *Kernel) now() time.Time { return time.Now().UTC() }
+
+// Stats is a snapshot of the kernel's gauges and counters, for metrics.
+type Stats struct {
+	Live, QueuedJobs, AgentsOnline, RunnersOnline, RunnersBusy int
+	Created, Completed, Failed, Cancelled                      uint64
+	Intents, Denied, Steps, Jobs, Retries, Events              uint64
+}
+
+// Stats returns current figures.
+func (k *Kernel) Stats() Stats {
+	k.mu.Lock()
+	s := Stats{Live: len(k.live), QueuedJobs: len(k.queue)}
+	for _, as := range k.agents {
+		for _, c := range as.consumers {
+			if c.online {
+				s.AgentsOnline++
+			}
+		}
+	}
+	for _, rs := range k.runners {
+		for _, c := range rs.consumers {
+			if c.online {
+				s.RunnersOnline++
+			}
+			if c.job != nil {
+				s.RunnersBusy++
+			}
+		}
+	}
+	k.mu.Unlock()
+	c := &k.counters
+	s.Created, s.Completed, s.Failed, s.Cancelled = c.created.Load(), c.completed.Load(), c.failed.Load(), c.cancelled.Load()
+	s.Intents, s.Denied, s.Steps, s.Jobs, s.Retries, s.Events = c.intents.Load(), c.denied.Load(), c.steps.Load(), c.jobs.Load(), c.retries.Load(), c.events.Load()
+	return s
+}
+
+// Ready reports whether the kernel can take writes.
+func (k *Kernel) Ready(ctx context.Context) error { return k.store.Ping(ctx) }
+
+// After is work to run once the caller has answered the request that caused
+// it. Pushes that answer a request (a tool.result for a step the intent
+// created) must not overtake that request's response: clients register their
+// waiters only after reading it. A nil After is valid and does nothing.
+type After func()
+
+// Run runs a; it is safe on nil.
+func (a After) Run() {
+	if a != nil {
+		a()
+	}
+}
+
+// effects collects work for after the response.
+type effects []func()
+
+func (e *effects) add(f func()) { *e = append(*e, f) }
+
+func (k *Kernel) after(e effects) After {
+	if len(e) == 0 {
+		return nil
+	}
+	k.wg.Add(1)
+	return func() {
+		defer k.wg.Done()
+		for _, f := range e {
+			f()
+		}
+	}
+}
+
+// runNow runs effects that have no response to wait for (timers, connects).
+func (k *Kernel) runNow(e effects) { k.after(e).Run() }
+
+// lockLive returns the live execution id, locked. Terminal executions are not
+// live; the second result tells whether a finished one exists in the store.
+func (k *Kernel) lockLive(id string) (*Execution, error) {
+	k.mu.Lock()
+	ex := k.live[id]
+	k.mu.Unlock()
+	if ex == nil {
+		return nil, k.finishedOrMissing(id)
+	}
+	ex.mu.Lock()
+	if ex.Status.Terminal() {
+		// Finished while we waited for the lock.
+		defer ex.mu.Unlock()
+		return nil, terminalConflict(ex)
+	}
+	return ex, nil
+}
+
+// finishedOrMissing builds the error for an execution that is not live.
+func (k *Kernel) finishedOrMissing(id string) error {
+	sum, err := k.summary(id)
+	if err != nil {
+		return err
+	}
+	e := newErr(ErrConflict, "execution is in terminal state: execution %s is already %s", id, sum.Status)
+	e.Details = map[string]any{"status": sum.Status}
+	return e
+}
+
+func (k *Kernel) summary(id string) (*Summary, error) {
+	var key string
+	if err := k.store.Get(kindIndex, id, &key); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, notFound("execution", id)
+		}
+		return nil, newErr(ErrUnavailable, "service unavailable: %v", err)
+	}
+	var sum Summary
+	if err := k.store.Get(kindSummary, key, &sum); err != nil {
+		return nil, newErr(ErrUnavailable, "service unavailable: %v", err)
+	}
+	return &sum, nil
+}
+
+// finish drops a terminal execution from memory; its state stays in the store.
+func (k *Kernel) finish(ex *Execution) {
+	ex.stopTimers()
+	k.mu.Lock()
+	delete(k.live, ex.ID)
+	k.dropQueuedLocked(ex.ID)
+	if as := k.agents[ex.AgentID]; as != nil {
+		as.removePending(ex.ID)
+		if ex.Lease != nil {
+			if c := as.consumers[ex.Lease.ConsumerID]; c != nil {
+				delete(c.leases, ex.ID)
+			}
+		}
+	}
+	k.mu.Unlock()
+	switch ex.Status {
+	case StatusCompleted:
+		k.counters.completed.Add(1)
+	case StatusFailed:
+		k.counters.failed.Add(1)
+	case StatusCancelled:
+		k.counters.cancelled.Add(1)
+	}
+}
+
+func (ex *Execution) stopTimers() {
+	if ex.timer != nil {
+		ex.timer.Stop()
+		ex.timer = nil
+	}
+	for _, st := range ex.Steps {
+		st.stopTimer()
+	}
+}
+
+func (st *Step) stopTimer() {
+	if st.timer != nil {
+		st.timer.Stop()
+		st.timer = nil
+	}
+}
+
+// deliver sends a push, logging a failure: the caller decides what a lost
+// push means.
+func (k *Kernel) deliver(p Peer, typ string, payload any) error {
+	data, err := jsonMarshal(payload)
+	if err == nil {
+		err = k.out.Deliver(p, typ, data)
+	}
+	if err != nil {
+		k.log.Warn("push not queued", "role", p.Role, "peer", p.ID, "consumer", p.Consumer, "type", typ, "err", err)
+	}
+	return err
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// stream name of an execution's events, for readers.
+func eventStream(id string) string { return streamOf(id) }
+
+var _ = event.SchemaVersion

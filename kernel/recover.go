@@ -1,0 +1,123 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+)
+
+// recover rebuilds every live execution from its log. Agents and runners
+// that held work get their grace period to reconnect with the same consumer
+// id; after it, their executions go back to pending and their jobs back to
+// the queue, exactly as after a disconnect.
+func (k *Kernel) recover(ctx context.Context) error {
+	var ids []string
+	err := k.store.Records(kindLive, func(id string, _ func(any) error) bool {
+		ids = append(ids, id)
+		return ctx.Err() == nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var exs []*Execution
+	for _, id := range ids {
+		ex, err := k.replay(id)
+		if err != nil {
+			return err
+		}
+		if ex.Status.Terminal() {
+			continue
+		}
+		exs = append(exs, ex)
+	}
+	sort.Slice(exs, func(i, j int) bool { return exs[i].CreatedAt.Before(exs[j].CreatedAt) })
+	for _, ex := range exs {
+		k.live[ex.ID] = ex
+		as := k.agentSetLocked(ex.AgentID)
+		if ex.Lease == nil {
+			if ex.Status == StatusPending {
+				as.pending = append(as.pending, ex.ID)
+			}
+		} else {
+			c := as.consumer(ex.Lease.ConsumerID)
+			c.leases[ex.ID] = ex.Lease.ID
+			if c.grace == nil {
+				agentID, consumerID, gen := ex.AgentID, c.id, c.gen
+				c.grace = time.AfterFunc(k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
+			}
+		}
+		for _, sid := range ex.StepOrder {
+			st := ex.Steps[sid]
+			if !st.Remote || st.Status.Terminal() || st.Approval {
+				continue
+			}
+			if st.JobID == "" {
+				k.queue = append(k.queue, &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, notBefore: st.NotBefore})
+				continue
+			}
+			rs := k.runnerSetLocked(st.RunnerID)
+			c := rs.consumers[st.ConsumerID]
+			if c == nil {
+				c = &runnerConsumer{runnerID: st.RunnerID, id: st.ConsumerID}
+				rs.consumers[c.id] = c
+				runnerID, consumerID, gen := c.runnerID, c.id, c.gen
+				c.grace = time.AfterFunc(k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
+			}
+			c.job = &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, jobID: st.JobID}
+		}
+		k.armExecutionTimer(ex)
+		k.armStepTimers(ex)
+	}
+	if n := len(exs); n > 0 {
+		k.log.Info("recovered live executions", "count", n, "queued_jobs", len(k.queue))
+	}
+	for _, j := range k.queue {
+		if wait := time.Until(j.notBefore); wait > 0 {
+			time.AfterFunc(wait, k.dispatch)
+		}
+	}
+	return nil
+}
+
+// replay folds an execution's whole log into a fresh Execution.
+func (k *Kernel) replay(id string) (*Execution, error) {
+	sum, err := k.summary(id)
+	if err != nil {
+		return nil, err
+	}
+	ex := &Execution{ID: id, SessionID: sum.SessionID, Steps: map[string]*Step{}}
+	var ferr error
+	err = k.store.Scan(streamOf(id), 0, func(seq uint64, data []byte) bool {
+		var ev event.Event
+		if ferr = json.Unmarshal(data, &ev); ferr != nil {
+			return false
+		}
+		if seq == 1 {
+			ex.TraceID = ev.TraceID
+		}
+		f, err := decodeFact(&ev)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		ex.apply(f)
+		return true
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay execution %s: %w", id, err)
+	}
+	if isNull(ex.Input) {
+		ex.Input = nil
+	}
+	return ex, nil
+}

@@ -1,0 +1,531 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+)
+
+// runnerSet is every consumer (connection identity) of one runner_id.
+type runnerSet struct {
+	consumers map[string]*runnerConsumer
+}
+
+type runnerConsumer struct {
+	runnerID string
+	id       string
+	caps     map[string]bool
+	online   bool
+	gen      uint64
+	job      *job // the job it holds; one at a time
+	grace    *time.Timer
+}
+
+func (c *runnerConsumer) stopGrace() {
+	if c.grace != nil {
+		c.grace.Stop()
+		c.grace = nil
+	}
+}
+
+// job is a remote step waiting for, or held by, a runner.
+type job struct {
+	execID, stepID, toolID string
+	jobID                  string // set once dispatched
+	notBefore              time.Time
+}
+
+func (k *Kernel) runnerSetLocked(runnerID string) *runnerSet {
+	rs := k.runners[runnerID]
+	if rs == nil {
+		rs = &runnerSet{consumers: map[string]*runnerConsumer{}}
+		k.runners[runnerID] = rs
+	}
+	return rs
+}
+
+// RunnerConnected records a live runner connection with its capabilities
+// (tool ids) and dispatches queued jobs to it. A consumer that reconnects
+// within the grace period keeps the job it held; that job is sent again if
+// the runner had not reported starting it, since it may never have arrived.
+// The returned function records the end of the connection.
+func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (disconnected func()) {
+	k.mu.Lock()
+	rs := k.runnerSetLocked(runnerID)
+	c := rs.consumers[consumerID]
+	if c == nil {
+		c = &runnerConsumer{runnerID: runnerID, id: consumerID}
+		rs.consumers[consumerID] = c
+	}
+	c.stopGrace()
+	c.caps = capSet(caps)
+	c.online = true
+	c.gen++
+	gen := c.gen
+	held := c.job
+	k.mu.Unlock()
+	if held != nil {
+		k.resendJob(c, held)
+	}
+	k.dispatch()
+	return func() {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if c.gen != gen || k.closed {
+			return
+		}
+		c.online = false
+		c.grace = time.AfterFunc(k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
+	}
+}
+
+func capSet(caps []string) map[string]bool {
+	m := make(map[string]bool, len(caps))
+	for _, c := range caps {
+		if c != "" {
+			m[c] = true
+		}
+	}
+	return m
+}
+
+// resendJob sends a held job again to a consumer that came back.
+func (k *Kernel) resendJob(c *runnerConsumer, j *job) {
+	ex, err := k.lockLive(j.execID)
+	if err != nil {
+		k.release(c, j.jobID)
+		return
+	}
+	st := ex.Steps[j.stepID]
+	if st == nil || st.Status.Terminal() || st.JobID != j.jobID {
+		ex.mu.Unlock()
+		k.release(c, j.jobID)
+		return
+	}
+	push := k.jobPush(ex, st)
+	started := st.Started
+	ex.mu.Unlock()
+	if !started {
+		_ = k.deliver(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &push)
+	}
+}
+
+// runnerLost runs when a consumer stayed away past the grace period: the job
+// it held goes back to the queue (or fails, when its attempts are used up).
+func (k *Kernel) runnerLost(runnerID, consumerID string, gen uint64) {
+	k.mu.Lock()
+	rs := k.runners[runnerID]
+	var c *runnerConsumer
+	if rs != nil {
+		c = rs.consumers[consumerID]
+	}
+	if c == nil || c.gen != gen || c.online || k.closed {
+		k.mu.Unlock()
+		return
+	}
+	delete(rs.consumers, consumerID)
+	if len(rs.consumers) == 0 {
+		delete(k.runners, runnerID)
+	}
+	held := c.job
+	c.job = nil
+	k.mu.Unlock()
+	k.out.Forget(Peer{Role: RoleRunner, ID: runnerID, Consumer: consumerID})
+	if held != nil {
+		k.requeueLost(held, "runner lost")
+	}
+	k.dispatch()
+}
+
+// requeueLost fails the current attempt of a job whose runner is gone and
+// retries it if attempts remain.
+func (k *Kernel) requeueLost(j *job, reason string) {
+	ex, err := k.lockLive(j.execID)
+	if err != nil {
+		return
+	}
+	defer ex.mu.Unlock()
+	st := ex.Steps[j.stepID]
+	if st == nil || st.Status.Terminal() || st.JobID != j.jobID {
+		return
+	}
+	var fx effects
+	t := k.begin(ex, Meta{})
+	k.failAttempt(t, &fx, st, reason, true, nil)
+	if err := t.commit(context.Background()); err != nil {
+		return
+	}
+	k.runNow(fx)
+}
+
+// failAttempt records a failed attempt: retried with backoff while attempts
+// remain and the failure is retryable, otherwise final with a push to the
+// agent. The caller holds ex.mu and commits t.
+func (k *Kernel) failAttempt(t *tx, fx *effects, st *Step, errText string, retryable bool, data json.RawMessage) {
+	ex := t.ex
+	if retryable && st.Attempt < st.MaxAttempts {
+		backoff := k.opts.RetryBase << (st.Attempt - 1)
+		if backoff > k.opts.RetryMax || backoff <= 0 {
+			backoff = k.opts.RetryMax
+		}
+		notBefore := t.now.Add(backoff)
+		t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: errText, Retryable: true})
+		t.add(event.StepRetried, st.ID, &stepRetriedPayload{NextAttempt: st.Attempt + 1, NotBefore: notBefore})
+		k.counters.retries.Add(1)
+		execID, stepID := ex.ID, st.ID
+		fx.add(func() { k.enqueue(execID, stepID) })
+		return
+	}
+	t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: errText, Retryable: false})
+	if ex.Lease != nil {
+		push := toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Result: data, Error: errText}
+		peer := k.agentPeer(ex)
+		fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
+	}
+}
+
+// enqueue puts a remote step in the job queue and dispatches. The step's
+// state decides whether it is still wanted, so a stale call is harmless.
+func (k *Kernel) enqueue(execID, stepID string) {
+	ex, err := k.lockLive(execID)
+	if err != nil {
+		return
+	}
+	st := ex.Steps[stepID]
+	if st == nil || st.Status != StepPending || st.Approval || !st.Remote {
+		ex.mu.Unlock()
+		return
+	}
+	j := &job{execID: execID, stepID: stepID, toolID: st.ToolID, notBefore: st.NotBefore}
+	ex.mu.Unlock()
+	k.mu.Lock()
+	for _, q := range k.queue {
+		if q.execID == execID && q.stepID == stepID {
+			k.mu.Unlock()
+			return
+		}
+	}
+	k.queue = append(k.queue, j)
+	k.mu.Unlock()
+	if wait := time.Until(j.notBefore); wait > 0 {
+		time.AfterFunc(wait, k.dispatch)
+		return
+	}
+	k.dispatch()
+}
+
+func (k *Kernel) dropQueuedLocked(execID string) {
+	q := k.queue[:0]
+	for _, j := range k.queue {
+		if j.execID != execID {
+			q = append(q, j)
+		}
+	}
+	clear(k.queue[len(q):])
+	k.queue = q
+}
+
+// dispatch hands ready jobs to idle capable runner consumers. It holds k.mu
+// only to match jobs to consumers; the writes happen after, under each
+// execution's own lock, so dispatch never waits on the store while holding
+// the kernel lock (the original kernel deadlocked here).
+func (k *Kernel) dispatch() {
+	type assignment struct {
+		c *runnerConsumer
+		j *job
+	}
+	var out []assignment
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	rest := k.queue[:0]
+	for _, j := range k.queue {
+		if j.notBefore.After(now) {
+			rest = append(rest, j)
+			continue
+		}
+		c := k.pickRunnerLocked(j.toolID)
+		if c == nil {
+			rest = append(rest, j)
+			continue
+		}
+		j.jobID = event.NewID()
+		c.job = j
+		out = append(out, assignment{c, j})
+	}
+	clear(k.queue[len(rest):])
+	k.queue = rest
+	k.mu.Unlock()
+	for _, a := range out {
+		k.sendJob(a.c, a.j)
+	}
+}
+
+// pickRunnerLocked picks an idle online consumer able to run tool,
+// round-robin per tool in (runner, consumer) order.
+func (k *Kernel) pickRunnerLocked(tool string) *runnerConsumer {
+	var idle []*runnerConsumer
+	for _, rid := range sortedKeys(k.runners) {
+		rs := k.runners[rid]
+		for _, cid := range sortedKeys(rs.consumers) {
+			c := rs.consumers[cid]
+			if c.online && c.job == nil && c.caps[tool] {
+				idle = append(idle, c)
+			}
+		}
+	}
+	if len(idle) == 0 {
+		return nil
+	}
+	k.rr[tool]++
+	return idle[k.rr[tool]%len(idle)]
+}
+
+// sendJob records the dispatch and pushes the job to its runner.
+func (k *Kernel) sendJob(c *runnerConsumer, j *job) {
+	ex, err := k.lockLive(j.execID)
+	if err != nil {
+		k.release(c, j.jobID)
+		k.dispatch()
+		return
+	}
+	st := ex.Steps[j.stepID]
+	if st == nil || st.Status != StepPending || st.Approval {
+		ex.mu.Unlock()
+		k.release(c, j.jobID)
+		k.dispatch()
+		return
+	}
+	timeout := k.opts.StepTimeout
+	if st.Timeout > 0 {
+		timeout = st.Timeout
+	}
+	t := k.begin(ex, Meta{})
+	t.add(event.StepDispatched, st.ID, &dispatchedPayload{
+		RunnerID: c.runnerID, JobID: j.jobID, Deadline: t.now.Add(timeout), ConsumerID: c.id,
+	})
+	if err := t.commit(context.Background()); err != nil {
+		ex.mu.Unlock()
+		k.release(c, j.jobID)
+		k.mu.Lock()
+		k.queue = append(k.queue, &job{execID: j.execID, stepID: j.stepID, toolID: j.toolID})
+		k.mu.Unlock()
+		return
+	}
+	k.counters.jobs.Add(1)
+	k.armStepTimers(ex)
+	push := k.jobPush(ex, st)
+	ex.mu.Unlock()
+	_ = k.deliver(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &push)
+}
+
+func (k *Kernel) jobPush(ex *Execution, st *Step) jobPush {
+	return jobPush{
+		ID: st.JobID, ExecutionID: ex.ID, StepID: st.ID, Attempt: st.Attempt, ToolID: st.ToolID,
+		Arguments: orNull(st.Arguments), Deadline: st.Deadline, NotBefore: st.NotBefore,
+	}
+}
+
+// release frees the consumer holding jobID, if any.
+func (k *Kernel) release(c *runnerConsumer, jobID string) {
+	k.mu.Lock()
+	if c.job != nil && c.job.jobID == jobID {
+		c.job = nil
+	}
+	k.mu.Unlock()
+}
+
+// releaseJob frees whichever consumer holds jobID.
+func (k *Kernel) releaseJob(jobID string) {
+	if jobID == "" {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, rs := range k.runners {
+		for _, c := range rs.consumers {
+			if c.job != nil && c.job.jobID == jobID {
+				c.job = nil
+				return
+			}
+		}
+	}
+}
+
+// RunnerResultRequest is the body of POST /v0/runners/{id}/results.
+type RunnerResultRequest struct {
+	JobID          string          `json:"job_id"`
+	ExecutionID    string          `json:"execution_id"`
+	StepID         string          `json:"step_id"`
+	Success        bool            `json:"success"`
+	Data           json.RawMessage `json:"data"`
+	Error          string          `json:"error"`
+	Retryable      bool            `json:"retryable"`
+	StartedAt      *time.Time      `json:"started_at"`
+	CompletedAt    *time.Time      `json:"completed_at"`
+	ConsumerID     string          `json:"consumer_id"`
+	IdempotencyKey string          `json:"idempotency_key"` // extension
+}
+
+// RunnerResult records a job's outcome. The runner that held the job is
+// freed whatever the outcome, so it is never stuck busy. A result for an
+// earlier attempt of the step is acknowledged without effect unless it is a
+// success the step still needs.
+func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerResultRequest, meta Meta) (After, error) {
+	if req.JobID == "" || req.ExecutionID == "" || req.StepID == "" {
+		return nil, invalid("job_id, execution_id, and step_id are required")
+	}
+	if err := checkLen("error", req.Error, maxErrorLen); err != nil {
+		return nil, err
+	}
+	if isNull(req.Data) {
+		req.Data = nil
+	}
+	defer k.dispatch()
+	defer k.releaseJob(req.JobID)
+	ex, err := k.lockStep(req.ExecutionID, req.StepID)
+	if err != nil {
+		return nil, err
+	}
+	defer ex.mu.Unlock()
+	st := ex.Steps[req.StepID]
+	if st == nil {
+		return nil, notFound("step", req.StepID)
+	}
+	if st.Status.Terminal() {
+		return nil, settled(st, req.Success, req.Data, req.Error)
+	}
+	if st.JobID != req.JobID {
+		if !contains(st.Jobs, req.JobID) {
+			return nil, conflict("conflict: job %s is not a job of step %s", req.JobID, st.ID)
+		}
+		if !req.Success {
+			return nil, nil
+		}
+	}
+	meta.IdempotencyKey = req.IdempotencyKey
+	var fx effects
+	t := k.begin(ex, meta)
+	if req.Success {
+		t.add(event.StepCompleted, st.ID, &stepCompletedPayload{Result: orNull(req.Data)})
+		if ex.Lease != nil {
+			push := toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepSucceeded), Result: req.Data}
+			peer := k.agentPeer(ex)
+			fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
+		}
+	} else {
+		k.failAttempt(t, &fx, st, req.Error, req.Retryable, req.Data)
+	}
+	if err := t.commit(ctx); err != nil {
+		return nil, err
+	}
+	if st.Status.Terminal() {
+		st.stopTimer()
+	}
+	k.mu.Lock()
+	k.dropQueuedStepLocked(ex.ID, st.ID)
+	k.mu.Unlock()
+	if !st.Status.Terminal() {
+		execID, stepID := ex.ID, st.ID
+		fx.add(func() { k.enqueue(execID, stepID) })
+	}
+	return k.after(fx), nil
+}
+
+func (k *Kernel) dropQueuedStepLocked(execID, stepID string) {
+	q := k.queue[:0]
+	for _, j := range k.queue {
+		if j.execID != execID || j.stepID != stepID {
+			q = append(q, j)
+		}
+	}
+	clear(k.queue[len(q):])
+	k.queue = q
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// StepStartedRequest is the body of POST /v0/runners/steps/{id}/started.
+type StepStartedRequest struct {
+	ExecutionID string `json:"execution_id"`
+	RunnerID    string `json:"runner_id"`
+}
+
+// StepStarted records that a runner began a step. Calls for a step already
+// running or finished change nothing.
+func (k *Kernel) StepStarted(ctx context.Context, stepID string, req StepStartedRequest, meta Meta) error {
+	if req.ExecutionID == "" || req.RunnerID == "" {
+		return invalid("execution_id and runner_id are required")
+	}
+	ex, err := k.lockStep(req.ExecutionID, stepID)
+	if err != nil {
+		return err
+	}
+	defer ex.mu.Unlock()
+	st := ex.Steps[stepID]
+	if st == nil {
+		return notFound("step", stepID)
+	}
+	if st.Status != StepPending && st.Status != StepDispatched {
+		return nil
+	}
+	if st.Approval {
+		return conflict("conflict: step %s is waiting for approval", st.ID)
+	}
+	t := k.begin(ex, meta)
+	t.add(event.StepStarted, st.ID, &stepStartedPayload{RunnerID: req.RunnerID})
+	return t.commit(ctx)
+}
+
+// UpdateCapabilities replaces the tool list of every connection of a runner.
+func (k *Kernel) UpdateCapabilities(runnerID string, tools []string) {
+	k.mu.Lock()
+	if rs := k.runners[runnerID]; rs != nil {
+		for _, c := range rs.consumers {
+			c.caps = capSet(tools)
+		}
+	}
+	k.mu.Unlock()
+	k.dispatch()
+}
+
+// RemoveRunner unregisters a runner: its connections end and the jobs it
+// held go back to the queue at once.
+func (k *Kernel) RemoveRunner(runnerID string) {
+	k.mu.Lock()
+	rs := k.runners[runnerID]
+	delete(k.runners, runnerID)
+	var held []*job
+	var peers []Peer
+	if rs != nil {
+		for _, c := range rs.consumers {
+			c.stopGrace()
+			c.gen++ // the connection's disconnect must not resurrect it
+			if c.job != nil {
+				held = append(held, c.job)
+				c.job = nil
+			}
+			peers = append(peers, Peer{Role: RoleRunner, ID: runnerID, Consumer: c.id})
+		}
+	}
+	k.mu.Unlock()
+	for _, p := range peers {
+		k.out.Forget(p)
+	}
+	for _, j := range held {
+		k.requeueLost(j, "runner removed")
+	}
+	k.dispatch()
+}

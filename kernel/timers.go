@@ -1,0 +1,90 @@
+package kernel
+
+import (
+	"context"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+)
+
+// armExecutionTimer fails the execution when its overall timeout passes.
+// The caller holds ex.mu or owns ex exclusively.
+func (k *Kernel) armExecutionTimer(ex *Execution) {
+	if ex.timer != nil || ex.Status.Terminal() {
+		return
+	}
+	id := ex.ID
+	ex.timer = time.AfterFunc(time.Until(ex.CreatedAt.Add(k.opts.ExecutionTimeout)), func() { k.executionTimedOut(id) })
+}
+
+func (k *Kernel) executionTimedOut(id string) {
+	ex, err := k.lockLive(id)
+	if err != nil {
+		return
+	}
+	defer ex.mu.Unlock()
+	ex.timer = nil
+	t := k.begin(ex, Meta{})
+	k.cancelSteps(t, "execution timed out")
+	t.add(event.ExecutionFailed, "", &errorPayload{Error: "execution exceeded maximum duration"})
+	if err := t.commit(context.Background()); err != nil {
+		// Try again shortly rather than leave the execution running forever.
+		ex.timer = time.AfterFunc(time.Second, func() { k.executionTimedOut(id) })
+		return
+	}
+	k.finish(ex)
+}
+
+// armStepTimers (re)arms the deadline timer of every active step. Deadlines
+// are not enforced while the execution is blocked; they are re-armed when it
+// resumes. The caller holds ex.mu.
+func (k *Kernel) armStepTimers(ex *Execution) {
+	if ex.Status.Terminal() {
+		return
+	}
+	for _, id := range ex.StepOrder {
+		st := ex.Steps[id]
+		if st.Status.Terminal() || st.Deadline.IsZero() || st.Approval {
+			st.stopTimer()
+			continue
+		}
+		st.stopTimer()
+		execID, stepID, deadline := ex.ID, st.ID, st.Deadline
+		st.timer = time.AfterFunc(time.Until(deadline), func() { k.stepTimedOut(execID, stepID, deadline) })
+	}
+}
+
+// stepTimedOut ends a step whose deadline passed. Only the step fails; the
+// agent is told through tool.result and decides what to do (the original
+// kernel failed the whole execution and told nobody).
+func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
+	ex, err := k.lockLive(execID)
+	if err != nil {
+		return
+	}
+	defer ex.mu.Unlock()
+	st := ex.Steps[stepID]
+	if st == nil || st.Status.Terminal() || !st.Deadline.Equal(deadline) || ex.Status == StatusBlocked {
+		return
+	}
+	st.timer = nil
+	jobID := st.JobID
+	t := k.begin(ex, Meta{})
+	t.add(event.StepTimedOut, st.ID, &emptyPayload{})
+	if err := t.commit(context.Background()); err != nil {
+		st.timer = time.AfterFunc(time.Second, func() { k.stepTimedOut(execID, stepID, deadline) })
+		return
+	}
+	k.releaseJob(jobID)
+	k.mu.Lock()
+	k.dropQueuedStepLocked(execID, stepID)
+	k.mu.Unlock()
+	var fx effects
+	if ex.Lease != nil {
+		push := toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Error: "step timed out"}
+		peer := k.agentPeer(ex)
+		fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
+	}
+	fx.add(k.dispatch)
+	go k.runNow(fx)
+}

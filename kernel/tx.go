@@ -1,0 +1,193 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Record kinds and log streams in the store.
+const (
+	kindSummary = "xs"   // list index: desc(created) "/" id -> Summary
+	kindIndex   = "xk"   // id -> list index key
+	kindLive    = "live" // id -> nothing, for every non-terminal execution
+	kindIdem    = "idem" // execution id "/" key -> idemRecord
+)
+
+func streamOf(execID string) string { return "x/" + execID }
+
+// summaryKey orders executions newest first: the list index is scanned in
+// key order, so the creation time is stored inverted.
+func summaryKey(created time.Time, id string) string {
+	return fmt.Sprintf("%016x/%s", uint64(1<<63-1-created.UnixNano()), id)
+}
+
+// Meta describes the request that writes a transaction's events.
+type Meta struct {
+	// TraceID is the W3C trace id from the request's traceparent header.
+	TraceID string
+	// IdempotencyKey is the producer's key for the request.
+	IdempotencyKey string
+}
+
+// tx collects the events and records of one change to one execution. The
+// caller holds ex.mu from begin to commit, so sequences are assigned in order.
+type tx struct {
+	k      *Kernel
+	ex     *Execution
+	meta   Meta
+	now    time.Time
+	batch  store.Batch
+	facts  []fact
+	events [][]byte
+	first  string
+	prev   string
+	err    error
+	seq    uint64
+}
+
+func (k *Kernel) begin(ex *Execution, meta Meta) *tx {
+	if meta.TraceID == "" {
+		meta.TraceID = ex.TraceID
+	}
+	return &tx{k: k, ex: ex, meta: meta, now: k.now(), seq: ex.Seq}
+}
+
+// add appends an event; payload is one of the typed payload structs.
+func (t *tx) add(typ, stepID string, payload any) {
+	t.addWith(typ, stepID, "", payload)
+}
+
+// addWith is add with an action id for events about a human decision.
+func (t *tx) addWith(typ, stepID, actionID string, payload any) {
+	if t.err != nil {
+		return
+	}
+	data, err := json.Marshal(payload)
+	if err != nil {
+		t.err = invalid("%s payload: %v", typ, err)
+		return
+	}
+	t.seq++
+	id := event.NewID()
+	if t.first == "" {
+		t.first = id
+		t.prev = id
+	}
+	ev := event.Event{
+		ID: id, ExecutionID: t.ex.ID, StepID: stepID, Type: typ,
+		SchemaVersion: event.SchemaVersion, Timestamp: t.now, Payload: data,
+		CausationID: t.prev, CorrelationID: t.first, IdempotencyKey: t.meta.IdempotencyKey,
+		Sequence: t.seq, EventID: id, SessionID: t.ex.SessionID, RunID: t.ex.ID,
+		ActionID: actionID, TraceID: t.meta.TraceID,
+	}
+	if stepID != "" {
+		ev.ToolCallID = stepID
+	}
+	t.prev = id
+	raw, err := json.Marshal(&ev)
+	if err != nil {
+		t.err = fmt.Errorf("encode %s event: %w", typ, err)
+		return
+	}
+	t.batch.Append(streamOf(t.ex.ID), t.seq, raw)
+	t.events = append(t.events, raw)
+	t.facts = append(t.facts, fact{typ: typ, stepID: stepID, at: t.now, seq: t.seq, payload: payload})
+}
+
+// remember stores the answer to an idempotent request in the same batch as
+// its effects, so a retry can never see the effects without the answer.
+func (t *tx) remember(key string, rec idemRecord) {
+	if key == "" || t.err != nil {
+		return
+	}
+	if err := t.batch.Put(kindIdem, t.ex.ID+"/"+key, rec); err != nil {
+		t.err = err
+	}
+}
+
+// commit makes the transaction durable and then applies it to memory. On
+// error nothing was applied and, as far as the store can tell, nothing written.
+func (t *tx) commit(ctx context.Context) error {
+	if t.err != nil {
+		return t.err
+	}
+	if len(t.facts) == 0 && t.batch.Len() == 0 {
+		return nil
+	}
+	ex := t.ex
+	// Fold into a scratch copy of the header first to learn the new summary.
+	status := ex.Status
+	for _, f := range t.facts {
+		status = nextStatus(status, f.typ)
+	}
+	sum := Summary{
+		ID: ex.ID, Status: status, AgentID: ex.AgentID, Labels: ex.Labels,
+		CreatedAt: ex.CreatedAt, UpdatedAt: t.now, SessionID: ex.SessionID, Seq: t.seq,
+	}
+	if ex.Seq == 0 {
+		sum.CreatedAt = t.now
+		if p, ok := t.facts[0].payload.(*createdPayload); ok {
+			sum.AgentID, sum.Labels = p.AgentID, p.Labels
+		}
+		key := summaryKey(sum.CreatedAt, ex.ID)
+		if err := t.batch.Put(kindIndex, ex.ID, key); err != nil {
+			return err
+		}
+		if err := t.batch.Put(kindLive, ex.ID, true); err != nil {
+			return err
+		}
+	}
+	if sum.Labels == nil {
+		sum.Labels = map[string]string{}
+	}
+	if err := t.batch.Put(kindSummary, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
+		return err
+	}
+	if status.Terminal() && !ex.Status.Terminal() {
+		t.batch.Delete(kindLive, ex.ID)
+	}
+	if err := t.k.store.Write(ctx, &t.batch); err != nil {
+		t.k.log.Error("commit failed", "execution", ex.ID, "err", err)
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return newErr(ErrUnavailable, "service unavailable: %v", err)
+		}
+		return newErr(ErrUnavailable, "service unavailable: store write failed")
+	}
+	for _, f := range t.facts {
+		ex.apply(f)
+	}
+	t.k.notify(ex.ID, t.seq)
+	t.k.counters.events.Add(uint64(len(t.facts)))
+	return nil
+}
+
+// nextStatus is the status a fact moves an execution to.
+func nextStatus(s Status, typ string) Status {
+	switch typ {
+	case event.ExecutionCreated, event.ExecutionReset:
+		return StatusPending
+	case event.ExecutionStarted, event.ExecutionResumed:
+		return StatusRunning
+	case event.ExecutionBlocked:
+		return StatusBlocked
+	case event.ExecutionCompleted:
+		return StatusCompleted
+	case event.ExecutionFailed:
+		return StatusFailed
+	case event.ExecutionCancelled:
+		return StatusCancelled
+	}
+	return s
+}
+
+// idemRecord is the stored answer to a request that carried an idempotency key.
+type idemRecord struct {
+	Hash   string          `msgpack:"h"`
+	Result json.RawMessage `msgpack:"r"`
+}

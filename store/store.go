@@ -1,0 +1,610 @@
+// Package store keeps Gatehouse's durable state in an embedded Badger
+// database: sequenced logs (an execution's events, a peer's outbox) and keyed
+// records encoded with msgpack.
+//
+// Every write goes through one committer goroutine that batches whatever
+// arrived while the previous batch was being synced (group commit), so many
+// concurrent writers share one fsync. Write returns only when its batch is as
+// durable as the sync mode promises.
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is.
+var (
+	// ErrNotFound means the key holds no value.
+	ErrNotFound = errors.New("store: not found")
+	// ErrClosed means the store was closed.
+	ErrClosed = errors.New("store: closed")
+	// ErrFailed means an earlier write or sync failed; the store refuses
+	// further writes because what is on disk is no longer known.
+	ErrFailed = errors.New("store: failed")
+)
+
+// SyncMode says when a write counts as durable.
+type SyncMode int
+
+const (
+	// SyncAlways fsyncs every batch before any of its writes returns.
+	SyncAlways SyncMode = iota
+	// SyncBatch returns once the batch is written and fsyncs on an interval:
+	// a power cut can lose up to one interval of acknowledged writes.
+	SyncBatch
+	// SyncNone never fsyncs explicitly and leaves it to the OS.
+	SyncNone
+)
+
+// String returns the mode's flag spelling.
+func (m SyncMode) String() string {
+	switch m {
+	case SyncAlways:
+		return "always"
+	case SyncBatch:
+		return "batch"
+	case SyncNone:
+		return "none"
+	}
+	return fmt.Sprintf("SyncMode(%d)", int(m))
+}
+
+// ParseSyncMode parses "always", "batch" or "none".
+func ParseSyncMode(s string) (SyncMode, error) {
+	switch s {
+	case "always", "":
+		return SyncAlways, nil
+	case "batch":
+		return SyncBatch, nil
+	case "none":
+		return SyncNone, nil
+	}
+	return 0, fmt.Errorf("store: sync mode %q: want always, batch or none", s)
+}
+
+// Options configure a Store. The zero value is a SyncAlways store that needs
+// only Dir (or InMemory).
+type Options struct {
+	// Dir is the data folder. Ignored when InMemory is set.
+	Dir string
+	// InMemory keeps everything in memory: for tests and throwaway runs.
+	InMemory bool
+	// Sync is the durability mode.
+	Sync SyncMode
+	// SyncInterval is how often SyncBatch fsyncs; zero means 10ms.
+	SyncInterval time.Duration
+	// MaxBatch bounds how many writes one commit groups; zero means 1024.
+	MaxBatch int
+	// QueueLength bounds writes waiting for the committer; zero means 8192.
+	// Writers past it block (backpressure), they are never dropped.
+	QueueLength int
+	// Logger receives Badger's warnings and the store's own; nil discards.
+	Logger *slog.Logger
+}
+
+// Store is an open database. It is safe for concurrent use.
+type Store struct {
+	db     *badger.DB
+	opts   Options
+	log    *slog.Logger
+	epoch  string
+	reqs   chan *request
+	stop   chan struct{}
+	done   chan struct{}
+	failed atomic.Pointer[error]
+
+	closeOnce sync.Once
+	// gate is held shared by every Write and exclusively by Close, so Close
+	// waits for in-flight writes while the committer still serves them.
+	gate    sync.RWMutex
+	closed  bool
+	stats     Stats
+	statsMu   sync.Mutex
+}
+
+// Stats counts the committer's work, for metrics.
+type Stats struct {
+	// Commits is the number of batches committed.
+	Commits uint64
+	// Writes is the number of Write calls committed.
+	Writes uint64
+	// Syncs is the number of fsyncs.
+	Syncs uint64
+	// LastBatch is the number of writes in the last batch.
+	LastBatch int
+	// LastCommit is how long the last commit (with its sync) took.
+	LastCommit time.Duration
+}
+
+type request struct {
+	batch *Batch
+	done  chan error
+}
+
+// Open opens (creating if needed) the database described by o.
+func Open(o Options) (*Store, error) {
+	if !o.InMemory && o.Dir == "" {
+		return nil, errors.New("store: Options.Dir is required unless InMemory is set")
+	}
+	if o.SyncInterval <= 0 {
+		o.SyncInterval = 10 * time.Millisecond
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 1024
+	}
+	if o.QueueLength <= 0 {
+		o.QueueLength = 8192
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	bo := badger.DefaultOptions(o.Dir).
+		WithInMemory(o.InMemory).
+		WithSyncWrites(false). // the committer syncs once per batch instead
+		WithLogger(badgerLogger{log}).
+		WithNumVersionsToKeep(1).
+		WithMemTableSize(16 << 20).
+		WithBlockCacheSize(32 << 20).
+		WithIndexCacheSize(16 << 20).
+		WithValueLogFileSize(64 << 20).
+		WithNumCompactors(2).
+		WithDetectConflicts(false)
+	if o.InMemory {
+		bo = bo.WithDir("").WithValueDir("")
+	}
+	db, err := badger.Open(bo)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %q: %w", o.Dir, err)
+	}
+	s := &Store{
+		db:   db,
+		opts: o,
+		log:  log,
+		reqs: make(chan *request, o.QueueLength),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	if s.epoch, err = s.loadEpoch(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	go s.commitLoop()
+	return s, nil
+}
+
+var epochKey = []byte("m/epoch")
+
+// loadEpoch returns the store's epoch, creating it on first open. The epoch
+// changes only when the data folder is wiped, so a cursor from another epoch
+// is known to point into history that no longer exists.
+func (s *Store) loadEpoch() (string, error) {
+	var epoch string
+	err := s.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(epochKey)
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) error { epoch = string(v); return nil })
+	})
+	if err == nil {
+		return epoch, nil
+	}
+	if !errors.Is(err, badger.ErrKeyNotFound) {
+		return "", fmt.Errorf("store: read epoch: %w", err)
+	}
+	epoch = fmt.Sprintf("%x", time.Now().UnixNano())
+	err = s.db.Update(func(txn *badger.Txn) error { return txn.Set(epochKey, []byte(epoch)) })
+	if err == nil && !s.opts.InMemory {
+		err = s.db.Sync()
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: write epoch: %w", err)
+	}
+	return epoch, nil
+}
+
+// Epoch identifies this database's lifetime; it changes when the data folder
+// is wiped.
+func (s *Store) Epoch() string { return s.epoch }
+
+// Mode returns the sync mode in force.
+func (s *Store) Mode() SyncMode { return s.opts.Sync }
+
+// Stats returns a copy of the committer's counters.
+func (s *Store) Stats() Stats {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return s.stats
+}
+
+// Ping reports whether the store can be read and still accepts writes.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return s.db.View(func(txn *badger.Txn) error {
+		_, err := txn.Get(epochKey)
+		return err
+	})
+}
+
+// Write commits b atomically. It returns when b is durable under the store's
+// sync mode, or with an error, in which case none of b was applied. ctx bounds
+// only the wait to enter the commit queue: once queued, Write waits for the
+// outcome, so a caller never mistakes a committed write for a failed one.
+func (s *Store) Write(ctx context.Context, b *Batch) error {
+	if b == nil || len(b.ops) == 0 {
+		return nil
+	}
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	r := &request{batch: b, done: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+	case <-ctx.Done():
+		return fmt.Errorf("store: write not queued: %w", ctx.Err())
+	}
+	return <-r.done
+}
+
+func (s *Store) commitLoop() {
+	defer close(s.done)
+	var ticker *time.Ticker
+	var tick <-chan time.Time
+	if s.opts.Sync == SyncBatch && !s.opts.InMemory {
+		ticker = time.NewTicker(s.opts.SyncInterval)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	dirty := false
+	group := make([]*request, 0, s.opts.MaxBatch)
+	for {
+		select {
+		case r := <-s.reqs:
+			group = append(group[:0], r)
+		drain:
+			for len(group) < s.opts.MaxBatch {
+				select {
+				case r := <-s.reqs:
+					group = append(group, r)
+				default:
+					break drain
+				}
+			}
+			err := s.commit(group)
+			if err == nil {
+				dirty = true
+			}
+			for _, r := range group {
+				r.done <- err
+			}
+			clear(group)
+		case <-tick:
+			if dirty {
+				if err := s.db.Sync(); err != nil {
+					s.fail(fmt.Errorf("store: periodic sync: %w", err))
+				}
+				dirty = false
+			}
+		case <-s.stop:
+			// Close holds the gate, so no writer is waiting or can enter.
+			if dirty && !s.opts.InMemory {
+				if err := s.db.Sync(); err != nil {
+					s.log.Error("final sync failed", "err", err)
+				}
+			}
+			return
+		}
+	}
+}
+
+// commit writes a group of batches in as few Badger transactions as their
+// size allows, then syncs per the mode.
+func (s *Store) commit(group []*request) error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	start := time.Now()
+	txn := s.db.NewTransaction(true)
+	defer func() { txn.Discard() }()
+	for _, r := range group {
+		for _, op := range r.batch.ops {
+			err := s.apply(txn, op)
+			if errors.Is(err, badger.ErrTxnTooBig) {
+				if err = txn.Commit(); err != nil {
+					return s.fail(fmt.Errorf("store: commit: %w", err))
+				}
+				txn = s.db.NewTransaction(true)
+				err = s.apply(txn, op)
+			}
+			if err != nil {
+				return s.fail(fmt.Errorf("store: write: %w", err))
+			}
+		}
+	}
+	if err := txn.Commit(); err != nil {
+		return s.fail(fmt.Errorf("store: commit: %w", err))
+	}
+	synced := false
+	if s.opts.Sync == SyncAlways && !s.opts.InMemory {
+		if err := s.db.Sync(); err != nil {
+			return s.fail(fmt.Errorf("store: sync: %w", err))
+		}
+		synced = true
+	}
+	s.statsMu.Lock()
+	s.stats.Commits++
+	s.stats.Writes += uint64(len(group))
+	if synced {
+		s.stats.Syncs++
+	}
+	s.stats.LastBatch = len(group)
+	s.stats.LastCommit = time.Since(start)
+	s.statsMu.Unlock()
+	return nil
+}
+
+func (s *Store) apply(txn *badger.Txn, op op) error {
+	if op.del {
+		return txn.Delete(op.key)
+	}
+	return txn.Set(op.key, op.val)
+}
+
+// fail poisons the store: after a failed commit or fsync, what reached the
+// disk is unknown, so accepting more writes could acknowledge facts that a
+// restart contradicts.
+func (s *Store) fail(err error) error {
+	wrapped := fmt.Errorf("%w: %w", ErrFailed, err)
+	if s.failed.CompareAndSwap(nil, &wrapped) {
+		s.log.Error("store failed; refusing further writes", "err", err)
+	}
+	return wrapped
+}
+
+// Close drains queued writes, syncs and closes the database.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.gate.Lock()
+		s.closed = true
+		s.gate.Unlock()
+		close(s.stop)
+		<-s.done
+		err = s.db.Close()
+	})
+	return err
+}
+
+// RunGC reclaims value-log space; call it periodically.
+func (s *Store) RunGC() {
+	if s.opts.InMemory {
+		return
+	}
+	for s.db.RunValueLogGC(0.5) == nil {
+	}
+}
+
+// Batch is a set of writes applied atomically by Write. The zero value is an
+// empty batch.
+type Batch struct {
+	ops []op
+	err error
+}
+
+type op struct {
+	key []byte
+	val []byte
+	del bool
+}
+
+// Len returns the number of writes in the batch.
+func (b *Batch) Len() int { return len(b.ops) }
+
+// Append adds entry seq of the log named stream.
+func (b *Batch) Append(stream string, seq uint64, data []byte) {
+	b.ops = append(b.ops, op{key: logKey(stream, seq), val: data})
+}
+
+// DeleteEntry removes entry seq of the log named stream.
+func (b *Batch) DeleteEntry(stream string, seq uint64) {
+	b.ops = append(b.ops, op{key: logKey(stream, seq), del: true})
+}
+
+// Put stores v, msgpack-encoded, as record id of kind.
+func (b *Batch) Put(kind, id string, v any) error {
+	data, err := msgpack.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
+	}
+	b.ops = append(b.ops, op{key: recordKey(kind, id), val: data})
+	return nil
+}
+
+// Delete removes record id of kind.
+func (b *Batch) Delete(kind, id string) {
+	b.ops = append(b.ops, op{key: recordKey(kind, id), del: true})
+}
+
+// Key layout. Logs: "l/" stream 0x00 seq(8 bytes, big endian), so one
+// stream's entries are contiguous and ordered. Records: "r/" kind 0x00 id.
+// Stream names and kinds must not contain 0x00.
+func logPrefix(stream string) []byte {
+	k := make([]byte, 0, 3+len(stream)+8)
+	k = append(k, "l/"...)
+	k = append(k, stream...)
+	return append(k, 0)
+}
+
+func logKey(stream string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(logPrefix(stream), seq)
+}
+
+func recordPrefix(kind string) []byte {
+	k := make([]byte, 0, 3+len(kind)+36)
+	k = append(k, "r/"...)
+	k = append(k, kind...)
+	return append(k, 0)
+}
+
+func recordKey(kind, id string) []byte {
+	return append(recordPrefix(kind), id...)
+}
+
+// Get decodes record id of kind into v.
+func (s *Store) Get(kind, id string, v any) error {
+	err := s.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(recordKey(kind, id))
+		if err != nil {
+			return err
+		}
+		return item.Value(func(data []byte) error { return msgpack.Unmarshal(data, v) })
+	})
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return fmt.Errorf("%w: %s/%s", ErrNotFound, kind, id)
+	}
+	if err != nil {
+		return fmt.Errorf("store: get %s/%s: %w", kind, id, err)
+	}
+	return nil
+}
+
+// Records calls fn for every record of kind in id order, with a decode
+// function valid only during the call. fn returns false to stop.
+func (s *Store) Records(kind string, fn func(id string, decode func(v any) error) bool) error {
+	prefix := recordPrefix(kind)
+	return s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 64})
+		defer it.Close()
+		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
+			item := it.Item()
+			id := string(item.Key()[len(prefix):])
+			var verr error
+			cont := true
+			verr = item.Value(func(data []byte) error {
+				cont = fn(id, func(v any) error { return msgpack.Unmarshal(data, v) })
+				return nil
+			})
+			if verr != nil {
+				return fmt.Errorf("store: read %s/%s: %w", kind, id, verr)
+			}
+			if !cont {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// Entry is one entry of a log.
+type Entry struct {
+	// Seq is the entry's sequence in its stream.
+	Seq uint64
+	// Data is the entry's bytes, owned by the caller.
+	Data []byte
+}
+
+// Read returns up to limit entries of stream with sequence greater than
+// after, in order. limit <= 0 means no limit.
+func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
+	var out []Entry
+	err := s.Scan(stream, after, func(seq uint64, data []byte) bool {
+		out = append(out, Entry{Seq: seq, Data: append([]byte(nil), data...)})
+		return limit <= 0 || len(out) < limit
+	})
+	return out, err
+}
+
+// Scan calls fn for each entry of stream after sequence after, in order; data
+// is valid only during the call. fn returns false to stop.
+func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	prefix := logPrefix(stream)
+	return s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+		defer it.Close()
+		for it.Seek(logKey(stream, after+1)); it.ValidForPrefix(prefix); it.Next() {
+			item := it.Item()
+			seq := binary.BigEndian.Uint64(item.Key()[len(prefix):])
+			cont := true
+			if err := item.Value(func(data []byte) error { cont = fn(seq, data); return nil }); err != nil {
+				return fmt.Errorf("store: read %s/%d: %w", stream, seq, err)
+			}
+			if !cont {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// Entry returns entry seq of stream, or ErrNotFound.
+func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(logKey(stream, seq))
+		if err != nil {
+			return err
+		}
+		out, err = item.ValueCopy(nil)
+		return err
+	})
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: %s/%d", ErrNotFound, stream, seq)
+	}
+	return out, err
+}
+
+// Last returns the highest sequence in stream, or 0 when it is empty.
+func (s *Store) Last(stream string) (uint64, error) {
+	prefix := logPrefix(stream)
+	var last uint64
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, Reverse: true})
+		defer it.Close()
+		it.Seek(append(append([]byte(nil), prefix...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
+		if it.ValidForPrefix(prefix) {
+			last = binary.BigEndian.Uint64(it.Item().Key()[len(prefix):])
+		}
+		return nil
+	})
+	return last, err
+}
+
+// First returns the lowest sequence still held in stream, or 0 when it is empty.
+func (s *Store) First(stream string) (uint64, error) {
+	var first uint64
+	err := s.Scan(stream, 0, func(seq uint64, _ []byte) bool { first = seq; return false })
+	return first, err
+}
+
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any)   { b.l.Error(fmt.Sprintf(f, a...), "component", "badger") }
+func (b badgerLogger) Warningf(f string, a ...any) { b.l.Warn(fmt.Sprintf(f, a...), "component", "badger") }
+func (b badgerLogger) Infof(f string, a ...any)    { b.l.Debug(fmt.Sprintf(f, a...), "component", "badger") }
+func (b badgerLogger) Debugf(f string, a ...any)   { b.l.Debug(fmt.Sprintf(f, a...), "component", "badger") }
