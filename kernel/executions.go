@@ -15,10 +15,10 @@ import (
 
 // Field limits, in bytes, as the kernel API enforces them.
 const (
-	maxIDLen         = 256
-	maxErrorLen      = 4096
-	maxLabels        = 64
-	maxLabelLen      = 256
+	maxIDLen          = 256
+	maxErrorLen       = 4096
+	maxLabels         = 64
+	maxLabelLen       = 256
 	maxIdempotencyKey = 256
 )
 
