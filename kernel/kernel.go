@@ -370,3 +370,11 @@ func sortedKeys[V any](m map[string]V) []string {
 func eventStream(id string) string { return streamOf(id) }
 
 var _ = event.SchemaVersion
+
+// Live reports whether execution id is live (exists and is not terminal).
+func (k *Kernel) Live(id string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.live[id]
+	return ok
+}

@@ -60,7 +60,7 @@ func (c *conn) Read(p []byte) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	return c.hc.Read(p)
+	return c.raw.Read(p)
 }
 
 func (c *conn) Write(p []byte) (int, error) {

@@ -1,0 +1,84 @@
+// Command gatehouse is the Gatehouse edge gateway: `gatehouse serve` runs it,
+// the other subcommands are clients and tools around it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+const usage = `gatehouse: an edge gateway for AI-agent execution
+
+Usage:
+  gatehouse serve [flags]      run the gateway (default: 127.0.0.1:8080, data in ./gatehouse-data)
+  gatehouse bench [flags]      measure end-to-end executions against an in-process gateway
+  gatehouse version            print the version
+
+Run 'gatehouse <command> -h' for the flags of a command. Every flag can also be
+set as an environment variable GATEHOUSE_<FLAG>, e.g. GATEHOUSE_ADDR=0.0.0.0:8080.
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "gatehouse:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, args, stderr)
+	case "bench":
+		return bench(ctx, args, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "gatehouse", version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// parseFlags parses args, then fills every flag not given on the command
+// line from its GATEHOUSE_* environment variable.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		env := "GATEHOUSE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, e)
+			}
+		}
+	})
+	return err
+}

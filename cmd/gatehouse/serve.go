@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// config is everything `serve` can be told.
+type config struct {
+	addr, data, token, policy, sync string
+	inMemory                        bool
+	cors                            string
+	logLevel, logFormat             string
+	stepTimeout, execTimeout        time.Duration
+	agentGrace, runnerGrace         time.Duration
+	heartbeat, shutdownTimeout      time.Duration
+	maxBody, outboxLimit            int
+}
+
+func (c *config) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen address `host:port`")
+	fs.StringVar(&c.data, "data", "./gatehouse-data", "data folder (Badger database)")
+	fs.BoolVar(&c.inMemory, "in-memory", false, "keep all state in memory (nothing survives a restart)")
+	fs.StringVar(&c.token, "token", "", "static bearer token required on every endpoint but health and ready (empty: open)")
+	fs.StringVar(&c.policy, "policy", "", "policy `file or folder` (YAML); empty: built-in default, which denies shell-like tools")
+	fs.StringVar(&c.sync, "sync", "always", "durability: always (fsync before every answer), batch (fsync every 10ms), none")
+	fs.StringVar(&c.cors, "cors-origins", "", "comma-separated allowed CORS origins, or *")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
+	fs.DurationVar(&c.stepTimeout, "step-timeout", 5*time.Minute, "step deadline unless the policy sets one")
+	fs.DurationVar(&c.execTimeout, "execution-timeout", time.Hour, "maximum lifetime of an execution")
+	fs.DurationVar(&c.agentGrace, "agent-grace", 30*time.Second, "how long a disconnected agent keeps its executions")
+	fs.DurationVar(&c.runnerGrace, "runner-grace", 30*time.Second, "how long a disconnected runner keeps its job")
+	fs.DurationVar(&c.heartbeat, "heartbeat", 5*time.Second, "SSE heartbeat interval")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
+	fs.IntVar(&c.maxBody, "max-body", 1<<20, "maximum request body in bytes")
+	fs.IntVar(&c.outboxLimit, "outbox-limit", 1024, "maximum undelivered pushes per agent or runner connection")
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want text or json", format)
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	var c config
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, c.logLevel, c.logFormat)
+	if err != nil {
+		return err
+	}
+	g, err := start(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	return g.stop(c.shutdownTimeout)
+}
+
+// node is a running gateway with everything it owns.
+type node struct {
+	log    *slog.Logger
+	st     *store.Store
+	k      *kernel.Kernel
+	srv    *gateway.Server
+	ln     net.Listener
+	served chan error
+	gcStop chan struct{}
+}
+
+// start opens the store, recovers the kernel and starts serving.
+func start(ctx context.Context, c config, log *slog.Logger) (*node, error) {
+	mode, err := store.ParseSyncMode(c.sync)
+	if err != nil {
+		return nil, err
+	}
+	var pol *policy.Engine
+	if c.policy == "" {
+		pol = policy.Default()
+	} else if pol, err = policy.Load(c.policy); err != nil {
+		return nil, err
+	}
+	authn, err := auth.New(auth.Options{StaticToken: c.token})
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(store.Options{Dir: c.data, InMemory: c.inMemory, Sync: mode, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	hub := peer.NewHub(peer.Options{OutboxLimit: c.outboxLimit})
+	k, err := kernel.New(ctx, kernel.Options{
+		Store: st, Deliverer: gateway.Deliverer(hub), Policy: pol, Logger: log,
+		StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
+		AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
+	})
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	var origins []string
+	for _, o := range strings.Split(c.cors, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
+		}
+	}
+	srv, err := gateway.New(gateway.Options{
+		Kernel: k, Hub: hub, Auth: authn, Logger: log,
+		Heartbeat: c.heartbeat, MaxBodyBytes: c.maxBody, CORSOrigins: origins,
+	})
+	if err != nil {
+		k.Close()
+		_ = st.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		k.Close()
+		_ = st.Close()
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	n := &node{log: log, st: st, k: k, srv: srv, ln: ln, served: make(chan error, 1), gcStop: make(chan struct{})}
+	go func() { n.served <- srv.Serve(ln) }()
+	go n.gcLoop()
+	where := c.data
+	if c.inMemory {
+		where = "memory"
+	}
+	authMode := "open (no token)"
+	if !authn.Open() {
+		authMode = "bearer token"
+	}
+	log.Info("gatehouse listening", "addr", ln.Addr().String(), "data", where, "sync", mode.String(),
+		"policy", pol.Source(), "auth", authMode, "epoch", st.Epoch())
+	return n, nil
+}
+
+// gcLoop reclaims Badger value-log space now and then.
+func (n *node) gcLoop() {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			n.st.RunGC()
+		case <-n.gcStop:
+			return
+		}
+	}
+}
+
+// stop shuts the node down in dependency order: no new requests, streams
+// closed, kernel timers stopped, store drained and closed.
+func (n *node) stop(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	close(n.gcStop)
+	serr := n.srv.Shutdown(ctx)
+	if err := <-n.served; err != nil && serr == nil {
+		serr = err
+	}
+	n.k.Close()
+	cerr := n.st.Close()
+	if serr != nil && !errors.Is(serr, context.DeadlineExceeded) {
+		return serr
+	}
+	if serr != nil {
+		n.log.Warn("shutdown timed out; closing remaining connections", "err", serr)
+	}
+	return cerr
+}

@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+)
+
+// Error codes of the kernel API.
+const (
+	CodeNotFound      = "NOT_FOUND"
+	CodeConflict      = "CONFLICT"
+	CodeValidation    = "VALIDATION_ERROR"
+	CodeForbidden     = "FORBIDDEN"
+	CodeUnauthorized  = "UNAUTHORIZED"
+	CodeRateLimited   = "RATE_LIMITED"
+	CodeInternal      = "INTERNAL_ERROR"
+	CodeUnavailable   = "SERVICE_UNAVAILABLE"
+	CodeTooLarge      = "PAYLOAD_TOO_LARGE"
+	CodeMethodMissing = "METHOD_NOT_ALLOWED"
+)
+
+// errorBody is every JSON error answer.
+type errorBody struct {
+	Error   string `json:"error"`
+	Code    string `json:"code"`
+	Details any    `json:"details,omitempty"`
+}
+
+// statusOf maps an error to its HTTP status, code and client message.
+func statusOf(err error) (int, errorBody) {
+	var kerr *kernel.Error
+	details := any(nil)
+	if errors.As(err, &kerr) {
+		details = kerr.Details
+	}
+	switch {
+	case errors.Is(err, kernel.ErrValidation):
+		return fasthttp.StatusBadRequest, errorBody{err.Error(), CodeValidation, details}
+	case errors.Is(err, kernel.ErrNotFound):
+		return fasthttp.StatusNotFound, errorBody{err.Error(), CodeNotFound, details}
+	case errors.Is(err, kernel.ErrConflict):
+		return fasthttp.StatusConflict, errorBody{err.Error(), CodeConflict, details}
+	case errors.Is(err, kernel.ErrUnauthorized):
+		return fasthttp.StatusUnauthorized, errorBody{err.Error(), CodeUnauthorized, details}
+	case errors.Is(err, kernel.ErrUnavailable):
+		return fasthttp.StatusServiceUnavailable, errorBody{err.Error(), CodeUnavailable, details}
+	case errors.Is(err, auth.ErrForbidden):
+		return fasthttp.StatusForbidden, errorBody{"forbidden: " + err.Error(), CodeForbidden, nil}
+	case errors.Is(err, auth.ErrMissingToken), errors.Is(err, auth.ErrMalformed),
+		errors.Is(err, auth.ErrInvalidToken), errors.Is(err, auth.ErrExpiredToken):
+		return fasthttp.StatusUnauthorized, errorBody{"unauthorized: " + err.Error(), CodeUnauthorized, nil}
+	}
+	return fasthttp.StatusInternalServerError, errorBody{"internal error", CodeInternal, nil}
+}
+
+// bufPool recycles response encoding buffers.
+type bufPool struct{ p sync.Pool }
+
+func (b *bufPool) get() *bytes.Buffer {
+	if v := b.p.Get(); v != nil {
+		buf := v.(*bytes.Buffer)
+		buf.Reset()
+		return buf
+	}
+	return new(bytes.Buffer)
+}
+
+func (b *bufPool) put(buf *bytes.Buffer) {
+	if buf.Cap() <= 64<<10 {
+		b.p.Put(buf)
+	}
+}
+
+// writeJSON answers with v as compact JSON and a trailing newline, the
+// kernel API's format.
+func (s *Server) writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	s.writeJSONThen(ctx, status, v, nil)
+}
+
+// writeJSONThen answers with v and runs after once the answer has been
+// handed to the connection: pushes caused by a request must not overtake
+// its response.
+func (s *Server) writeJSONThen(ctx *fasthttp.RequestCtx, status int, v any, after kernel.After) {
+	buf := s.bufs.get()
+	defer s.bufs.put(buf)
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		s.log.Error("encode response", "err", err)
+		after.Run()
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":"internal error","code":"INTERNAL_ERROR"}` + "\n")
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	if after == nil {
+		ctx.SetBody(buf.Bytes())
+		return
+	}
+	body := append([]byte(nil), buf.Bytes()...)
+	ctx.Response.SetBodyStream(&thenReader{r: bytes.NewReader(body), then: after}, len(body))
+}
+
+// thenReader runs then when fasthttp closes the body stream, which it does
+// right after writing the response (or when dropping it).
+type thenReader struct {
+	r    *bytes.Reader
+	then kernel.After
+	once sync.Once
+}
+
+func (t *thenReader) Read(p []byte) (int, error) { return t.r.Read(p) }
+
+func (t *thenReader) Close() error {
+	t.once.Do(func() { go t.then.Run() })
+	return nil
+}
+
+var _ io.ReadCloser = (*thenReader)(nil)
+
+// writeError answers with the JSON error for err.
+func (s *Server) writeError(ctx *fasthttp.RequestCtx, err error) {
+	status, body := statusOf(err)
+	if status == fasthttp.StatusInternalServerError {
+		s.log.Error("request failed", "method", string(ctx.Method()), "path", string(ctx.Path()), "err", err)
+	}
+	if status == fasthttp.StatusServiceUnavailable {
+		ctx.Response.Header.Set("Retry-After", "1")
+	}
+	s.writeJSON(ctx, status, body)
+}
+
+// decode reads the request body as one JSON value into v.
+func decode(ctx *fasthttp.RequestCtx, v any, max int) error {
+	body := ctx.PostBody()
+	if len(body) > max {
+		return kernelValidation("request body too large")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return kernelValidation("invalid JSON: empty body")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		return kernelValidation("invalid JSON: " + err.Error())
+	}
+	return nil
+}
+
+// kernelValidation makes a validation error that maps like the kernel's.
+func kernelValidation(msg string) error {
+	return &validationError{msg: "validation error: " + msg}
+}
+
+type validationError struct{ msg string }
+
+func (e *validationError) Error() string { return e.msg }
+func (e *validationError) Unwrap() error { return kernel.ErrValidation }
+
+// meta reads the tracing and idempotency headers of a request.
+func meta(ctx *fasthttp.RequestCtx) kernel.Meta {
+	m := kernel.Meta{IdempotencyKey: string(ctx.Request.Header.Peek("Idempotency-Key"))}
+	m.TraceID = traceID(ctx.Request.Header.Peek("traceparent"))
+	if len(m.IdempotencyKey) > 256 {
+		m.IdempotencyKey = ""
+	}
+	return m
+}
+
+// traceID extracts the trace id of a W3C traceparent header
+// ("00-<32 hex>-<16 hex>-<2 hex>"); an invalid header is ignored, as the
+// Trace Context specification requires.
+func traceID(h []byte) string {
+	parts := strings.Split(string(h), "-")
+	if len(parts) < 4 || len(parts[0]) != 2 || parts[0] == "ff" || len(parts[1]) != 32 || len(parts[2]) != 16 {
+		return ""
+	}
+	if _, err := hex.DecodeString(parts[1]); err != nil || strings.Trim(parts[1], "0") == "" {
+		return ""
+	}
+	if strings.ToLower(parts[1]) != parts[1] {
+		return ""
+	}
+	return parts[1]
+}
+
+// requestID echoes a sane X-Request-ID or makes one.
+func requestID(ctx *fasthttp.RequestCtx) {
+	id := ctx.Request.Header.Peek("X-Request-ID")
+	if len(id) == 0 || len(id) > 128 || bytes.ContainsAny(id, "\r\n") {
+		ctx.Response.Header.Set("X-Request-ID", event.NewID())
+		return
+	}
+	ctx.Response.Header.SetBytesV("X-Request-ID", id)
+}

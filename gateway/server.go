@@ -1,0 +1,235 @@
+// Package gateway is Gatehouse's network face: a fasthttp server that
+// terminates agent, runner and client connections over HTTP, SSE and
+// WebSocket, authenticates them, and serves the kernel API under /v0.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/peer"
+)
+
+// Options configure a Server. Kernel, Hub and Auth are required; zero
+// durations and sizes take the defaults shown.
+type Options struct {
+	Kernel *kernel.Kernel
+	Hub    *peer.Hub
+	Auth   *auth.Authenticator
+	Logger *slog.Logger
+	// Registry receives the gateway's metrics; nil makes a private one.
+	Registry *prometheus.Registry
+
+	Heartbeat    time.Duration // 5s: SSE heartbeat comment interval
+	MaxBodyBytes int           // 1 MiB: request bodies past it are refused
+	ReadTimeout  time.Duration // 30s: to read one request
+	IdleTimeout  time.Duration // 120s: keep-alive connections
+	MaxConns     int           // 10000: concurrent connections
+	CORSOrigins  []string      // none: no CORS headers; "*" allows any origin
+}
+
+// Server serves the gateway's HTTP API. Create it with New.
+type Server struct {
+	opts    Options
+	k       *kernel.Kernel
+	hub     *peer.Hub
+	auth    *auth.Authenticator
+	log     *slog.Logger
+	srv     *fasthttp.Server
+	routes  *router
+	metrics *metrics
+	bufs    bufPool
+
+	// closing is closed when shutdown starts; long-lived streams end on it.
+	closing   chan struct{}
+	closeOnce sync.Once
+	streams   sync.WaitGroup
+}
+
+// New builds a Server.
+func New(o Options) (*Server, error) {
+	if o.Kernel == nil || o.Hub == nil || o.Auth == nil {
+		return nil, errors.New("gateway: Options.Kernel, Hub and Auth are required")
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 5 * time.Second
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 1 << 20
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = 30 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 120 * time.Second
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 10000
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{})}
+	s.metrics = newMetrics(o.Registry, o.Kernel)
+	s.routes = s.buildRoutes()
+	s.srv = &fasthttp.Server{
+		Handler:     s.serve,
+		Name:        "gatehouse",
+		ReadTimeout: o.ReadTimeout,
+		// No write timeout: SSE streams are long-lived; a dead peer is found
+		// by the failing heartbeat write instead.
+		IdleTimeout: o.IdleTimeout,
+		// Room over the API's limit so an oversized body gets the API's own
+		// 400 answer rather than fasthttp's plain 413.
+		MaxRequestBodySize:            o.MaxBodyBytes + 64<<10,
+		Concurrency:                   o.MaxConns,
+		ErrorHandler:                  s.serveError,
+		NoDefaultDate:                 false,
+		DisableHeaderNamesNormalizing: false,
+		CloseOnShutdown:               true,
+		Logger:                        fasthttpLogger{o.Logger},
+	}
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.srv.Serve(ln)
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("gateway: serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting connections, ends long-lived streams and waits,
+// bounded by ctx, for requests in flight. What was acknowledged is already
+// durable; nothing is written at shutdown.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	err := s.srv.ShutdownWithContext(ctx)
+	done := make(chan struct{})
+	go func() { s.streams.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	return err
+}
+
+func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		s.writeError(ctx, kernelValidation("request body too large"))
+	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
+		ctx.SetStatusCode(fasthttp.StatusRequestTimeout)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":"request timeout","code":"VALIDATION_ERROR"}` + "\n")
+	default:
+		s.writeError(ctx, kernelValidation("malformed request: "+err.Error()))
+	}
+	ctx.SetConnectionClose()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// serve is the entry point of every request.
+func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	requestID(ctx)
+	s.cors(ctx)
+	route := "unmatched"
+	defer func() {
+		s.metrics.observe(route, string(ctx.Method()), ctx.Response.StatusCode(), time.Since(start))
+	}()
+	if ctx.IsOptions() && len(s.opts.CORSOrigins) > 0 {
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	path := string(ctx.Path())
+	r, params, allowed := s.routes.match(string(ctx.Method()), path)
+	if r == nil {
+		if allowed != "" {
+			ctx.Response.Header.Set("Allow", allowed)
+			ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetContentType("text/plain; charset=utf-8")
+		ctx.SetBodyString("404 page not found\n")
+		return
+	}
+	route = r.pattern
+	c := &call{ctx: ctx, params: params}
+	if !r.public {
+		p, err := s.auth.Authenticate(ctx.Request.Header.Peek("Authorization"), time.Now())
+		if err != nil {
+			s.writeError(ctx, err)
+			return
+		}
+		c.principal = p
+	}
+	r.handle(c)
+}
+
+// cors adds CORS headers when origins are configured.
+func (s *Server) cors(ctx *fasthttp.RequestCtx) {
+	if len(s.opts.CORSOrigins) == 0 {
+		return
+	}
+	origin := string(ctx.Request.Header.Peek("Origin"))
+	allow := ""
+	for _, o := range s.opts.CORSOrigins {
+		if o == "*" {
+			allow = "*"
+			break
+		}
+		if origin != "" && strings.EqualFold(o, origin) {
+			allow = origin
+			break
+		}
+	}
+	if allow == "" {
+		return
+	}
+	h := &ctx.Response.Header
+	h.Set("Access-Control-Allow-Origin", allow)
+	if allow != "*" {
+		h.Add("Vary", "Origin")
+	}
+	h.Set("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS")
+	h.Set("Access-Control-Allow-Headers", "Content-Type, Authorization, X-Request-ID, Last-Event-ID, Idempotency-Key, traceparent")
+	h.Set("Access-Control-Max-Age", "86400")
+}
+
+// call is one routed request.
+type call struct {
+	ctx       *fasthttp.RequestCtx
+	params    []string
+	principal *auth.Principal
+}
+
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}

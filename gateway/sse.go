@@ -1,0 +1,256 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/peer"
+)
+
+// sseHeaders starts an SSE response. Nothing may be written to ctx after.
+func sseHeaders(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.Header.Set("Connection", "keep-alive")
+	ctx.Response.Header.Set("X-Accel-Buffering", "no")
+}
+
+// writeFrame writes one SSE frame; id 0 leaves out the id line. The data is
+// compact one-line JSON, so one data line suffices.
+func writeFrame(w *bufio.Writer, id uint64, typ string, data []byte) {
+	if id > 0 {
+		w.WriteString("id: ")
+		w.WriteString(strconv.FormatUint(id, 10))
+		w.WriteByte('\n')
+	}
+	w.WriteString("event: ")
+	w.WriteString(typ)
+	w.WriteString("\ndata: ")
+	w.Write(data)
+	w.WriteString("\n\n")
+}
+
+// eventType finds an envelope's type without decoding the payload. The
+// envelope's own "type" key precedes the payload, and the keys before it
+// hold ids that cannot contain the pattern.
+func eventType(data []byte) string {
+	const key = `"type":"`
+	i := bytes.Index(data, []byte(key))
+	if i < 0 {
+		return "message"
+	}
+	rest := data[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return "message"
+	}
+	return string(rest[:j])
+}
+
+// cursor reads where a reconnecting reader resumes: the Last-Event-ID header
+// (what EventSource clients send) or after_sequence, whichever is later.
+func cursor(ctx *fasthttp.RequestCtx) uint64 {
+	after := parseSeq(ctx.QueryArgs().Peek("after_sequence"))
+	if h := ctx.Request.Header.Peek("Last-Event-ID"); len(h) > 0 {
+		if n := parseSeq(h); n > after {
+			after = n
+		}
+	}
+	return after
+}
+
+// streamExecution streams an execution's events from a cursor and closes
+// right after the terminal event, also when the cursor is already past it.
+func (s *Server) streamExecution(c *call) {
+	if !s.admin(c) {
+		return
+	}
+	id := c.params[0]
+	if _, err := s.k.Get(c.ctx, id); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	after := cursor(c.ctx)
+	watch := s.k.Watch(id)
+	sseHeaders(c.ctx)
+	s.streams.Add(1)
+	s.metrics.streams.WithLabelValues("execution").Inc()
+	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer s.streams.Done()
+		defer s.metrics.streams.WithLabelValues("execution").Dec()
+		defer watch.Stop()
+		w.WriteString("retry: 5000\n\n")
+		if w.Flush() != nil {
+			return
+		}
+		beat := time.NewTicker(s.opts.Heartbeat)
+		defer beat.Stop()
+		last := after
+		for {
+			done := false
+			err := s.k.ReadEvents(id, last, func(seq uint64, data []byte) bool {
+				typ := eventType(data)
+				writeFrame(w, seq, typ, data)
+				last = seq
+				done = event.IsTerminal(typ)
+				return !done
+			})
+			if err != nil || w.Flush() != nil || done {
+				return
+			}
+			if !s.k.Live(id) {
+				// Finished before or while we read: everything is committed
+				// now, so one more read delivers the rest and ends.
+				_ = s.k.ReadEvents(id, last, func(seq uint64, data []byte) bool {
+					writeFrame(w, seq, eventType(data), data)
+					return true
+				})
+				_ = w.Flush()
+				return
+			}
+			select {
+			case <-watch.C():
+			case <-beat.C:
+				w.WriteString(":heartbeat\n\n")
+				if w.Flush() != nil {
+					return
+				}
+			case <-watch.Done():
+				return
+			case <-s.closing:
+				return
+			}
+		}
+	})
+}
+
+func (s *Server) streamAgent(c *call) {
+	args := c.ctx.QueryArgs()
+	agentID, consumerID := string(args.Peek("agent_id")), string(args.Peek("consumer_id"))
+	if agentID == "" || consumerID == "" {
+		s.writeError(c.ctx, kernelValidation("agent_id and consumer_id query params are required"))
+		return
+	}
+	if err := checkIDs(map[string]string{"agent_id": agentID, "consumer_id": consumerID}); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	if err := c.principal.MayActAsAgent(agentID); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	key := peer.Key{Role: kernel.RoleAgent, ID: agentID, Consumer: consumerID}
+	s.streamPeer(c, "agent", key, func() func() { return s.k.AgentConnected(agentID, consumerID) })
+}
+
+func (s *Server) streamRunner(c *call) {
+	args := c.ctx.QueryArgs()
+	runnerID, consumerID := string(args.Peek("runner_id")), string(args.Peek("consumer_id"))
+	if runnerID == "" || consumerID == "" {
+		s.writeError(c.ctx, kernelValidation("runner_id and consumer_id query params are required"))
+		return
+	}
+	if err := checkIDs(map[string]string{"runner_id": runnerID, "consumer_id": consumerID}); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	var caps []string
+	for _, t := range strings.Split(string(args.Peek("capabilities")), ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			caps = append(caps, t)
+		}
+	}
+	if err := validTools(caps); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	if err := c.principal.MayActAsRunner(runnerID); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	key := peer.Key{Role: kernel.RoleRunner, ID: runnerID, Consumer: consumerID}
+	s.streamPeer(c, "runner", key, func() func() { return s.k.RunnerConnected(runnerID, consumerID, caps) })
+}
+
+func checkIDs(ids map[string]string) error {
+	for name, v := range ids {
+		if len(v) > 256 {
+			return kernelValidation(name + " exceeds maximum length of 256 characters")
+		}
+	}
+	return nil
+}
+
+// streamPeer serves a consumer's outbox over SSE. Legacy SSE clients cannot
+// acknowledge, so a delivery counts as acknowledged once written and
+// flushed; what was queued but not yet written waits for the reconnect.
+func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() func()) {
+	sseHeaders(c.ctx)
+	s.streams.Add(1)
+	s.metrics.streams.WithLabelValues(kind).Inc()
+	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer s.streams.Done()
+		defer s.metrics.streams.WithLabelValues(kind).Dec()
+		conn := s.hub.Attach(key)
+		defer conn.Detach()
+		disconnected := connect()
+		defer disconnected()
+		w.WriteString("retry: 5000\n\n")
+		if w.Flush() != nil {
+			return
+		}
+		beat := time.NewTicker(s.opts.Heartbeat)
+		defer beat.Stop()
+		for {
+			var last uint64
+			for {
+				d, ok := conn.Next()
+				if !ok {
+					break
+				}
+				writeFrame(w, 0, d.Type, d.Data)
+				last = d.Seq
+			}
+			if last > 0 {
+				if w.Flush() != nil {
+					return
+				}
+				conn.Ack(last)
+			}
+			select {
+			case <-conn.Ready():
+			case <-beat.C:
+				w.WriteString(":heartbeat\n\n")
+				if w.Flush() != nil {
+					return
+				}
+			case <-conn.Done():
+				return
+			case <-s.closing:
+				return
+			}
+		}
+	})
+}
+
+// Deliverer adapts a peer hub to the kernel's delivery interface.
+func Deliverer(h *peer.Hub) kernel.Deliverer { return hubDeliverer{h} }
+
+type hubDeliverer struct{ h *peer.Hub }
+
+func (d hubDeliverer) Deliver(p kernel.Peer, typ string, data []byte) error {
+	_, err := d.h.Deliver(peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer}, typ, data)
+	return err
+}
+
+func (d hubDeliverer) Forget(p kernel.Peer) {
+	d.h.Forget(peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer})
+}
