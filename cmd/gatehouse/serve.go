@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
-	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -84,49 +81,22 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	<-ctx.Done()
 	log.Info("shutting down")
-	return g.stop(c.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	return g.Close(sctx)
 }
 
-// node is a running gateway with everything it owns.
-type node struct {
-	log    *slog.Logger
-	st     *store.Store
-	k      *kernel.Kernel
-	srv    *gateway.Server
-	ln     net.Listener
-	served chan error
-	gcStop chan struct{}
-}
-
-// start opens the store, recovers the kernel and starts serving.
-func start(ctx context.Context, c config, log *slog.Logger) (*node, error) {
+// start opens the node described by c.
+func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, error) {
 	mode, err := store.ParseSyncMode(c.sync)
 	if err != nil {
 		return nil, err
 	}
-	var pol *policy.Engine
-	if c.policy == "" {
-		pol = policy.Default()
-	} else if pol, err = policy.Load(c.policy); err != nil {
-		return nil, err
-	}
-	authn, err := auth.New(auth.Options{StaticToken: c.token})
-	if err != nil {
-		return nil, err
-	}
-	st, err := store.Open(store.Options{Dir: c.data, InMemory: c.inMemory, Sync: mode, Logger: log})
-	if err != nil {
-		return nil, err
-	}
-	hub := peer.NewHub(peer.Options{OutboxLimit: c.outboxLimit})
-	k, err := kernel.New(ctx, kernel.Options{
-		Store: st, Deliverer: gateway.Deliverer(hub), Policy: pol, Logger: log,
-		StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
-		AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
-	})
-	if err != nil {
-		_ = st.Close()
-		return nil, err
+	pol := policy.Default()
+	if c.policy != "" {
+		if pol, err = policy.Load(c.policy); err != nil {
+			return nil, err
+		}
 	}
 	var origins []string
 	for _, o := range strings.Split(c.cors, ",") {
@@ -134,68 +104,28 @@ func start(ctx context.Context, c config, log *slog.Logger) (*node, error) {
 			origins = append(origins, o)
 		}
 	}
-	srv, err := gateway.New(gateway.Options{
-		Kernel: k, Hub: hub, Auth: authn, Logger: log,
-		Heartbeat: c.heartbeat, MaxBodyBytes: c.maxBody, CORSOrigins: origins,
+	n, err := gateway.Open(ctx, gateway.Config{
+		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
+		Auth:        auth.Options{StaticToken: c.token},
+		OutboxLimit: c.outboxLimit,
+		Kernel: kernel.Options{
+			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
+			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
+		},
+		Server: gateway.Options{Heartbeat: c.heartbeat, MaxBodyBytes: c.maxBody, CORSOrigins: origins},
 	})
 	if err != nil {
-		k.Close()
-		_ = st.Close()
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", c.addr)
-	if err != nil {
-		k.Close()
-		_ = st.Close()
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	n := &node{log: log, st: st, k: k, srv: srv, ln: ln, served: make(chan error, 1), gcStop: make(chan struct{})}
-	go func() { n.served <- srv.Serve(ln) }()
-	go n.gcLoop()
 	where := c.data
 	if c.inMemory {
 		where = "memory"
 	}
 	authMode := "open (no token)"
-	if !authn.Open() {
+	if !n.Auth.Open() {
 		authMode = "bearer token"
 	}
-	log.Info("gatehouse listening", "addr", ln.Addr().String(), "data", where, "sync", mode.String(),
-		"policy", pol.Source(), "auth", authMode, "epoch", st.Epoch())
+	log.Info("gatehouse listening", "addr", n.Addr().String(), "data", where, "sync", mode.String(),
+		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch())
 	return n, nil
-}
-
-// gcLoop reclaims Badger value-log space now and then.
-func (n *node) gcLoop() {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			n.st.RunGC()
-		case <-n.gcStop:
-			return
-		}
-	}
-}
-
-// stop shuts the node down in dependency order: no new requests, streams
-// closed, kernel timers stopped, store drained and closed.
-func (n *node) stop(timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	close(n.gcStop)
-	serr := n.srv.Shutdown(ctx)
-	if err := <-n.served; err != nil && serr == nil {
-		serr = err
-	}
-	n.k.Close()
-	cerr := n.st.Close()
-	if serr != nil && !errors.Is(serr, context.DeadlineExceeded) {
-		return serr
-	}
-	if serr != nil {
-		n.log.Warn("shutdown timed out; closing remaining connections", "err", serr)
-	}
-	return cerr
 }

@@ -1,0 +1,135 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Config describes a whole gateway node: store, kernel, delivery hub and
+// server. The zero value (plus Data or InMemory) runs the embedded default.
+type Config struct {
+	Addr     string // "127.0.0.1:8080" when empty
+	Data     string // data folder
+	InMemory bool   // keep everything in memory (nothing survives a restart)
+	Sync     store.SyncMode
+	Auth     auth.Options
+	Policy   *policy.Engine // nil: the built-in default
+	Logger   *slog.Logger
+
+	Kernel kernel.Options // Store, Deliverer, Policy and Logger are filled in
+	Server Options        // Kernel, Hub, Auth and Logger are filled in
+
+	OutboxLimit int // see peer.Options
+}
+
+// Node is a running gateway with everything it owns.
+type Node struct {
+	Store  *store.Store
+	Kernel *kernel.Kernel
+	Hub    *peer.Hub
+	Server *Server
+	Policy *policy.Engine
+	Auth   *auth.Authenticator
+
+	ln     net.Listener
+	log    *slog.Logger
+	served chan error
+	gcStop chan struct{}
+}
+
+// Open opens the store, recovers the kernel and starts serving on c.Addr.
+func Open(ctx context.Context, c Config) (*Node, error) {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:8080"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Policy == nil {
+		c.Policy = policy.Default()
+	}
+	authn, err := auth.New(c.Auth)
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(store.Options{Dir: c.Data, InMemory: c.InMemory, Sync: c.Sync, Logger: c.Logger})
+	if err != nil {
+		return nil, err
+	}
+	hub := peer.NewHub(peer.Options{OutboxLimit: c.OutboxLimit})
+	ko := c.Kernel
+	ko.Store, ko.Deliverer, ko.Policy, ko.Logger = st, Deliverer(hub), c.Policy, c.Logger
+	k, err := kernel.New(ctx, ko)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	so := c.Server
+	so.Kernel, so.Hub, so.Auth, so.Logger = k, hub, authn, c.Logger
+	srv, err := New(so)
+	if err != nil {
+		k.Close()
+		_ = st.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		k.Close()
+		_ = st.Close()
+		return nil, fmt.Errorf("gateway: listen: %w", err)
+	}
+	n := &Node{
+		Store: st, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
+		ln: ln, log: c.Logger, served: make(chan error, 1), gcStop: make(chan struct{}),
+	}
+	go func() { n.served <- srv.Serve(ln) }()
+	go n.gcLoop()
+	return n, nil
+}
+
+// Addr returns the address the node listens on.
+func (n *Node) Addr() net.Addr { return n.ln.Addr() }
+
+// gcLoop reclaims Badger value-log space now and then.
+func (n *Node) gcLoop() {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			n.Store.RunGC()
+		case <-n.gcStop:
+			return
+		}
+	}
+}
+
+// Close shuts the node down in dependency order: no new requests, streams
+// ended, kernel timers stopped, store drained and closed. Everything
+// acknowledged is already durable; Close writes nothing new.
+func (n *Node) Close(ctx context.Context) error {
+	close(n.gcStop)
+	serr := n.Server.Shutdown(ctx)
+	if err := <-n.served; err != nil && serr == nil {
+		serr = err
+	}
+	n.Kernel.Close()
+	cerr := n.Store.Close()
+	if serr != nil && !errors.Is(serr, context.DeadlineExceeded) {
+		return serr
+	}
+	if serr != nil {
+		n.log.Warn("shutdown timed out; remaining connections were closed", "err", serr)
+	}
+	return cerr
+}
