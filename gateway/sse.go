@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -14,13 +15,37 @@ import (
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
 
-// sseHeaders starts an SSE response. Nothing may be written to ctx after.
-func sseHeaders(ctx *fasthttp.RequestCtx) {
+// sseHeaders starts an SSE response and returns a channel closed when the
+// client goes away. Nothing may be written to ctx after.
+//
+// A stream's connection is closed when the stream ends, never reused: that
+// lets a reader goroutine own the socket's read side while the stream runs,
+// so a client that disconnects is noticed at once instead of at the next
+// failed heartbeat write (which the kernel's lost-peer timers depend on).
+func sseHeaders(ctx *fasthttp.RequestCtx) <-chan struct{} {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	ctx.Response.Header.Set("Connection", "keep-alive")
 	ctx.Response.Header.Set("X-Accel-Buffering", "no")
+	ctx.SetConnectionClose()
+	return watchClosed(ctx.Conn())
+}
+
+// watchClosed reads the connection until it fails. An SSE client sends
+// nothing after its request, so any read error means it is gone.
+func watchClosed(conn net.Conn) <-chan struct{} {
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		_ = conn.SetReadDeadline(time.Time{})
+		var b [512]byte
+		for {
+			if _, err := conn.Read(b[:]); err != nil {
+				return
+			}
+		}
+	}()
+	return gone
 }
 
 // writeFrame writes one SSE frame; id 0 leaves out the id line. The data is
@@ -80,7 +105,7 @@ func (s *Server) streamExecution(c *call) {
 	}
 	after := cursor(c.ctx)
 	watch := s.k.Watch(id)
-	sseHeaders(c.ctx)
+	gone := sseHeaders(c.ctx)
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues("execution").Inc()
 	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -124,6 +149,8 @@ func (s *Server) streamExecution(c *call) {
 					return
 				}
 			case <-watch.Done():
+				return
+			case <-gone:
 				return
 			case <-s.closing:
 				return
@@ -193,7 +220,7 @@ func checkIDs(ids map[string]string) error {
 // acknowledge, so a delivery counts as acknowledged once written and
 // flushed; what was queued but not yet written waits for the reconnect.
 func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() func()) {
-	sseHeaders(c.ctx)
+	gone := sseHeaders(c.ctx)
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
 	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -233,6 +260,8 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 					return
 				}
 			case <-conn.Done():
+				return
+			case <-gone:
 				return
 			case <-s.closing:
 				return

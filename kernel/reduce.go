@@ -44,6 +44,9 @@ func (ex *Execution) apply(f fact) {
 	case *reasonPayload:
 		switch f.typ {
 		case event.ExecutionResumed:
+			if st := ex.Steps[ex.BlockRef]; st != nil && ex.BlockReason == "approval" {
+				st.Approval = false // decided: an approved remote step may now be queued
+			}
 			ex.Status, ex.BlockReason, ex.BlockRef = StatusRunning, "", ""
 			ex.consumeSignal(p.Reason)
 		case event.ExecutionCancelled:

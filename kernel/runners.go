@@ -146,18 +146,20 @@ func (k *Kernel) requeueLost(j *job, reason string) {
 	if err != nil {
 		return
 	}
-	defer ex.mu.Unlock()
 	st := ex.Steps[j.stepID]
 	if st == nil || st.Status.Terminal() || st.JobID != j.jobID {
+		ex.mu.Unlock()
 		return
 	}
 	var fx effects
 	t := k.begin(ex, Meta{})
 	k.failAttempt(t, &fx, st, reason, true, nil)
-	if err := t.commit(context.Background()); err != nil {
-		return
+	err = t.commit(context.Background())
+	ex.mu.Unlock()
+	if err == nil {
+		// Effects take execution locks themselves: never run them under ex.mu.
+		k.runNow(fx)
 	}
-	k.runNow(fx)
 }
 
 // failAttempt records a failed attempt: retried with backoff while attempts

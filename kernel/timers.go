@@ -86,5 +86,6 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
 		fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
 	}
 	fx.add(k.dispatch)
+	// Effects take execution locks themselves, and ex.mu is held here.
 	go k.runNow(fx)
 }

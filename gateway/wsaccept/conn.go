@@ -41,6 +41,16 @@ type halfCloser interface {
 	CloseWrite() error
 }
 
+// socket returns the half-closable socket under nc, looking through TLS
+// (*tls.Conn and fasthttp's per-IP TLS wrapper both have NetConn).
+func socket(nc net.Conn) (halfCloser, bool) {
+	if t, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = t.NetConn()
+	}
+	s, ok := nc.(halfCloser)
+	return s, ok
+}
+
 // aLongTimeAgo is a deadline that has passed, which makes blocked I/O on a
 // net.Conn return at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -60,7 +70,7 @@ func (c *conn) Read(p []byte) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	return c.raw.Read(p)
+	return c.hc.Read(p)
 }
 
 func (c *conn) Write(p []byte) (int, error) {
@@ -73,14 +83,16 @@ func (c *conn) Write(p []byte) (int, error) {
 }
 
 // Close wakes pending I/O with a past deadline and shuts the socket down, so
-// the peer sees the end at once; only TLS and Server.MaxConnsPerIP wrappers,
-// which cannot be half-closed, wait for the handler to return.
+// the peer sees the end at once. Only behind a plain (non-TLS)
+// Server.MaxConnsPerIP wrapper, which hides the socket, does the peer have to
+// wait for the handler to return and fasthttp to close the conn.
 //
-// It must not close the socket fasthttp gave out: without KeepHijackedConns
-// fasthttp closes that conn itself after the hijack handler, and with
-// MaxConnsPerIP it is a pooled wrapper that a first Close hands to the next
-// connection, which the second Close would then cut. hc.Close is the close
-// fasthttp expects from a hijack handler in either mode.
+// It must not call Close on raw: without KeepHijackedConns fasthttp closes
+// raw itself after the hijack handler returns, and with MaxConnsPerIP raw is
+// a pooled wrapper that its first Close returns to the pool, so a second
+// Close could cut whichever connection picked it up next. hc.Close is the
+// close fasthttp expects from a hijack handler: a no-op by default, the real
+// close under KeepHijackedConns.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
@@ -88,9 +100,9 @@ func (c *conn) Close() error {
 			return // fasthttp never hijacked the connection
 		}
 		_ = c.hc.SetDeadline(aLongTimeAgo)
-		if hc, ok := c.raw.(halfCloser); ok {
-			_ = hc.CloseRead()
-			_ = hc.CloseWrite()
+		if s, ok := socket(c.raw); ok {
+			_ = s.CloseRead()
+			_ = s.CloseWrite()
 		}
 		c.closeErr = c.hc.Close()
 	})

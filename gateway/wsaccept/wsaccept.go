@@ -154,6 +154,9 @@ func (t *Tracker) Shutdown(ctx context.Context, reason string) error {
 	t.mu.Lock()
 	sessions = t.snapshotLocked()
 	t.mu.Unlock()
+	if len(sessions) == 0 {
+		return nil // drained just as ctx ended
+	}
 	for _, s := range sessions {
 		s.cancel()
 		_ = s.nc.Close()

@@ -4,11 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha1"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"runtime"
@@ -23,42 +29,46 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// serverConfig is a fasthttp setting that changes what the hijack handler
+// serverConfig is a fasthttp setup that changes what the hijack handler
 // receives: KeepHijackedConns decides who closes the socket, MaxConnsPerIP
-// wraps it in a pooled conn.
+// wraps it in a pooled conn, TLS puts a *tls.Conn in between.
 type serverConfig struct {
 	name      string
 	configure func(*fasthttp.Server)
+	tls       bool
 	// earlyEOF: the client sees the socket end as soon as the server closes
-	// the websocket, before the handler returns. A MaxConnsPerIP wrapper
-	// cannot be half-closed, so there fasthttp's close after the handler is
-	// what the client sees.
+	// the websocket, before the handler returns. A plain MaxConnsPerIP
+	// wrapper hides the socket, so there fasthttp's close after the handler
+	// is what the client sees.
 	earlyEOF bool
 }
 
 func serverConfigs() []serverConfig {
+	keep := func(s *fasthttp.Server) { s.KeepHijackedConns = true }
+	perIP := func(s *fasthttp.Server) { s.MaxConnsPerIP = 1000 }
+	both := func(s *fasthttp.Server) { keep(s); perIP(s) }
 	return []serverConfig{
-		{name: "default", configure: func(*fasthttp.Server) {}, earlyEOF: true},
-		{name: "KeepHijackedConns", configure: func(s *fasthttp.Server) { s.KeepHijackedConns = true }, earlyEOF: true},
-		{name: "MaxConnsPerIP", configure: func(s *fasthttp.Server) { s.MaxConnsPerIP = 1000 }},
-		{name: "KeepHijackedConns+MaxConnsPerIP", configure: func(s *fasthttp.Server) {
-			s.KeepHijackedConns = true
-			s.MaxConnsPerIP = 1000
-		}, earlyEOF: true},
+		{name: "default", earlyEOF: true},
+		{name: "KeepHijackedConns", configure: keep, earlyEOF: true},
+		{name: "MaxConnsPerIP", configure: perIP},
+		{name: "KeepHijackedConns+MaxConnsPerIP", configure: both, earlyEOF: true},
+		{name: "TLS", tls: true, earlyEOF: true},
+		{name: "TLS+MaxConnsPerIP", configure: perIP, tls: true, earlyEOF: true},
 	}
 }
 
 type testServer struct {
-	addr   string
-	tr     *wsaccept.Tracker
-	client *http.Client
-	stop   func()
+	addr      string
+	tr        *wsaccept.Tracker
+	client    *http.Client
+	clientTLS *tls.Config // nil without TLS
+	stop      func()
 }
 
 // startServer serves handler on a fresh loopback port; the server, the
 // tracker and the client's idle connections are shut down at cleanup, or
 // earlier through stop.
-func startServer(t *testing.T, configure func(*fasthttp.Server), handler func(tr *wsaccept.Tracker, ctx *fasthttp.RequestCtx)) *testServer {
+func startServer(t *testing.T, cfg serverConfig, handler func(tr *wsaccept.Tracker, ctx *fasthttp.RequestCtx)) *testServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -66,14 +76,20 @@ func startServer(t *testing.T, configure func(*fasthttp.Server), handler func(tr
 	}
 	tr := &wsaccept.Tracker{}
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { handler(tr, ctx) }}
-	if configure != nil {
-		configure(srv)
+	if cfg.configure != nil {
+		cfg.configure(srv)
+	}
+	transport := &http.Transport{}
+	ts := &testServer{addr: ln.Addr().String(), tr: tr, client: &http.Client{Transport: transport}}
+	if cfg.tls {
+		serverTLS, clientTLS := tlsConfigs(t)
+		ln = tls.NewListener(ln, serverTLS)
+		ts.clientTLS = clientTLS
+		transport.TLSClientConfig = clientTLS
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
-	transport := &http.Transport{}
-	ts := &testServer{addr: ln.Addr().String(), tr: tr, client: &http.Client{Transport: transport}}
 	var once sync.Once
 	ts.stop = func() {
 		once.Do(func() {
@@ -95,6 +111,60 @@ func startServer(t *testing.T, configure func(*fasthttp.Server), handler func(tr
 	return ts
 }
 
+// tlsConfigs returns a server config with a fresh self-signed certificate
+// for 127.0.0.1 and a client config that trusts it.
+func tlsConfigs(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(leaf)
+	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}}}
+	return server, &tls.Config{RootCAs: roots}
+}
+
+func (ts *testServer) url(scheme, path string) string {
+	if ts.clientTLS != nil {
+		scheme += "s"
+	}
+	return scheme + "://" + ts.addr + path
+}
+
+// dialRaw opens a plain connection to the server, under TLS if it uses it.
+func (ts *testServer) dialRaw(t *testing.T) net.Conn {
+	t.Helper()
+	var nc net.Conn
+	var err error
+	if ts.clientTLS != nil {
+		nc, err = tls.Dial("tcp", ts.addr, ts.clientTLS)
+	} else {
+		nc, err = net.Dial("tcp", ts.addr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	return nc
+}
+
 func (ts *testServer) dial(t *testing.T, path string, opts *websocket.DialOptions) *websocket.Conn {
 	t.Helper()
 	c, _, err := ts.tryDial(t, path, opts)
@@ -113,7 +183,7 @@ func (ts *testServer) tryDial(t *testing.T, path string, opts *websocket.DialOpt
 	opts.HTTPClient = ts.client
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	return websocket.Dial(ctx, "ws://"+ts.addr+path, opts)
+	return websocket.Dial(ctx, ts.url("ws", path), opts)
 }
 
 func echo(ctx context.Context, c *websocket.Conn) {
@@ -177,7 +247,7 @@ func recv[T any](t *testing.T, what string, ch <-chan T) T {
 func TestEchoRoundTrip(t *testing.T) {
 	for _, cfg := range serverConfigs() {
 		t.Run(cfg.name, func(t *testing.T) {
-			ts := startServer(t, cfg.configure, acceptOn("/echo", nil, echo, nil))
+			ts := startServer(t, cfg, acceptOn("/echo", nil, echo, nil))
 			c := ts.dial(t, "/echo", nil)
 			ctx := timeout(t)
 			for i := range 200 {
@@ -208,7 +278,7 @@ func TestEchoRoundTrip(t *testing.T) {
 
 func TestConcurrentClients(t *testing.T) {
 	const clients, messages = 50, 20
-	ts := startServer(t, nil, acceptOn("/echo", nil, echo, nil))
+	ts := startServer(t, serverConfig{}, acceptOn("/echo", nil, echo, nil))
 	ctx := timeout(t)
 
 	conns := make([]*websocket.Conn, clients)
@@ -259,7 +329,7 @@ func TestSubprotocol(t *testing.T) {
 		_ = c.Write(ctx, websocket.MessageText, []byte(c.Subprotocol()))
 		_ = c.Close(websocket.StatusNormalClosure, "")
 	}
-	ts := startServer(t, nil, acceptOn("/proto", opts, sayProto, nil))
+	ts := startServer(t, serverConfig{}, acceptOn("/proto", opts, sayProto, nil))
 
 	for _, tc := range []struct {
 		offer []string
@@ -288,7 +358,7 @@ func TestSubprotocol(t *testing.T) {
 
 func TestNotUpgrade(t *testing.T) {
 	errs := make(chan error, 1)
-	ts := startServer(t, nil, acceptOn("/ws", nil, echo, errs))
+	ts := startServer(t, serverConfig{}, acceptOn("/ws", nil, echo, errs))
 	upgrade := map[string]string{
 		"Connection":            "keep-alive, Upgrade",
 		"Upgrade":               "websocket",
@@ -384,7 +454,7 @@ func TestNotUpgrade(t *testing.T) {
 func TestOrigin(t *testing.T) {
 	errs := make(chan error, 1)
 	opts := &websocket.AcceptOptions{OriginPatterns: []string{"allowed.example"}}
-	ts := startServer(t, nil, acceptOn("/ws", opts, echo, errs))
+	ts := startServer(t, serverConfig{}, acceptOn("/ws", opts, echo, errs))
 
 	for _, origin := range []string{"http://allowed.example", "http://" + ts.addr, ""} {
 		hdr := http.Header{}
@@ -427,12 +497,8 @@ func TestPipelinedFirstFrame(t *testing.T) {
 
 	for _, cfg := range serverConfigs() {
 		t.Run(cfg.name, func(t *testing.T) {
-			ts := startServer(t, cfg.configure, acceptOn("/echo", nil, echo, nil))
-			nc, err := net.Dial("tcp", ts.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
+			ts := startServer(t, cfg, acceptOn("/echo", nil, echo, nil))
+			nc := ts.dialRaw(t)
 			if err := nc.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
 				t.Fatal(err)
 			}
@@ -491,7 +557,7 @@ func TestServerCloseUnblocksRead(t *testing.T) {
 					st.readErr <- err
 					<-st.hold
 				}
-				ts := startServer(t, cfg.configure, acceptOn("/block", nil, handler, nil))
+				ts := startServer(t, cfg, acceptOn("/block", nil, handler, nil))
 				c := ts.dial(t, "/block", nil)
 				st := recv(t, "handler", states)
 
@@ -502,12 +568,19 @@ func TestServerCloseUnblocksRead(t *testing.T) {
 				}()
 				// Give the handler time to block in Read.
 				time.Sleep(50 * time.Millisecond)
-				if how == "CloseNow" {
-					_ = st.conn.CloseNow()
-				} else {
-					_ = st.conn.Close(websocket.StatusNormalClosure, "bye")
-				}
+				// In a goroutine: if Close fails to interrupt the socket, it
+				// blocks for good on the lock the pending Read holds.
+				closed := make(chan struct{})
+				go func() {
+					defer close(closed)
+					if how == "CloseNow" {
+						_ = st.conn.CloseNow()
+					} else {
+						_ = st.conn.Close(websocket.StatusNormalClosure, "bye")
+					}
+				}()
 
+				recv(t, "server "+how+" to return", closed)
 				if err := recv(t, "server Read to return", st.readErr); err == nil {
 					t.Fatal("server Read returned no error after close")
 				}
@@ -537,7 +610,7 @@ func TestShutdown(t *testing.T) {
 		echo(ctx, c)
 	}
 	errs := make(chan error, 1)
-	ts := startServer(t, nil, acceptOn("/echo", nil, handler, errs))
+	ts := startServer(t, serverConfig{}, acceptOn("/echo", nil, handler, errs))
 
 	clientErrs := make(chan error, clients)
 	for range clients {
@@ -578,6 +651,31 @@ func TestShutdown(t *testing.T) {
 	}
 }
 
+func TestShutdownBeforeHijack(t *testing.T) {
+	var ran atomic.Bool
+	errs := make(chan error, 2)
+	ts := startServer(t, serverConfig{}, func(tr *wsaccept.Tracker, ctx *fasthttp.RequestCtx) {
+		errs <- tr.Accept(ctx, nil, func(context.Context, *websocket.Conn) { ran.Store(true) })
+		// fasthttp hands the connection over only after this returns.
+		errs <- tr.Shutdown(context.Background(), "")
+	})
+	_, resp, err := ts.tryDial(t, "/", nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("dial: %v, response %v", err, resp)
+	}
+	for _, what := range []string{"Accept", "Shutdown"} {
+		if err := recv(t, what, errs); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if ran.Load() {
+		t.Error("handler ran after Shutdown")
+	}
+	if n := ts.tr.Len(); n != 0 {
+		t.Errorf("Len() = %d", n)
+	}
+}
+
 func TestShutdownCancelsHandlerContext(t *testing.T) {
 	handler := func(ctx context.Context, c *websocket.Conn) {
 		// A push-only handler: it leaves reading to CloseRead and waits
@@ -585,7 +683,7 @@ func TestShutdownCancelsHandlerContext(t *testing.T) {
 		ctx = c.CloseRead(ctx)
 		<-ctx.Done()
 	}
-	ts := startServer(t, nil, acceptOn("/push", nil, handler, nil))
+	ts := startServer(t, serverConfig{}, acceptOn("/push", nil, handler, nil))
 	c := ts.dial(t, "/push", nil)
 	clientErr := make(chan error, 1)
 	go func() {
@@ -604,7 +702,7 @@ func TestShutdownCancelsHandlerContext(t *testing.T) {
 func TestShutdownHonoursDeadline(t *testing.T) {
 	release := make(chan struct{})
 	handler := func(context.Context, *websocket.Conn) { <-release }
-	ts := startServer(t, nil, acceptOn("/stuck", nil, handler, nil))
+	ts := startServer(t, serverConfig{}, acceptOn("/stuck", nil, handler, nil))
 	c := ts.dial(t, "/stuck", nil)
 	clientErr := make(chan error, 1)
 	go func() {
@@ -637,7 +735,7 @@ func TestReadLimit(t *testing.T) {
 		c.SetReadLimit(16)
 		echo(ctx, c)
 	}
-	ts := startServer(t, nil, acceptOn("/limited", nil, handler, nil))
+	ts := startServer(t, serverConfig{}, acceptOn("/limited", nil, handler, nil))
 	c := ts.dial(t, "/limited", nil)
 	ctx := timeout(t)
 	if err := c.Write(ctx, websocket.MessageText, []byte("small")); err != nil {
@@ -662,7 +760,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 	// fasthttp's worker pool cleaner only notices Shutdown when it wakes up,
 	// every MaxIdleWorkerDuration (10s by default).
 	configure := func(s *fasthttp.Server) { s.MaxIdleWorkerDuration = 20 * time.Millisecond }
-	ts := startServer(t, configure, acceptOn("/echo", nil, echo, nil))
+	ts := startServer(t, serverConfig{configure: configure}, acceptOn("/echo", nil, echo, nil))
 	ctx := timeout(t)
 	for i := range 20 {
 		c := ts.dial(t, "/echo", nil)
