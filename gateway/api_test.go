@@ -115,12 +115,12 @@ func TestCreateGetAndValidation(t *testing.T) {
 	a.fail("GET", "/v0/executions/nope/stream", nil, 404, "NOT_FOUND")
 
 	for name, body := range map[string]any{
-		"empty":            "",
-		"not json":         "{",
-		"missing agent":    obj{"input": 1},
-		"numeric label":    `{"agent_id":"a","labels":{"n":1}}`,
-		"agent too long":   obj{"agent_id": strings.Repeat("a", 257)},
-		"body too large":   `{"agent_id":"a","input":"` + strings.Repeat("x", 1<<20) + `"}`,
+		"empty":          "",
+		"not json":       "{",
+		"missing agent":  obj{"input": 1},
+		"numeric label":  `{"agent_id":"a","labels":{"n":1}}`,
+		"agent too long": obj{"agent_id": strings.Repeat("a", 257)},
+		"body too large": `{"agent_id":"a","input":"` + strings.Repeat("x", 1<<20) + `"}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			a := newAPI(t, s)
