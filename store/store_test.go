@@ -1,0 +1,235 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+func open(t *testing.T, dir string, mode SyncMode) *Store {
+	t.Helper()
+	s, err := Open(Options{Dir: dir, Sync: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestParseSyncMode(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want SyncMode
+		err  bool
+	}{{"always", SyncAlways, false}, {"", SyncAlways, false}, {"batch", SyncBatch, false}, {"none", SyncNone, false}, {"sometimes", 0, true}} {
+		got, err := ParseSyncMode(tc.in)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("ParseSyncMode(%q) = %v, %v", tc.in, got, err)
+		}
+		if err == nil && tc.in != "" && got.String() != tc.in {
+			t.Errorf("String() = %q, want %q", got.String(), tc.in)
+		}
+	}
+}
+
+func TestLogsAndRecordsSurviveReopen(t *testing.T) {
+	for _, mode := range []SyncMode{SyncAlways, SyncBatch, SyncNone} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir, mode)
+			epoch := s.Epoch()
+			var b Batch
+			for i := uint64(1); i <= 5; i++ {
+				b.Append("x/a", i, []byte(fmt.Sprint("event-", i)))
+			}
+			b.Append("x/b", 1, []byte("other stream"))
+			if err := b.Put("kind", "id1", map[string]int{"n": 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(context.Background(), &b); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = open(t, dir, mode)
+			defer s.Close()
+			if s.Epoch() != epoch {
+				t.Fatalf("epoch changed on reopen: %s -> %s", epoch, s.Epoch())
+			}
+			got, err := s.Read("x/a", 2, 2)
+			if err != nil || len(got) != 2 || got[0].Seq != 3 || string(got[1].Data) != "event-4" {
+				t.Fatalf("Read after 2, limit 2: %+v, %v", got, err)
+			}
+			if last, _ := s.Last("x/a"); last != 5 {
+				t.Fatalf("Last = %d", last)
+			}
+			if first, _ := s.First("x/a"); first != 1 {
+				t.Fatalf("First = %d", first)
+			}
+			if last, _ := s.Last("x/none"); last != 0 {
+				t.Fatalf("Last of empty = %d", last)
+			}
+			var rec map[string]int
+			if err := s.Get("kind", "id1", &rec); err != nil || rec["n"] != 1 {
+				t.Fatalf("Get: %v %v", rec, err)
+			}
+			if err := s.Get("kind", "missing", &rec); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Get missing: %v", err)
+			}
+			if _, err := s.Entry("x/a", 9); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Entry missing: %v", err)
+			}
+		})
+	}
+}
+
+func TestFreshFolderGetsNewEpoch(t *testing.T) {
+	a := open(t, t.TempDir(), SyncAlways)
+	defer a.Close()
+	b := open(t, t.TempDir(), SyncAlways)
+	defer b.Close()
+	if a.Epoch() == b.Epoch() {
+		t.Fatal("two fresh folders share an epoch")
+	}
+}
+
+// TestGroupCommitSharesSyncs checks that concurrent writers are batched:
+// far fewer fsyncs than writes, and every write is readable after.
+func TestGroupCommitSharesSyncs(t *testing.T) {
+	s := open(t, t.TempDir(), SyncAlways)
+	defer s.Close()
+	const writers, each = 32, 50
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				var b Batch
+				b.Append(fmt.Sprintf("w/%d", w), uint64(i+1), []byte("x"))
+				if err := s.Write(context.Background(), &b); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := s.Stats()
+	if st.Writes != writers*each {
+		t.Fatalf("writes = %d", st.Writes)
+	}
+	if st.Syncs >= st.Writes {
+		t.Fatalf("no group commit: %d syncs for %d writes", st.Syncs, st.Writes)
+	}
+	for w := range writers {
+		if last, _ := s.Last(fmt.Sprintf("w/%d", w)); last != each {
+			t.Fatalf("writer %d: last = %d", w, last)
+		}
+	}
+	t.Logf("%d writes in %d commits with %d fsyncs", st.Writes, st.Commits, st.Syncs)
+}
+
+func TestRecordsIterationAndDelete(t *testing.T) {
+	s, err := Open(Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var b Batch
+	for _, id := range []string{"b", "a", "c"} {
+		if err := b.Put("k", id, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = b.Put("other", "z", "z")
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	var del Batch
+	del.Delete("k", "b")
+	if err := s.Write(context.Background(), &del); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	err = s.Records("k", func(id string, decode func(any) error) bool {
+		var v string
+		if err := decode(&v); err != nil || v != id {
+			t.Fatalf("decode %s: %q %v", id, v, err)
+		}
+		ids = append(ids, id)
+		return true
+	})
+	if err != nil || fmt.Sprint(ids) != "[a c]" {
+		t.Fatalf("Records = %v, %v", ids, err)
+	}
+}
+
+func TestClosedStoreRefusesWrites(t *testing.T) {
+	s := open(t, t.TempDir(), SyncAlways)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var b Batch
+	b.Append("x", 1, nil)
+	if err := s.Write(context.Background(), &b); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
+	}
+	if err := s.Ping(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Ping after Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestEmptyBatchIsNoop(t *testing.T) {
+	s, err := Open(Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Write(context.Background(), &Batch{}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Stats().Commits != 0 {
+		t.Fatal("empty batch committed")
+	}
+}
+
+func TestOpenNeedsDir(t *testing.T) {
+	if _, err := Open(Options{}); err == nil {
+		t.Fatal("Open without Dir or InMemory succeeded")
+	}
+}
+
+func BenchmarkWriteParallel(b *testing.B) {
+	s, err := Open(Options{Dir: b.TempDir(), Sync: SyncAlways})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	payload := make([]byte, 300)
+	var n sync.Mutex
+	seq := uint64(0)
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			n.Lock()
+			seq++
+			i := seq
+			n.Unlock()
+			var batch Batch
+			batch.Append("bench", i, payload)
+			if err := s.Write(context.Background(), &batch); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	st := s.Stats()
+	b.ReportMetric(float64(st.Writes)/float64(max(st.Syncs, 1)), "writes/fsync")
+}
