@@ -159,13 +159,23 @@ func decode(ctx *fasthttp.RequestCtx, v any, max int) error {
 
 // kernelValidation makes a validation error that maps like the kernel's.
 func kernelValidation(msg string) error {
-	return &validationError{msg: "validation error: " + msg}
+	return &gatewayError{kind: kernel.ErrValidation, msg: "validation error: " + msg}
 }
 
-type validationError struct{ msg string }
+// notFound makes a not-found error that maps like the kernel's.
+func notFound(what, id string) error {
+	return &gatewayError{kind: kernel.ErrNotFound, msg: "not found: " + what + " " + id}
+}
 
-func (e *validationError) Error() string { return e.msg }
-func (e *validationError) Unwrap() error { return kernel.ErrValidation }
+// gatewayError is an error the gateway itself raises, matching one of the
+// kernel's sentinels so that it maps to the same status and code.
+type gatewayError struct {
+	kind error
+	msg  string
+}
+
+func (e *gatewayError) Error() string { return e.msg }
+func (e *gatewayError) Unwrap() error { return e.kind }
 
 // meta reads the tracing and idempotency headers of a request.
 func meta(ctx *fasthttp.RequestCtx) kernel.Meta {

@@ -66,11 +66,16 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	hub := peer.NewHub(peer.Options{OutboxLimit: c.OutboxLimit})
+	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Logger: c.Logger})
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
 	ko := c.Kernel
 	ko.Store, ko.Deliverer, ko.Policy, ko.Logger = st, Deliverer(hub), c.Policy, c.Logger
 	k, err := kernel.New(ctx, ko)
 	if err != nil {
+		hub.Close()
 		_ = st.Close()
 		return nil, err
 	}
@@ -79,12 +84,14 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	srv, err := New(so)
 	if err != nil {
 		k.Close()
+		hub.Close()
 		_ = st.Close()
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		k.Close()
+		hub.Close()
 		_ = st.Close()
 		return nil, fmt.Errorf("gateway: listen: %w", err)
 	}
@@ -124,6 +131,7 @@ func (n *Node) Close(ctx context.Context) error {
 		serr = err
 	}
 	n.Kernel.Close()
+	n.Hub.Close()
 	cerr := n.Store.Close()
 	if serr != nil && !errors.Is(serr, context.DeadlineExceeded) {
 		return serr

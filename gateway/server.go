@@ -86,6 +86,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{})}
 	s.metrics = newMetrics(o.Registry, o.Kernel)
 	s.routes = s.buildRoutes()
+	s.peerRoutes(s.routes)
 	s.srv = &fasthttp.Server{
 		Handler:     s.serve,
 		Name:        "gatehouse",

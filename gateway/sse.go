@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"net"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // sseHeaders starts an SSE response and returns a channel closed when the
@@ -216,21 +218,41 @@ func checkIDs(ids map[string]string) error {
 	return nil
 }
 
-// streamPeer serves a consumer's outbox over SSE. Legacy SSE clients cannot
-// acknowledge, so a delivery counts as acknowledged once written and
-// flushed; what was queued but not yet written waits for the reconnect.
+// streamPeer serves a consumer's outbox over SSE. Every frame carries
+// "id: <epoch>.<seq>", so an EventSource client resumes with Last-Event-ID.
+//
+// Acknowledgement: with ack=explicit the client acknowledges through
+// POST /v0/peers/ack. Otherwise (the kernel API's clients, which never
+// acknowledge) an agent's delivery counts as acknowledged once written and
+// flushed, and a runner's job.assigned once the runner acts on it (reports
+// the step started or posts its result), so a job whose delivery was lost
+// with the socket is sent again on reconnect.
 func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() func()) {
+	cur, epochOK, err := peerCursor(c.ctx, s.k.Epoch())
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	explicit := string(c.ctx.QueryArgs().Peek("ack")) == "explicit"
+	ackOnFlush := !explicit && key.Role == kernel.RoleAgent
 	gone := sseHeaders(c.ctx)
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
+	epoch := s.k.Epoch()
 	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer s.streams.Done()
 		defer s.metrics.streams.WithLabelValues(kind).Dec()
-		conn := s.hub.Attach(key)
+		conn, reset := s.hub.Attach(key, cur)
 		defer conn.Detach()
 		disconnected := connect()
 		defer disconnected()
 		w.WriteString("retry: 5000\n\n")
+		if !epochOK {
+			reset = &peer.Reset{Reason: "epoch_changed", ResumeFrom: 1}
+		}
+		if reset != nil {
+			writeFrame(w, 0, "stream.reset", resetBody(epoch, reset))
+		}
 		if w.Flush() != nil {
 			return
 		}
@@ -243,14 +265,16 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 				if !ok {
 					break
 				}
-				writeFrame(w, 0, d.Type, d.Data)
+				writePeerFrame(w, epoch, d)
 				last = d.Seq
 			}
 			if last > 0 {
 				if w.Flush() != nil {
 					return
 				}
-				conn.Ack(last)
+				if ackOnFlush {
+					conn.Ack(last)
+				}
 			}
 			select {
 			case <-conn.Ready():
@@ -275,11 +299,59 @@ func Deliverer(h *peer.Hub) kernel.Deliverer { return hubDeliverer{h} }
 
 type hubDeliverer struct{ h *peer.Hub }
 
-func (d hubDeliverer) Deliver(p kernel.Peer, typ string, data []byte) error {
-	_, err := d.h.Deliver(peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer}, typ, data)
-	return err
+func key(p kernel.Peer) peer.Key { return peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer} }
+
+func (d hubDeliverer) Stage(b *store.Batch, p kernel.Peer, typ string, data []byte, settle string) kernel.Staged {
+	return d.h.Stage(b, key(p), typ, data, settle)
 }
 
-func (d hubDeliverer) Forget(p kernel.Peer) {
-	d.h.Forget(peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer})
+func (d hubDeliverer) Settle(b *store.Batch, p kernel.Peer, settle string) func() {
+	return d.h.Settle(b, key(p), settle)
+}
+
+func (d hubDeliverer) Forget(p kernel.Peer) { d.h.Forget(key(p)) }
+
+// writePeerFrame writes an outbox delivery with its resumable id.
+func writePeerFrame(w *bufio.Writer, epoch string, d peer.Delivery) {
+	w.WriteString("id: ")
+	w.WriteString(epoch)
+	w.WriteByte('.')
+	w.WriteString(strconv.FormatUint(d.Seq, 10))
+	w.WriteByte('\n')
+	writeFrame(w, 0, d.Type, d.Data)
+}
+
+// resetBody is the payload of a stream.reset frame: the consumer cannot
+// resume where it asked and should re-hydrate (list its executions) first.
+func resetBody(epoch string, r *peer.Reset) []byte {
+	data, _ := json.Marshal(map[string]any{
+		"reason": r.Reason, "epoch": epoch, "resume_from": r.ResumeFrom, "latest_sequence": r.Latest,
+		"snapshot": "/v0/executions",
+	})
+	return data
+}
+
+// peerCursor reads a consumer's resume cursor from the cursor parameter or
+// Last-Event-ID: "<epoch>.<seq>" or a bare "<seq>". A cursor of another
+// epoch (a wiped or different store) cannot be honoured; ok is false then.
+func peerCursor(ctx *fasthttp.RequestCtx, epoch string) (cur *uint64, ok bool, err error) {
+	raw := string(ctx.QueryArgs().Peek("cursor"))
+	if raw == "" {
+		raw = string(ctx.Request.Header.Peek("Last-Event-ID"))
+	}
+	if raw == "" {
+		return nil, true, nil
+	}
+	seqPart := raw
+	if e, s, found := strings.Cut(raw, "."); found {
+		if e != epoch {
+			return nil, false, nil
+		}
+		seqPart = s
+	}
+	n, perr := strconv.ParseUint(seqPart, 10, 64)
+	if perr != nil {
+		return nil, true, kernelValidation("cursor must be <epoch>.<sequence> or <sequence>")
+	}
+	return &n, true, nil
 }

@@ -202,8 +202,16 @@ func (k *Kernel) assign(id, consumer string) {
 		return
 	}
 	lease := &Lease{ID: event.NewID(), ConsumerID: consumer}
+	push := assignedPush{
+		ExecutionID: ex.ID, SessionID: lease.ID, AgentID: ex.AgentID,
+		Input: orNull(ex.Input), Labels: ex.Labels, History: trimHistory(ex.History),
+	}
+	if len(push.Labels) == 0 {
+		push.Labels = nil
+	}
 	t := k.begin(ex, Meta{})
 	t.add(event.ExecutionStarted, "", &startedPayload{SessionID: lease.ID, ConsumerID: consumer})
+	t.push(Peer{Role: RoleAgent, ID: ex.AgentID, Consumer: consumer}, event.PushExecutionAssigned, &push, "")
 	if err := t.commit(context.Background()); err != nil {
 		k.mu.Lock()
 		as := k.agentSetLocked(ex.AgentID)
@@ -214,36 +222,9 @@ func (k *Kernel) assign(id, consumer string) {
 	k.mu.Lock()
 	k.agentSetLocked(ex.AgentID).consumer(consumer).leases[ex.ID] = lease.ID
 	k.mu.Unlock()
-	k.pushAssigned(ex)
-}
-
-// pushAssigned sends execution.assigned to the lease holder; the caller
-// holds ex.mu. If the push cannot be queued the execution goes back to
-// pending, as the kernel API specifies (reset with reason send_failed).
-func (k *Kernel) pushAssigned(ex *Execution) {
-	push := assignedPush{
-		ExecutionID: ex.ID, SessionID: ex.Lease.ID, AgentID: ex.AgentID,
-		Input: orNull(ex.Input), Labels: ex.Labels, History: trimHistory(ex.History),
+	if publish := t.publish(); publish != nil {
+		publish()
 	}
-	if len(push.Labels) == 0 {
-		push.Labels = nil
-	}
-	if err := k.deliver(k.agentPeer(ex), event.PushExecutionAssigned, &push); err == nil {
-		return
-	}
-	consumer := ex.Lease.ConsumerID
-	t := k.begin(ex, Meta{})
-	t.add(event.ExecutionReset, "", &resetPayload{Reason: "send_failed", FromStatus: ex.Status})
-	if err := t.commit(context.Background()); err != nil {
-		return
-	}
-	k.mu.Lock()
-	as := k.agentSetLocked(ex.AgentID)
-	if c := as.consumers[consumer]; c != nil {
-		delete(c.leases, ex.ID)
-	}
-	as.pending = append(as.pending, ex.ID)
-	k.mu.Unlock()
 }
 
 // maxHistoryBytes bounds the history sent with an assignment.
@@ -379,9 +360,7 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 		t.add(event.IntentAccepted, "", &intentAcceptedPayload{IntentType: in.Type, Details: map[string]string{"signal_type": in.SignalType}})
 		if sig, ok := ex.pendingSignal(in.SignalType); ok {
 			t.add(event.ExecutionResumed, "", &reasonPayload{Reason: "signal received: " + in.SignalType})
-			push := signalPush{ExecutionID: ex.ID, SignalType: sig.Type, Payload: orNull(sig.Payload)}
-			peer := k.agentPeer(ex)
-			fx.add(func() { _ = k.deliver(peer, event.PushSignalReceived, &push) })
+			t.push(k.agentPeer(ex), event.PushSignalReceived, &signalPush{ExecutionID: ex.ID, SignalType: sig.Type, Payload: orNull(sig.Payload)}, "")
 		} else {
 			t.add(event.ExecutionBlocked, "", &blockedPayload{Reason: "signal", Ref: in.SignalType})
 		}
@@ -394,6 +373,7 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 	if err := t.commit(ctx); err != nil {
 		return IntentResult{}, nil, err
 	}
+	fx.add(t.publish())
 	if ex.Status.Terminal() {
 		k.finish(ex)
 	}
@@ -554,12 +534,10 @@ func (k *Kernel) resolveApproval(t *tx, fx *effects, st *Step, outcome, reason s
 		t.addWith(event.ExecutionResumed, "", st.ActionID, &reasonPayload{Reason: resumed})
 	}
 	if ex.Lease != nil {
-		push := approvalResolvedPush{
+		t.push(k.agentPeer(ex), event.PushApprovalResolved, &approvalResolvedPush{
 			Approved: outcome == outcomeApproved, ExecutionID: ex.ID, SessionID: ex.Lease.ID,
 			StepID: st.ID, Outcome: outcome, Reason: reason,
-		}
-		peer := k.agentPeer(ex)
-		fx.add(func() { _ = k.deliver(peer, event.PushApprovalResolved, &push) })
+		}, "")
 	}
 }
 
@@ -637,15 +615,15 @@ func (k *Kernel) StepResult(ctx context.Context, req StepResultRequest, meta Met
 		t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: req.Error})
 		push = toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Result: req.Data, Error: req.Error}
 	}
+	if ex.Lease != nil {
+		t.push(k.agentPeer(ex), event.PushToolResult, &push, "")
+	}
 	if err := t.commit(ctx); err != nil {
 		return nil, err
 	}
 	st.stopTimer()
 	var fx effects
-	if ex.Lease != nil {
-		peer := k.agentPeer(ex)
-		fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
-	}
+	fx.add(t.publish())
 	return k.after(fx), nil
 }
 

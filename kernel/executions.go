@@ -79,6 +79,13 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	if consumer != "" {
 		lease = &Lease{ID: event.NewID(), ConsumerID: consumer}
 		t.add(event.ExecutionStarted, "", &startedPayload{SessionID: lease.ID, ConsumerID: consumer})
+		labels := req.Labels
+		if len(labels) == 0 {
+			labels = nil
+		}
+		t.push(Peer{Role: RoleAgent, ID: req.AgentID, Consumer: consumer}, event.PushExecutionAssigned, &assignedPush{
+			ExecutionID: ex.ID, SessionID: lease.ID, AgentID: req.AgentID, Input: orNull(req.Input), Labels: labels,
+		}, "")
 	}
 	if err := t.commit(ctx); err != nil {
 		return View{}, err
@@ -97,8 +104,8 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	}
 	k.mu.Unlock()
 	k.armExecutionTimer(ex)
-	if lease != nil {
-		k.pushAssigned(ex)
+	if publish := t.publish(); publish != nil {
+		publish()
 	}
 	return ex.view(), nil
 }
@@ -333,14 +340,13 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	case ex.Status == StatusBlocked && ex.BlockReason == "signal" && ex.BlockRef == req.SignalType:
 		t.add(event.ExecutionResumed, "", &reasonPayload{Reason: "signal received: " + req.SignalType})
 	}
+	if ex.Lease != nil {
+		t.push(k.agentPeer(ex), event.PushSignalReceived, &signalPush{ExecutionID: ex.ID, SignalType: req.SignalType, Payload: orNull(req.Payload)}, "")
+	}
 	if err := t.commit(ctx); err != nil {
 		return nil, err
 	}
-	if ex.Lease != nil {
-		push := signalPush{ExecutionID: ex.ID, SignalType: req.SignalType, Payload: orNull(req.Payload)}
-		peer := k.agentPeer(ex)
-		fx.add(func() { _ = k.deliver(peer, event.PushSignalReceived, &push) })
-	}
+	fx.add(t.publish())
 	k.afterResume(ex, &fx)
 	return k.after(fx), nil
 }

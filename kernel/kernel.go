@@ -38,13 +38,27 @@ const (
 	RoleRunner = "runner"
 )
 
-// Deliverer carries pushes to agents and runners. The gateway implements it.
+// Deliverer carries pushes to agents and runners through durable outboxes.
+// The gateway implements it.
 type Deliverer interface {
-	// Deliver queues a push for p. An error means it was not queued.
-	Deliver(p Peer, typ string, data []byte) error
+	// Stage adds a push for p to b, the batch of the fact that causes it, so
+	// both are written atomically. The push reaches p only after Publish.
+	// settle, if not empty, names it for Settle.
+	Stage(b *store.Batch, p Peer, typ string, data []byte, settle string) Staged
+	// Settle acknowledges the push named settle on p's behalf, in batch b;
+	// the returned function applies it once b is committed.
+	Settle(b *store.Batch, p Peer, settle string) func()
 	// Forget drops p's undelivered pushes and ends its connection, if any:
 	// the kernel has given up on that consumer.
 	Forget(p Peer)
+}
+
+// Staged is a push written into a batch that is not committed yet.
+type Staged interface {
+	// Publish hands the push to its consumer's connection.
+	Publish()
+	// Abort withdraws it after the batch failed.
+	Abort()
 }
 
 // Policy decides tool invocations.
@@ -239,7 +253,11 @@ func (a After) Run() {
 // effects collects work for after the response.
 type effects []func()
 
-func (e *effects) add(f func()) { *e = append(*e, f) }
+func (e *effects) add(f func()) {
+	if f != nil {
+		*e = append(*e, f)
+	}
+}
 
 func (k *Kernel) after(e effects) After {
 	if len(e) == 0 {
@@ -343,19 +361,6 @@ func (st *Step) stopTimer() {
 	}
 }
 
-// deliver sends a push, logging a failure: the caller decides what a lost
-// push means.
-func (k *Kernel) deliver(p Peer, typ string, payload any) error {
-	data, err := jsonMarshal(payload)
-	if err == nil {
-		err = k.out.Deliver(p, typ, data)
-	}
-	if err != nil {
-		k.log.Warn("push not queued", "role", p.Role, "peer", p.ID, "consumer", p.Consumer, "type", typ, "err", err)
-	}
-	return err
-}
-
 // sortedKeys returns m's keys in order.
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
@@ -378,3 +383,7 @@ func (k *Kernel) Live(id string) bool {
 	_, ok := k.live[id]
 	return ok
 }
+
+// Epoch identifies the store's lifetime; cursors carry it so that a cursor
+// from a wiped store is recognised.
+func (k *Kernel) Epoch() string { return k.store.Epoch() }

@@ -48,8 +48,8 @@ func (k *Kernel) runnerSetLocked(runnerID string) *runnerSet {
 
 // RunnerConnected records a live runner connection with its capabilities
 // (tool ids) and dispatches queued jobs to it. A consumer that reconnects
-// within the grace period keeps the job it held; that job is sent again if
-// the runner had not reported starting it, since it may never have arrived.
+// within the grace period keeps the job it held; its outbox sends the job
+// again unless the runner settled it (reported it started or finished).
 // The returned function records the end of the connection.
 func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (disconnected func()) {
 	k.mu.Lock()
@@ -64,11 +64,7 @@ func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (di
 	c.online = true
 	c.gen++
 	gen := c.gen
-	held := c.job
 	k.mu.Unlock()
-	if held != nil {
-		k.resendJob(c, held)
-	}
 	k.dispatch()
 	return func() {
 		k.mu.Lock()
@@ -89,27 +85,6 @@ func capSet(caps []string) map[string]bool {
 		}
 	}
 	return m
-}
-
-// resendJob sends a held job again to a consumer that came back.
-func (k *Kernel) resendJob(c *runnerConsumer, j *job) {
-	ex, err := k.lockLive(j.execID)
-	if err != nil {
-		k.release(c, j.jobID)
-		return
-	}
-	st := ex.Steps[j.stepID]
-	if st == nil || st.Status.Terminal() || st.JobID != j.jobID {
-		ex.mu.Unlock()
-		k.release(c, j.jobID)
-		return
-	}
-	push := k.jobPush(ex, st)
-	started := st.Started
-	ex.mu.Unlock()
-	if !started {
-		_ = k.deliver(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &push)
-	}
 }
 
 // runnerLost runs when a consumer stayed away past the grace period: the job
@@ -155,6 +130,7 @@ func (k *Kernel) requeueLost(j *job, reason string) {
 	t := k.begin(ex, Meta{})
 	k.failAttempt(t, &fx, st, reason, true, nil)
 	err = t.commit(context.Background())
+	fx.add(t.publish())
 	ex.mu.Unlock()
 	if err == nil {
 		// Effects take execution locks themselves: never run them under ex.mu.
@@ -182,9 +158,7 @@ func (k *Kernel) failAttempt(t *tx, fx *effects, st *Step, errText string, retry
 	}
 	t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: errText, Retryable: false})
 	if ex.Lease != nil {
-		push := toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Result: data, Error: errText}
-		peer := k.agentPeer(ex)
-		fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
+		t.push(k.agentPeer(ex), event.PushToolResult, &toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Result: data, Error: errText}, "")
 	}
 }
 
@@ -308,9 +282,14 @@ func (k *Kernel) sendJob(c *runnerConsumer, j *job) {
 		timeout = st.Timeout
 	}
 	t := k.begin(ex, Meta{})
+	deadline := t.now.Add(timeout)
 	t.add(event.StepDispatched, st.ID, &dispatchedPayload{
-		RunnerID: c.runnerID, JobID: j.jobID, Deadline: t.now.Add(timeout), ConsumerID: c.id,
+		RunnerID: c.runnerID, JobID: j.jobID, Deadline: deadline, ConsumerID: c.id,
 	})
+	t.push(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &jobPush{
+		ID: j.jobID, ExecutionID: ex.ID, StepID: st.ID, Attempt: st.Attempt, ToolID: st.ToolID,
+		Arguments: orNull(st.Arguments), Deadline: deadline, NotBefore: st.NotBefore,
+	}, j.jobID)
 	if err := t.commit(context.Background()); err != nil {
 		ex.mu.Unlock()
 		k.release(c, j.jobID)
@@ -321,15 +300,9 @@ func (k *Kernel) sendJob(c *runnerConsumer, j *job) {
 	}
 	k.counters.jobs.Add(1)
 	k.armStepTimers(ex)
-	push := k.jobPush(ex, st)
 	ex.mu.Unlock()
-	_ = k.deliver(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &push)
-}
-
-func (k *Kernel) jobPush(ex *Execution, st *Step) jobPush {
-	return jobPush{
-		ID: st.JobID, ExecutionID: ex.ID, StepID: st.ID, Attempt: st.Attempt, ToolID: st.ToolID,
-		Arguments: orNull(st.Arguments), Deadline: st.Deadline, NotBefore: st.NotBefore,
+	if publish := t.publish(); publish != nil {
+		publish()
 	}
 }
 
@@ -413,12 +386,11 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	meta.IdempotencyKey = req.IdempotencyKey
 	var fx effects
 	t := k.begin(ex, meta)
+	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, req.JobID)
 	if req.Success {
 		t.add(event.StepCompleted, st.ID, &stepCompletedPayload{Result: orNull(req.Data)})
 		if ex.Lease != nil {
-			push := toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepSucceeded), Result: req.Data}
-			peer := k.agentPeer(ex)
-			fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
+			t.push(k.agentPeer(ex), event.PushToolResult, &toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepSucceeded), Result: req.Data}, "")
 		}
 	} else {
 		k.failAttempt(t, &fx, st, req.Error, req.Retryable, req.Data)
@@ -426,6 +398,7 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	if err := t.commit(ctx); err != nil {
 		return nil, err
 	}
+	fx.add(t.publish())
 	if st.Status.Terminal() {
 		st.stopTimer()
 	}
@@ -488,6 +461,7 @@ func (k *Kernel) StepStarted(ctx context.Context, stepID string, req StepStarted
 	}
 	t := k.begin(ex, meta)
 	t.add(event.StepStarted, st.ID, &stepStartedPayload{RunnerID: req.RunnerID})
+	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, st.JobID)
 	return t.commit(ctx)
 }
 

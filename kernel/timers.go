@@ -71,6 +71,10 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
 	jobID := st.JobID
 	t := k.begin(ex, Meta{})
 	t.add(event.StepTimedOut, st.ID, &emptyPayload{})
+	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, jobID)
+	if ex.Lease != nil {
+		t.push(k.agentPeer(ex), event.PushToolResult, &toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Error: "step timed out"}, "")
+	}
 	if err := t.commit(context.Background()); err != nil {
 		st.timer = time.AfterFunc(time.Second, func() { k.stepTimedOut(execID, stepID, deadline) })
 		return
@@ -80,11 +84,7 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
 	k.dropQueuedStepLocked(execID, stepID)
 	k.mu.Unlock()
 	var fx effects
-	if ex.Lease != nil {
-		push := toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Error: "step timed out"}
-		peer := k.agentPeer(ex)
-		fx.add(func() { _ = k.deliver(peer, event.PushToolResult, &push) })
-	}
+	fx.add(t.publish())
 	fx.add(k.dispatch)
 	// Effects take execution locks themselves, and ex.mu is held here.
 	go k.runNow(fx)

@@ -49,6 +49,44 @@ type tx struct {
 	prev   string
 	err    error
 	seq    uint64
+	staged []Staged
+	settle []func()
+}
+
+// push stages a push to p in the transaction's batch. It reaches p once the
+// caller runs publish (after its response, when the push answers a request).
+func (t *tx) push(p Peer, typ string, payload any, settle string) {
+	if t.err != nil {
+		return
+	}
+	data, err := json.Marshal(payload)
+	if err != nil {
+		t.err = fmt.Errorf("encode %s push: %w", typ, err)
+		return
+	}
+	t.staged = append(t.staged, t.k.out.Stage(&t.batch, p, typ, data, settle))
+}
+
+// settlePush acknowledges, for p, the push named key (a runner acted on its job).
+func (t *tx) settlePush(p Peer, key string) {
+	if p.Consumer == "" || key == "" {
+		return
+	}
+	t.settle = append(t.settle, t.k.out.Settle(&t.batch, p, key))
+}
+
+// publish returns the function that hands the committed pushes to their
+// consumers, or nil when there are none.
+func (t *tx) publish() func() {
+	if len(t.staged) == 0 {
+		return nil
+	}
+	staged := t.staged
+	return func() {
+		for _, s := range staged {
+			s.Publish()
+		}
+	}
 }
 
 func (k *Kernel) begin(ex *Execution, meta Meta) *tx {
@@ -115,6 +153,9 @@ func (t *tx) remember(key string, rec idemRecord) {
 // error nothing was applied and, as far as the store can tell, nothing written.
 func (t *tx) commit(ctx context.Context) error {
 	if t.err != nil {
+		for _, s := range t.staged {
+			s.Abort()
+		}
 		return t.err
 	}
 	if len(t.facts) == 0 && t.batch.Len() == 0 {
@@ -153,6 +194,9 @@ func (t *tx) commit(ctx context.Context) error {
 		t.batch.Delete(kindLive, ex.ID)
 	}
 	if err := t.k.store.Write(ctx, &t.batch); err != nil {
+		for _, s := range t.staged {
+			s.Abort()
+		}
 		t.k.log.Error("commit failed", "execution", ex.ID, "err", err)
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return newErr(ErrUnavailable, "service unavailable: %v", err)
@@ -161,6 +205,9 @@ func (t *tx) commit(ctx context.Context) error {
 	}
 	for _, f := range t.facts {
 		ex.apply(f)
+	}
+	for _, apply := range t.settle {
+		apply()
 	}
 	t.k.notify(ex.ID, t.seq)
 	t.k.counters.events.Add(uint64(len(t.facts)))

@@ -1,9 +1,24 @@
 package peer
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/store"
 )
+
+func newHub(t *testing.T, st *store.Store, o Options) *Hub {
+	t.Helper()
+	o.Store = st
+	h, err := NewHub(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
 
 func next(t *testing.T, c *Conn) Delivery {
 	t.Helper()
@@ -14,13 +29,30 @@ func next(t *testing.T, c *Conn) Delivery {
 	return d
 }
 
-func TestOutboxSurvivesReconnect(t *testing.T) {
-	h := NewHub(Options{})
-	k := Key{Role: "runner", ID: "r", Consumer: "c"}
-	if _, err := h.Deliver(k, "a", []byte("1")); err != nil { // before any connection
+func none(t *testing.T, c *Conn) {
+	t.Helper()
+	if d, ok := c.Next(); ok {
+		t.Fatalf("unexpected delivery %+v", d)
+	}
+}
+
+func deliver(t *testing.T, h *Hub, k Key, typ string) uint64 {
+	t.Helper()
+	seq, err := h.Deliver(context.Background(), k, typ, []byte(`{}`))
+	if err != nil {
 		t.Fatal(err)
 	}
-	c1 := h.Attach(k)
+	return seq
+}
+
+func TestOutboxSurvivesReconnect(t *testing.T) {
+	h := newHub(t, nil, Options{})
+	k := Key{Role: "runner", ID: "r", Consumer: "c"}
+	deliver(t, h, k, "a") // before any connection
+	c1, reset := h.Attach(k, nil)
+	if reset != nil {
+		t.Fatalf("reset on first attach: %+v", reset)
+	}
 	select {
 	case <-c1.Ready():
 	default:
@@ -29,15 +61,15 @@ func TestOutboxSurvivesReconnect(t *testing.T) {
 	if d := next(t, c1); d.Seq != 1 || d.Type != "a" {
 		t.Fatalf("first delivery %+v", d)
 	}
-	h.Deliver(k, "b", nil)
-	h.Deliver(k, "c", nil)
+	deliver(t, h, k, "b")
+	deliver(t, h, k, "c")
 	if d := next(t, c1); d.Seq != 2 {
 		t.Fatalf("second %+v", d)
 	}
 	c1.Ack(1)
 	// A new connection supersedes the old one and restarts from the oldest
 	// unacknowledged delivery: 2 was handed out but never acknowledged.
-	c2 := h.Attach(k)
+	c2, _ := h.Attach(k, nil)
 	select {
 	case <-c1.Done():
 		if !errors.Is(c1.Err(), ErrSuperseded) {
@@ -52,29 +84,84 @@ func TestOutboxSurvivesReconnect(t *testing.T) {
 	if d := next(t, c2); d.Seq != 3 {
 		t.Fatalf("after reconnect %+v", d)
 	}
-	if _, ok := c2.Next(); ok {
-		t.Fatal("extra delivery")
-	}
+	none(t, c2)
 	c2.Ack(3)
 	if h.Pending(k) != 0 {
 		t.Fatalf("pending %d after ack", h.Pending(k))
 	}
 	c1.Detach() // a stale detach must not unhook the new connection
-	h.Deliver(k, "d", nil)
+	deliver(t, h, k, "d")
 	if d := next(t, c2); d.Seq != 4 {
 		t.Fatalf("after stale detach %+v", d)
 	}
 }
 
-func TestOutboxBoundAndForget(t *testing.T) {
-	h := NewHub(Options{OutboxLimit: 2})
+func TestStagedDeliveriesLeaveInOrder(t *testing.T) {
+	h := newHub(t, nil, Options{})
 	k := Key{Role: "agent", ID: "a", Consumer: "c"}
-	h.Deliver(k, "x", nil)
-	h.Deliver(k, "x", nil)
-	if _, err := h.Deliver(k, "x", nil); !errors.Is(err, ErrOutboxFull) {
-		t.Fatalf("third delivery: %v", err)
+	c, _ := h.Attach(k, nil)
+	first := h.Stage(nil, k, "first", nil, "")
+	second := h.Stage(nil, k, "second", nil, "")
+	second.Publish()
+	none(t, c) // the first is not committed yet: the second must wait
+	first.Publish()
+	if d := next(t, c); d.Type != "first" {
+		t.Fatalf("got %s first", d.Type)
 	}
-	c := h.Attach(k)
+	if d := next(t, c); d.Type != "second" {
+		t.Fatalf("got %s second", d.Type)
+	}
+	aborted := h.Stage(nil, k, "aborted", nil, "")
+	h.Stage(nil, k, "after", nil, "").Publish()
+	aborted.Abort()
+	if d := next(t, c); d.Type != "after" || d.Seq != 4 {
+		t.Fatalf("after an abort: %+v", d)
+	}
+}
+
+func TestCursorAcksAndResets(t *testing.T) {
+	h := newHub(t, nil, Options{OutboxLimit: 3})
+	k := Key{Role: "agent", ID: "a", Consumer: "c"}
+	for range 3 {
+		deliver(t, h, k, "x")
+	}
+	two := uint64(2)
+	c, reset := h.Attach(k, &two)
+	if reset != nil {
+		t.Fatalf("reset: %+v", reset)
+	}
+	if d := next(t, c); d.Seq != 3 {
+		t.Fatalf("resume after cursor 2: %+v", d)
+	}
+	ahead := uint64(99)
+	if _, reset := h.Attach(k, &ahead); reset == nil || reset.Reason != ResetCursorAhead {
+		t.Fatalf("cursor ahead: %+v", reset)
+	}
+	// Overflowing the bound drops the oldest unacknowledged deliveries; a
+	// consumer resuming from before them is told so.
+	for range 5 {
+		deliver(t, h, k, "y")
+	}
+	one := uint64(1)
+	c, reset = h.Attach(k, &one)
+	if reset == nil || reset.Reason != ResetHistoryGone || reset.ResumeFrom != 6 {
+		t.Fatalf("history gone: %+v", reset)
+	}
+	if d := next(t, c); d.Seq != 6 {
+		t.Fatalf("first retained: %+v", d)
+	}
+}
+
+func TestSettleAndForget(t *testing.T) {
+	h := newHub(t, nil, Options{})
+	k := Key{Role: "runner", ID: "r", Consumer: "c"}
+	h.Stage(nil, k, "job.assigned", nil, "job-1").Publish()
+	h.Stage(nil, k, "job.assigned", nil, "job-2").Publish()
+	h.Settle(nil, k, "job-1")()
+	c, _ := h.Attach(k, nil)
+	if d := next(t, c); d.Seq != 2 {
+		t.Fatalf("settled job delivered: %+v", d)
+	}
 	h.Forget(k)
 	<-c.Done()
 	if !errors.Is(c.Err(), ErrForgotten) {
@@ -82,5 +169,72 @@ func TestOutboxBoundAndForget(t *testing.T) {
 	}
 	if h.Pending(k) != 0 {
 		t.Fatal("forgotten outbox still pending")
+	}
+	if p := h.Peers("runner"); len(p) != 1 || p[0].State != "lost" {
+		t.Fatalf("peers after forget: %+v", p)
+	}
+}
+
+// TestOutboxSurvivesRestart: unacknowledged deliveries come back after the
+// hub is reopened on the same Badger folder; acknowledged ones do not.
+func TestOutboxSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHub(context.Background(), Options{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{Role: "agent", ID: "a", Consumer: "c"}
+	for range 4 {
+		deliver(t, h, k, "x")
+	}
+	c, _ := h.Attach(k, nil)
+	next(t, c)
+	next(t, c)
+	c.Ack(2)
+	var b store.Batch
+	h.Stage(&b, k, "job", nil, "settle-me").Publish()
+	if err := st.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	var sb store.Batch
+	apply := h.Settle(&sb, k, "settle-me")
+	if err := st.Write(context.Background(), &sb); err != nil {
+		t.Fatal(err)
+	}
+	apply()
+	c.Detach()
+	h.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err = store.Open(store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h = newHub(t, st, Options{})
+	c, _ = h.Attach(k, nil)
+	var got []uint64
+	for {
+		d, ok := c.Next()
+		if !ok {
+			break
+		}
+		got = append(got, d.Seq)
+	}
+	if len(got) != 2 || got[0] != 3 || got[1] != 4 {
+		t.Fatalf("after restart: %v, want [3 4]", got)
+	}
+	if seq := deliver(t, h, k, "new"); seq != 6 {
+		t.Fatalf("sequence after restart: %d, want 6", seq)
+	}
+	peers := h.Peers("")
+	if len(peers) != 1 || peers[0].State != "online" || peers[0].Acked != 2 || peers[0].Latest != 6 || peers[0].LastSeen.Before(time.Now().Add(-time.Minute)) {
+		t.Fatalf("peers: %+v", peers)
 	}
 }

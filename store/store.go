@@ -616,3 +616,17 @@ func (b badgerLogger) Infof(f string, a ...any) {
 func (b badgerLogger) Debugf(f string, a ...any) {
 	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
 }
+
+// Encode msgpack-encodes a value for a log entry. It is for plain data
+// structs, which always encode; a value that cannot be encoded (a channel, a
+// function) is a programming error and panics.
+func Encode(v any) []byte {
+	data, err := msgpack.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("store: encode %T: %v", v, err))
+	}
+	return data
+}
+
+// Decode decodes what Encode wrote.
+func Decode(data []byte, v any) error { return msgpack.Unmarshal(data, v) }

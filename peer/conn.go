@@ -1,0 +1,160 @@
+package peer
+
+import (
+	"sync"
+	"time"
+)
+
+// Conn is one connection's view of an outbox.
+type Conn struct {
+	h      *Hub
+	key    Key
+	box    *outbox
+	sent   uint64 // highest sequence handed out on this connection
+	signal chan struct{}
+	done   chan struct{}
+	mu     sync.Mutex
+	err    error
+}
+
+// Reset tells a consumer that it cannot resume where it asked to: its cursor
+// points past what this store holds (the store was wiped or it belongs to
+// another server), or deliveries it had not acknowledged were dropped. It
+// should re-hydrate its state, then continue from ResumeFrom.
+type Reset struct {
+	Reason     string `json:"reason"` // "cursor_ahead" or "history_gone"
+	ResumeFrom uint64 `json:"resume_from"`
+	Latest     uint64 `json:"latest_sequence"`
+}
+
+// Reset reasons.
+const (
+	ResetCursorAhead = "cursor_ahead"
+	ResetHistoryGone = "history_gone"
+)
+
+// Attach makes a new connection the receiver of k's outbox and ends any
+// previous connection of k with ErrSuperseded. If cursor is not nil the
+// consumer says it processed everything up to *cursor: that much is
+// acknowledged. Delivery starts with the oldest unacknowledged entry. A non-nil
+// Reset means the consumer must be told it cannot resume without a gap.
+func (h *Hub) Attach(k Key, cursor *uint64) (*Conn, *Reset) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.box(k)
+	if b.conn != nil {
+		b.conn.end(ErrSuperseded)
+	}
+	b.lost = false
+	b.lastSeen = time.Now()
+	h.dirty[k] = true
+	c := &Conn{h: h, key: k, box: b, signal: make(chan struct{}, 1), done: make(chan struct{})}
+	b.conn = c
+	var reset *Reset
+	latest := b.next - 1
+	if cursor != nil {
+		switch {
+		case *cursor > latest:
+			reset = &Reset{Reason: ResetCursorAhead, ResumeFrom: b.acked + 1, Latest: latest}
+		case b.lostBefore > 0 && *cursor+1 < b.lostBefore:
+			reset = &Reset{Reason: ResetHistoryGone, ResumeFrom: b.lostBefore, Latest: latest}
+		default:
+			b.ackLocked(*cursor)
+		}
+	}
+	c.sent = b.acked
+	if len(b.pending) > 0 {
+		c.sent = min(c.sent, b.pending[0].Seq-1)
+		c.wake()
+	}
+	return c, reset
+}
+
+func (c *Conn) wake() {
+	select {
+	case c.signal <- struct{}{}:
+	default:
+	}
+}
+
+// end closes the connection's done channel once.
+func (c *Conn) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.done:
+	default:
+		c.err = err
+		close(c.done)
+	}
+}
+
+// Key returns the connection's consumer key.
+func (c *Conn) Key() Key { return c.key }
+
+// Ready receives a value when deliveries may be waiting.
+func (c *Conn) Ready() <-chan struct{} { return c.signal }
+
+// Done is closed when the connection was superseded or forgotten.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err says why Done was closed.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Next returns the next published delivery not yet handed out on this
+// connection. It never skips past a staged one, so deliveries leave in
+// sequence order even when their batches commit out of order.
+func (c *Conn) Next() (Delivery, bool) {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	for _, e := range c.box.pending {
+		if e.Seq <= c.sent {
+			continue
+		}
+		if e.state != published {
+			break
+		}
+		c.sent = e.Seq
+		return e.Delivery, true
+	}
+	return Delivery{}, false
+}
+
+// Ack acknowledges every delivery up to and including seq: they are never
+// sent again. Acknowledging beyond what was sent is capped.
+func (c *Conn) Ack(seq uint64) {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	c.box.ackLocked(min(seq, c.sent))
+	c.box.lastSeen = time.Now()
+	c.h.dirty[c.key] = true
+}
+
+func (b *outbox) ackLocked(seq uint64) {
+	if seq <= b.acked {
+		return
+	}
+	i := 0
+	for i < len(b.pending) && b.pending[i].Seq <= seq && b.pending[i].state == published {
+		i++
+	}
+	b.pending = append(b.pending[:0:0], b.pending[i:]...)
+	b.acked = seq
+}
+
+// Detach ends this connection's hold on the outbox; unacknowledged
+// deliveries wait for the next connection.
+func (c *Conn) Detach() {
+	c.h.mu.Lock()
+	if c.box.conn == c {
+		c.box.conn = nil
+		c.box.lastSeen = time.Now()
+		c.h.dirty[c.key] = true
+	}
+	c.h.mu.Unlock()
+	c.end(nil)
+}
