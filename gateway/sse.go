@@ -108,6 +108,7 @@ func (s *Server) streamExecution(c *call) {
 	after := cursor(c.ctx)
 	watch := s.k.Watch(id)
 	gone := sseHeaders(c.ctx)
+	expiry := c.principal.ExpiresAt
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues("execution").Inc()
 	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -120,6 +121,8 @@ func (s *Server) streamExecution(c *call) {
 		}
 		beat := time.NewTicker(s.opts.Heartbeat)
 		defer beat.Stop()
+		expired, stopExpiry := expiryTimer(expiry)
+		defer stopExpiry()
 		last := after
 		for {
 			done := false
@@ -153,6 +156,9 @@ func (s *Server) streamExecution(c *call) {
 			case <-watch.Done():
 				return
 			case <-gone:
+				return
+			case <-expired:
+				writeExpired(w)
 				return
 			case <-s.closing:
 				return
@@ -234,6 +240,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 		return
 	}
 	explicit := string(c.ctx.QueryArgs().Peek("ack")) == "explicit"
+	expiry := c.principal.ExpiresAt
 	ackOnFlush := !explicit && key.Role == kernel.RoleAgent
 	gone := sseHeaders(c.ctx)
 	s.streams.Add(1)
@@ -258,6 +265,8 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 		}
 		beat := time.NewTicker(s.opts.Heartbeat)
 		defer beat.Stop()
+		expired, stopExpiry := expiryTimer(expiry)
+		defer stopExpiry()
 		for {
 			var last uint64
 			for {
@@ -286,6 +295,9 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 			case <-conn.Done():
 				return
 			case <-gone:
+				return
+			case <-expired:
+				writeExpired(w)
 				return
 			case <-s.closing:
 				return
@@ -354,4 +366,20 @@ func peerCursor(ctx *fasthttp.RequestCtx, epoch string) (cur *uint64, ok bool, e
 		return nil, true, kernelValidation("cursor must be <epoch>.<sequence> or <sequence>")
 	}
 	return &n, true, nil
+}
+
+// expiryTimer fires when a credential expires; a zero time never fires.
+// A long-lived stream must not outlive the token that opened it.
+func expiryTimer(at time.Time) (<-chan time.Time, func()) {
+	if at.IsZero() {
+		return nil, func() {}
+	}
+	t := time.NewTimer(time.Until(at))
+	return t.C, func() { t.Stop() }
+}
+
+// writeExpired tells the client why its stream ends: reconnect with a fresh token.
+func writeExpired(w *bufio.Writer) {
+	writeFrame(w, 0, "stream.expired", []byte(`{"reason":"token expired","code":"UNAUTHORIZED"}`))
+	_ = w.Flush()
 }

@@ -19,6 +19,7 @@ const usage = `gatehouse: an edge gateway for AI-agent execution
 Usage:
   gatehouse serve [flags]      run the gateway (default: 127.0.0.1:8080, data in ./gatehouse-data)
   gatehouse bench [flags]      measure end-to-end executions against an in-process gateway
+  gatehouse token [flags]      mint a JWT for development (--secret, --role, --agents, --runners)
   gatehouse version            print the version
 
 Run 'gatehouse <command> -h' for the flags of a command. Every flag can also be
@@ -49,6 +50,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serve(ctx, args, stderr)
 	case "bench":
 		return bench(ctx, args, stdout, stderr)
+	case "token":
+		return tokenCmd(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "gatehouse", version)
 		return nil

@@ -26,6 +26,29 @@ type config struct {
 	agentGrace, runnerGrace         time.Duration
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
+	jwtSecret, jwtIssuer, jwtAud    string
+	jwtKeys                         keyFiles
+	jwtLeeway                       time.Duration
+}
+
+// keyFiles collects repeated --jwt-public-key kid=path flags.
+type keyFiles map[string]string
+
+func (k *keyFiles) String() string { return fmt.Sprint(map[string]string(*k)) }
+
+func (k *keyFiles) Set(v string) error {
+	kid, path, ok := strings.Cut(v, "=")
+	if !ok {
+		kid, path = "", v
+	}
+	if path == "" {
+		return fmt.Errorf("want [kid=]path")
+	}
+	if *k == nil {
+		*k = keyFiles{}
+	}
+	(*k)[kid] = path
+	return nil
 }
 
 func (c *config) flags(fs *flag.FlagSet) {
@@ -45,7 +68,21 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.heartbeat, "heartbeat", 5*time.Second, "SSE heartbeat interval")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.IntVar(&c.maxBody, "max-body", 1<<20, "maximum request body in bytes")
-	fs.IntVar(&c.outboxLimit, "outbox-limit", 1024, "maximum undelivered pushes per agent or runner connection")
+	fs.IntVar(&c.outboxLimit, "outbox-limit", 1024, "maximum unacknowledged pushes kept per agent or runner consumer")
+	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
+	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
+	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
+	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
+	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
+}
+
+// authOptions turns the auth flags into auth.Options.
+func (c *config) authOptions() auth.Options {
+	o := auth.Options{StaticToken: c.token, PublicKeyFiles: c.jwtKeys, Issuer: c.jwtIssuer, Audience: c.jwtAud, Leeway: c.jwtLeeway}
+	if c.jwtSecret != "" {
+		o.HMACSecrets = map[string][]byte{"": []byte(c.jwtSecret)}
+	}
+	return o
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
@@ -106,7 +143,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 	}
 	n, err := gateway.Open(ctx, gateway.Config{
 		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
-		Auth:        auth.Options{StaticToken: c.token},
+		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
@@ -122,8 +159,15 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		where = "memory"
 	}
 	authMode := "open (no token)"
-	if !n.Auth.Open() {
-		authMode = "bearer token"
+	switch {
+	case n.Auth.Open():
+	case c.jwtSecret != "" || len(c.jwtKeys) > 0:
+		authMode = "jwt"
+		if c.token != "" {
+			authMode = "jwt and static token"
+		}
+	default:
+		authMode = "static token"
 	}
 	log.Info("gatehouse listening", "addr", n.Addr().String(), "data", where, "sync", mode.String(),
 		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch())
