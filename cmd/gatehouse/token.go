@@ -24,7 +24,7 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	var (
 		secret, keyFile, sub, role, agents, runners, sessions, tenant, iss, aud, kid string
-		ttl                                                                       time.Duration
+		ttl                                                                          time.Duration
 	)
 	fs.StringVar(&secret, "secret", "", "HS256 secret (the server's --jwt-secret)")
 	fs.StringVar(&keyFile, "ed25519-key", "", "PEM file of an Ed25519 private key (PKCS #8), instead of --secret")
