@@ -29,7 +29,8 @@ type Config struct {
 	Kernel kernel.Options // Store, Deliverer, Policy and Logger are filled in
 	Server Options        // Kernel, Hub, Auth and Logger are filled in
 
-	OutboxLimit int // see peer.Options
+	OutboxLimit     int           // see peer.Options
+	OutboxRetention time.Duration // see peer.Options
 }
 
 // Node is a running gateway with everything it owns.
@@ -66,7 +67,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Logger: c.Logger})
+	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Retention: c.OutboxRetention, Logger: c.Logger})
 	if err != nil {
 		_ = st.Close()
 		return nil, err

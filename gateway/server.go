@@ -32,6 +32,7 @@ type Options struct {
 	Registry *prometheus.Registry
 
 	Heartbeat    time.Duration // 5s: SSE heartbeat comment interval
+	WriteTimeout time.Duration // 10s: a stream write that takes longer ends the stream
 	MaxBodyBytes int           // 1 MiB: request bodies past it are refused
 	ReadTimeout  time.Duration // 30s: to read one request
 	IdleTimeout  time.Duration // 120s: keep-alive connections
@@ -64,6 +65,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = 5 * time.Second
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20

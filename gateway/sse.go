@@ -24,13 +24,29 @@ import (
 // lets a reader goroutine own the socket's read side while the stream runs,
 // so a client that disconnects is noticed at once instead of at the next
 // failed heartbeat write (which the kernel's lost-peer timers depend on).
-func sseHeaders(ctx *fasthttp.RequestCtx) <-chan struct{} {
+func (s *Server) sseHeaders(ctx *fasthttp.RequestCtx) *sseConn {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.Response.Header.Set("X-Accel-Buffering", "no")
 	ctx.SetConnectionClose()
-	return watchClosed(ctx.Conn())
+	conn := ctx.Conn()
+	return &sseConn{conn: conn, gone: watchClosed(conn), timeout: s.opts.WriteTimeout}
+}
+
+// sseConn is the socket under a stream.
+type sseConn struct {
+	conn    net.Conn
+	gone    <-chan struct{}
+	timeout time.Duration
+}
+
+// flush writes what is buffered within the write timeout: a client that
+// stops reading fills its socket buffer, and the stream must then end (the
+// client resumes from its cursor) rather than hold a goroutine forever.
+func (c *sseConn) flush(w *bufio.Writer) error {
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.timeout))
+	return w.Flush()
 }
 
 // watchClosed reads the connection until it fails. An SSE client sends
@@ -107,7 +123,7 @@ func (s *Server) streamExecution(c *call) {
 	}
 	after := cursor(c.ctx)
 	watch := s.k.Watch(id)
-	gone := sseHeaders(c.ctx)
+	sc := s.sseHeaders(c.ctx)
 	expiry := c.principal.ExpiresAt
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues("execution").Inc()
@@ -116,7 +132,7 @@ func (s *Server) streamExecution(c *call) {
 		defer s.metrics.streams.WithLabelValues("execution").Dec()
 		defer watch.Stop()
 		w.WriteString("retry: 5000\n\n")
-		if w.Flush() != nil {
+		if sc.flush(w) != nil {
 			return
 		}
 		beat := time.NewTicker(s.opts.Heartbeat)
@@ -133,7 +149,7 @@ func (s *Server) streamExecution(c *call) {
 				done = event.IsTerminal(typ)
 				return !done
 			})
-			if err != nil || w.Flush() != nil || done {
+			if err != nil || sc.flush(w) != nil || done {
 				return
 			}
 			if !s.k.Live(id) {
@@ -143,22 +159,22 @@ func (s *Server) streamExecution(c *call) {
 					writeFrame(w, seq, eventType(data), data)
 					return true
 				})
-				_ = w.Flush()
+				_ = sc.flush(w)
 				return
 			}
 			select {
 			case <-watch.C():
 			case <-beat.C:
 				w.WriteString(":heartbeat\n\n")
-				if w.Flush() != nil {
+				if sc.flush(w) != nil {
 					return
 				}
 			case <-watch.Done():
 				return
-			case <-gone:
+			case <-sc.gone:
 				return
 			case <-expired:
-				writeExpired(w)
+				sc.writeExpired(w)
 				return
 			case <-s.closing:
 				return
@@ -242,7 +258,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 	explicit := string(c.ctx.QueryArgs().Peek("ack")) == "explicit"
 	expiry := c.principal.ExpiresAt
 	ackOnFlush := !explicit && key.Role == kernel.RoleAgent
-	gone := sseHeaders(c.ctx)
+	sc := s.sseHeaders(c.ctx)
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
 	epoch := s.k.Epoch()
@@ -260,7 +276,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 		if reset != nil {
 			writeFrame(w, 0, "stream.reset", resetBody(epoch, reset))
 		}
-		if w.Flush() != nil {
+		if sc.flush(w) != nil {
 			return
 		}
 		beat := time.NewTicker(s.opts.Heartbeat)
@@ -278,7 +294,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 				last = d.Seq
 			}
 			if last > 0 {
-				if w.Flush() != nil {
+				if sc.flush(w) != nil {
 					return
 				}
 				if ackOnFlush {
@@ -289,15 +305,15 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 			case <-conn.Ready():
 			case <-beat.C:
 				w.WriteString(":heartbeat\n\n")
-				if w.Flush() != nil {
+				if sc.flush(w) != nil {
 					return
 				}
 			case <-conn.Done():
 				return
-			case <-gone:
+			case <-sc.gone:
 				return
 			case <-expired:
-				writeExpired(w)
+				sc.writeExpired(w)
 				return
 			case <-s.closing:
 				return
@@ -379,7 +395,7 @@ func expiryTimer(at time.Time) (<-chan time.Time, func()) {
 }
 
 // writeExpired tells the client why its stream ends: reconnect with a fresh token.
-func writeExpired(w *bufio.Writer) {
+func (c *sseConn) writeExpired(w *bufio.Writer) {
 	writeFrame(w, 0, "stream.expired", []byte(`{"reason":"token expired","code":"UNAUTHORIZED"}`))
-	_ = w.Flush()
+	_ = c.flush(w)
 }

@@ -26,6 +26,7 @@ type config struct {
 	agentGrace, runnerGrace         time.Duration
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
+	outboxRetention, writeTimeout   time.Duration
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -69,6 +70,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.IntVar(&c.maxBody, "max-body", 1<<20, "maximum request body in bytes")
 	fs.IntVar(&c.outboxLimit, "outbox-limit", 1024, "maximum unacknowledged pushes kept per agent or runner consumer")
+	fs.DurationVar(&c.outboxRetention, "outbox-retention", 24*time.Hour, "how long unacknowledged pushes are kept for an absent consumer")
+	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
@@ -144,12 +147,12 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 	n, err := gateway.Open(ctx, gateway.Config{
 		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
-		OutboxLimit: c.outboxLimit,
+		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
 		},
-		Server: gateway.Options{Heartbeat: c.heartbeat, MaxBodyBytes: c.maxBody, CORSOrigins: origins},
+		Server: gateway.Options{Heartbeat: c.heartbeat, WriteTimeout: c.writeTimeout, MaxBodyBytes: c.maxBody, CORSOrigins: origins},
 	})
 	if err != nil {
 		return nil, err
