@@ -31,6 +31,12 @@ type Config struct {
 
 	OutboxLimit     int           // see peer.Options
 	OutboxRetention time.Duration // see peer.Options
+
+	// Retention deletes finished executions this long after they ended;
+	// zero keeps them for 168h. RetentionCount, when positive, also keeps at
+	// most that many finished executions.
+	Retention      time.Duration
+	RetentionCount int
 }
 
 // Node is a running gateway with everything it owns.
@@ -44,6 +50,7 @@ type Node struct {
 
 	ln     net.Listener
 	log    *slog.Logger
+	cfg    Config
 	served chan error
 	gcStop chan struct{}
 }
@@ -98,7 +105,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	}
 	n := &Node{
 		Store: st, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
-		ln: ln, log: c.Logger, served: make(chan error, 1), gcStop: make(chan struct{}),
+		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
 	}
 	go func() { n.served <- srv.Serve(ln) }()
 	go n.gcLoop()
@@ -108,13 +115,23 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 // Addr returns the address the node listens on.
 func (n *Node) Addr() net.Addr { return n.ln.Addr() }
 
-// gcLoop reclaims Badger value-log space now and then.
+// gcLoop prunes finished executions past retention and reclaims Badger
+// value-log space, now and then.
 func (n *Node) gcLoop() {
+	retention := n.cfg.Retention
+	if retention <= 0 {
+		retention = 168 * time.Hour
+	}
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			if _, err := n.Kernel.Prune(ctx, time.Now().Add(-retention), n.cfg.RetentionCount); err != nil {
+				n.log.Warn("retention", "err", err)
+			}
+			cancel()
 			n.Store.RunGC()
 		case <-n.gcStop:
 			return

@@ -133,3 +133,37 @@ func TestRestartWithoutReturningAgent(t *testing.T) {
 	a.intent(id, p["session_id"].(string), obj{"type": "complete"}, 200)
 	a.waitStatus(id, "completed")
 }
+
+func TestPruneDeletesOnlyOldFinishedExecutions(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	old := a.create("prune-agent", nil)["id"].(string)
+	a.json("POST", "/v0/executions/"+old+"/cancel", nil, 200)
+	live := a.create("prune-agent", nil)["id"].(string)
+	recent := a.create("prune-agent", nil)["id"].(string)
+	a.json("POST", "/v0/executions/"+recent+"/cancel", nil, 200)
+
+	n, err := s.Node.Kernel.Prune(t.Context(), time.Now().Add(-time.Hour), 0)
+	if err != nil || n != 0 {
+		t.Fatalf("nothing is an hour old: pruned %d, %v", n, err)
+	}
+	n, err = s.Node.Kernel.Prune(t.Context(), time.Time{}, 1) // keep the newest finished one
+	if err != nil || n != 1 {
+		t.Fatalf("count bound: pruned %d, %v", n, err)
+	}
+	a.fail("GET", "/v0/executions/"+old, nil, 404, "NOT_FOUND")
+	a.fail("GET", "/v0/executions/"+old+"/events", nil, 404, "NOT_FOUND")
+	a.fail("GET", "/v0/executions/"+old+"/stream", nil, 404, "NOT_FOUND")
+	a.json("GET", "/v0/executions/"+recent, nil, 200)
+	n, err = s.Node.Kernel.Prune(t.Context(), time.Now().Add(time.Minute), 0)
+	if err != nil || n != 1 {
+		t.Fatalf("age bound: pruned %d, %v", n, err)
+	}
+	a.fail("GET", "/v0/executions/"+recent, nil, 404, "NOT_FOUND")
+	if ex := a.json("GET", "/v0/executions/"+live, nil, 200); ex["status"] != "pending" {
+		t.Fatalf("a live execution was touched: %v", ex)
+	}
+	if got := a.json("GET", "/v0/executions", nil, 200)["executions"].([]any); len(got) != 1 {
+		t.Fatalf("list after prune: %v", got)
+	}
+}

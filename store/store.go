@@ -497,13 +497,19 @@ func (s *Store) Get(kind, id string, v any) error {
 // Records calls fn for every record of kind in id order, with a decode
 // function valid only during the call. fn returns false to stop.
 func (s *Store) Records(kind string, fn func(id string, decode func(v any) error) bool) error {
-	prefix := recordPrefix(kind)
+	return s.RecordsWithPrefix(kind, "", fn)
+}
+
+// RecordsWithPrefix is Records limited to ids starting with idPrefix.
+func (s *Store) RecordsWithPrefix(kind, idPrefix string, fn func(id string, decode func(v any) error) bool) error {
+	base := recordPrefix(kind)
+	prefix := append(append([]byte(nil), base...), idPrefix...)
 	return s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 64})
 		defer it.Close()
 		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
 			item := it.Item()
-			id := string(item.Key()[len(prefix):])
+			id := string(item.Key()[len(base):])
 			var verr error
 			cont := true
 			verr = item.Value(func(data []byte) error {

@@ -27,6 +27,8 @@ type config struct {
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
 	outboxRetention, writeTimeout   time.Duration
+	retention                       time.Duration
+	retentionCount                  int
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -72,6 +74,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.outboxLimit, "outbox-limit", 1024, "maximum unacknowledged pushes kept per agent or runner consumer")
 	fs.DurationVar(&c.outboxRetention, "outbox-retention", 24*time.Hour, "how long unacknowledged pushes are kept for an absent consumer")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
+	fs.DurationVar(&c.retention, "retention", 168*time.Hour, "finished executions are deleted this long after they end")
+	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
 	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
@@ -148,6 +152,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
+		Retention: c.retention, RetentionCount: c.retentionCount,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,

@@ -1,0 +1,63 @@
+package kernel
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Prune deletes finished executions (summary, index, events and idempotency
+// records) that ended before cutoff, and beyond the newest keep finished
+// ones when keep > 0. Live executions are never touched. A reader asking
+// for a pruned execution gets 404: its history is gone, not silently empty.
+// It returns how many executions it deleted.
+func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, error) {
+	type victim struct{ key, id string }
+	var victims []victim
+	finished := 0
+	err := k.store.Records(kindSummary, func(key string, decode func(any) error) bool {
+		var s Summary
+		if decode(&s) != nil || !s.Status.Terminal() {
+			return ctx.Err() == nil
+		}
+		finished++
+		if s.UpdatedAt.Before(cutoff) || (keep > 0 && finished > keep) {
+			victims = append(victims, victim{key, s.ID})
+		}
+		return ctx.Err() == nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("prune: scan: %w", err)
+	}
+	deleted := 0
+	for _, v := range victims {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		var b store.Batch
+		b.Delete(kindSummary, v.key)
+		b.Delete(kindIndex, v.id)
+		if err := k.store.Scan(streamOf(v.id), 0, func(seq uint64, _ []byte) bool {
+			b.DeleteEntry(streamOf(v.id), seq)
+			return true
+		}); err != nil {
+			return deleted, fmt.Errorf("prune %s: %w", v.id, err)
+		}
+		if err := k.store.RecordsWithPrefix(kindIdem, v.id+"/", func(id string, _ func(any) error) bool {
+			b.Delete(kindIdem, id)
+			return true
+		}); err != nil {
+			return deleted, fmt.Errorf("prune %s: %w", v.id, err)
+		}
+		if err := k.store.Write(ctx, &b); err != nil {
+			return deleted, fmt.Errorf("prune %s: %w", v.id, err)
+		}
+		deleted++
+	}
+	if deleted > 0 {
+		k.log.Info("pruned finished executions", "count", deleted, "cutoff", cutoff)
+	}
+	return deleted, nil
+}
