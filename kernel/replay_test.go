@@ -1,0 +1,152 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+func newKernel(t *testing.T, pol Policy) *Kernel {
+	t.Helper()
+	st, err := store.Open(store.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(context.Background(), Options{Store: st, Deliverer: hubAdapter{hub}, Policy: pol, RetryBase: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close(); hub.Close(); st.Close() })
+	return k
+}
+
+// hubAdapter is the gateway's adapter, repeated here because the kernel
+// cannot import the gateway.
+type hubAdapter struct{ h *peer.Hub }
+
+func pk(p Peer) peer.Key { return peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer} }
+
+func (a hubAdapter) Stage(b *store.Batch, p Peer, typ string, data []byte, settle string) Staged {
+	return a.h.Stage(b, pk(p), typ, data, settle)
+}
+func (a hubAdapter) Settle(b *store.Batch, p Peer, settle string) func() { return a.h.Settle(b, pk(p), settle) }
+func (a hubAdapter) Forget(p Peer)                                       { a.h.Forget(pk(p)) }
+
+// TestReplayRebuildsLiveState drives an execution through every kind of
+// transition, then checks that folding its log from the store (what a
+// restart does) gives the same state as the live fold.
+func TestReplayRebuildsLiveState(t *testing.T) {
+	pol, err := policy.Parse([]byte("rules:\n  - id: ask\n    priority: 1\n    when: {tool_id: \"ask.*\"}\n    then: {decision: require_approval}\ndefault: {decision: allow}\n"), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKernel(t, pol)
+	ctx := context.Background()
+	defer k.AgentConnected("ag", "c1")()
+	defer k.RunnerConnected("rn", "r1", []string{"remote.tool"})()
+	v, err := k.Create(ctx, CreateRequest{AgentID: "ag", Input: json.RawMessage(`{"x":1}`), Labels: map[string]string{"l": "v"}}, Meta{TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"})
+	if err != nil || v.Status != StatusRunning {
+		t.Fatalf("create: %+v %v", v, err)
+	}
+	k.mu.Lock()
+	ex := k.live[v.ID]
+	k.mu.Unlock()
+	lease := ex.Lease.ID
+	intent := func(in Intent) IntentResult {
+		t.Helper()
+		res, after, err := k.Intent(ctx, IntentRequest{ExecutionID: v.ID, SessionID: lease, Intent: in}, Meta{})
+		if err != nil {
+			t.Fatalf("intent %+v: %v", in, err)
+		}
+		after.Run()
+		return res
+	}
+	local := intent(Intent{Type: IntentInvokeTool, ToolID: "local.tool", Arguments: json.RawMessage(`[1]`)})
+	after, err := k.StepResult(ctx, StepResultRequest{ExecutionID: v.ID, SessionID: lease, StepID: local.StepID, Success: true, Data: json.RawMessage(`"ok"`)}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after.Run()
+	remote := intent(Intent{Type: IntentInvokeTool, ToolID: "remote.tool", Remote: true})
+	var jobID string
+	for deadline := time.Now().Add(5 * time.Second); jobID == ""; {
+		ex.mu.Lock()
+		jobID = ex.Steps[remote.StepID].JobID
+		ex.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("remote step never dispatched")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	after, err = k.RunnerResult(ctx, "rn", RunnerResultRequest{JobID: jobID, ExecutionID: v.ID, StepID: remote.StepID, Error: "flaky", Retryable: true}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after.Run()
+	ask := intent(Intent{Type: IntentInvokeTool, ToolID: "ask.human"})
+	after, err = k.Signal(ctx, v.ID, SignalRequest{SignalType: "note", Payload: json.RawMessage(`1`)}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after.Run()
+	after, err = k.Signal(ctx, v.ID, SignalRequest{SignalType: signalStepApprove, Payload: json.RawMessage(`{"step_id":"` + ask.StepID + `","approved":false}`)}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after.Run()
+	intent(Intent{Type: IntentWait, SignalType: "go"})
+
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	got, err := k.replay(v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != ex.Status || got.Seq != ex.Seq || got.BlockReason != ex.BlockReason || got.BlockRef != ex.BlockRef ||
+		got.Lease.ID != ex.Lease.ID || got.TraceID != ex.TraceID || got.AgentID != ex.AgentID || string(got.Input) != string(ex.Input) ||
+		len(got.Signals) != len(ex.Signals) || len(got.History) != len(ex.History) || len(got.StepOrder) != len(ex.StepOrder) {
+		t.Fatalf("replay differs:\n live   %+v\n replay %+v", ex, got)
+	}
+	for _, id := range ex.StepOrder {
+		a, b := ex.Steps[id], got.Steps[id]
+		if a.Status != b.Status || a.Attempt != b.Attempt || a.JobID != b.JobID || a.Approval != b.Approval || a.Remote != b.Remote || !a.NotBefore.Equal(b.NotBefore) {
+			t.Fatalf("step %s differs:\n live   %+v\n replay %+v", id, a, b)
+		}
+	}
+	if ex.Status != StatusBlocked || len(ex.Signals) != 1 {
+		t.Fatalf("scenario did not end blocked with one pending signal: %s %d", ex.Status, len(ex.Signals))
+	}
+}
+
+func TestNextStatus(t *testing.T) {
+	for _, tc := range []struct {
+		from Status
+		typ  string
+		want Status
+	}{
+		{"", event.ExecutionCreated, StatusPending},
+		{StatusPending, event.ExecutionStarted, StatusRunning},
+		{StatusRunning, event.ExecutionBlocked, StatusBlocked},
+		{StatusBlocked, event.ExecutionResumed, StatusRunning},
+		{StatusRunning, event.ExecutionReset, StatusPending},
+		{StatusRunning, event.ExecutionCompleted, StatusCompleted},
+		{StatusBlocked, event.ExecutionFailed, StatusFailed},
+		{StatusPending, event.ExecutionCancelled, StatusCancelled},
+		{StatusRunning, event.StepCreated, StatusRunning},
+		{StatusBlocked, event.SignalReceived, StatusBlocked},
+	} {
+		if got := nextStatus(tc.from, tc.typ); got != tc.want {
+			t.Errorf("nextStatus(%s, %s) = %s, want %s", tc.from, tc.typ, got, tc.want)
+		}
+	}
+}
