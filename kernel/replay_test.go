@@ -39,8 +39,10 @@ func pk(p Peer) peer.Key { return peer.Key{Role: p.Role, ID: p.ID, Consumer: p.C
 func (a hubAdapter) Stage(b *store.Batch, p Peer, typ string, data []byte, settle string) Staged {
 	return a.h.Stage(b, pk(p), typ, data, settle)
 }
-func (a hubAdapter) Settle(b *store.Batch, p Peer, settle string) func() { return a.h.Settle(b, pk(p), settle) }
-func (a hubAdapter) Forget(p Peer)                                       { a.h.Forget(pk(p)) }
+func (a hubAdapter) Settle(b *store.Batch, p Peer, settle string) func() {
+	return a.h.Settle(b, pk(p), settle)
+}
+func (a hubAdapter) Forget(p Peer) { a.h.Forget(pk(p)) }
 
 // TestReplayRebuildsLiveState drives an execution through every kind of
 // transition, then checks that folding its log from the store (what a
