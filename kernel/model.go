@@ -111,10 +111,11 @@ type Step struct {
 	Attempt     int
 	MaxAttempts int
 	Timeout     time.Duration // policy override of the step timeout
+	CreatedAt   time.Time
 	Deadline    time.Time
 	NotBefore   time.Time
 	JobID       string   // the job in flight, if any
-	Jobs        []string // every job id this step was dispatched as, to recognise late results
+	Jobs        map[string]string // job id -> runner id, for every dispatch of this step
 	RunnerID    string
 	ConsumerID  string
 	Started     bool

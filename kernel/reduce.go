@@ -46,6 +46,10 @@ func (ex *Execution) apply(f fact) {
 		case event.ExecutionResumed:
 			if st := ex.Steps[ex.BlockRef]; st != nil && ex.BlockReason == "approval" {
 				st.Approval = false // decided: an approved remote step may now be queued
+				if p.Reason == reasonApprovalGranted && st.Status == StepPending {
+					// Its time starts now, not while a human was deciding.
+					st.Deadline = f.at.Add(st.Deadline.Sub(st.CreatedAt))
+				}
 			}
 			ex.Status, ex.BlockReason, ex.BlockRef = StatusRunning, "", ""
 			ex.consumeSignal(p.Reason)
@@ -68,7 +72,7 @@ func (ex *Execution) apply(f fact) {
 		ex.Steps[f.stepID] = &Step{
 			ID: f.stepID, ToolID: p.ToolID, Arguments: p.Arguments, Remote: p.Remote,
 			Status: StepPending, Attempt: p.Attempt, MaxAttempts: p.MaxAttempts,
-			Timeout: time.Duration(p.TimeoutMS) * time.Millisecond, Deadline: p.Deadline,
+			Timeout: time.Duration(p.TimeoutMS) * time.Millisecond, Deadline: p.Deadline, CreatedAt: f.at,
 		}
 		ex.StepOrder = append(ex.StepOrder, f.stepID)
 	case *approvalRequiredPayload:
@@ -81,7 +85,10 @@ func (ex *Execution) apply(f fact) {
 			st.JobID, st.RunnerID = p.JobID, p.RunnerID
 			st.ConsumerID = p.ConsumerID
 			if p.JobID != "" {
-				st.Jobs = append(st.Jobs, p.JobID)
+				if st.Jobs == nil {
+					st.Jobs = map[string]string{}
+				}
+				st.Jobs[p.JobID] = p.RunnerID
 			}
 		}
 	case *stepStartedPayload:

@@ -144,7 +144,7 @@ func (k *Kernel) requeueLost(j *job, reason string) {
 func (k *Kernel) failAttempt(t *tx, fx *effects, st *Step, errText string, retryable bool, data json.RawMessage) {
 	ex := t.ex
 	if retryable && st.Attempt < st.MaxAttempts {
-		backoff := k.opts.RetryBase << (st.Attempt - 1)
+		backoff := k.opts.RetryBase << st.Attempt // 2×base before attempt 2, 4×base before 3, as the original
 		if backoff > k.opts.RetryMax || backoff <= 0 {
 			backoff = k.opts.RetryMax
 		}
@@ -372,16 +372,18 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	if st == nil {
 		return nil, notFound("step", req.StepID)
 	}
+	owner, known := st.Jobs[req.JobID]
+	if !known {
+		return nil, conflict("conflict: job %s is not a job of step %s", req.JobID, st.ID)
+	}
+	if owner != runnerID {
+		return nil, conflict("conflict: job %s was dispatched to runner %s, not %s", req.JobID, owner, runnerID)
+	}
 	if st.Status.Terminal() {
 		return nil, settled(st, req.Success, req.Data, req.Error)
 	}
-	if st.JobID != req.JobID {
-		if !contains(st.Jobs, req.JobID) {
-			return nil, conflict("conflict: job %s is not a job of step %s", req.JobID, st.ID)
-		}
-		if !req.Success {
-			return nil, nil
-		}
+	if st.JobID != req.JobID && !req.Success {
+		return nil, nil // an earlier attempt's failure, already handled
 	}
 	meta.IdempotencyKey = req.IdempotencyKey
 	var fx effects
@@ -421,15 +423,6 @@ func (k *Kernel) dropQueuedStepLocked(execID, stepID string) {
 	}
 	clear(k.queue[len(q):])
 	k.queue = q
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // StepStartedRequest is the body of POST /v0/runners/steps/{id}/started.

@@ -415,7 +415,9 @@ func compileRule(rs *ruleSpec) (*rule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("then.timeout_ms: %w", err)
 	}
-	if d == Allow {
+	// A require_approval rule's timeout applies once the step is approved
+	// (the original kernel dropped it); deny has no step to time.
+	if d != Deny {
 		r.timeout = timeout
 	}
 	if rs.RateLimit != nil {

@@ -157,7 +157,7 @@ type Result struct {
 	// Reason explains the decision to operators.
 	Reason string
 	// Timeout overrides the step deadline; zero when the rule sets none.
-	// It is only meaningful for Allow.
+	// It applies to Allow and, once approved, to RequireApproval.
 	Timeout time.Duration
 	// RateLimited reports that Decision is Deny because the matched allow
 	// rule's rate limit was exceeded; Reason then holds

@@ -233,14 +233,15 @@ func TestDefaultDecision(t *testing.T) {
 	})
 }
 
-func TestTimeoutOnlyForAllow(t *testing.T) {
+// Deny has no step to time; an approved step keeps its rule's timeout.
+func TestTimeoutForAllowAndApproval(t *testing.T) {
 	e := mustParse(t, `
 rules:
   - {id: a, priority: 1, when: {tool_id: a}, then: {decision: allow, timeout_ms: 30000}}
   - {id: d, priority: 2, when: {tool_id: d}, then: {decision: deny, timeout_ms: 30000}}
   - {id: r, priority: 3, when: {tool_id: r}, then: {decision: require_approval, timeout_ms: 30000}}
 `)
-	for tool, want := range map[string]time.Duration{"a": 30 * time.Second, "d": 0, "r": 0} {
+	for tool, want := range map[string]time.Duration{"a": 30 * time.Second, "d": 0, "r": 30 * time.Second} {
 		if got := e.Evaluate(Input{ToolID: tool}).Timeout; got != want {
 			t.Errorf("tool %s: Timeout = %v, want %v", tool, got, want)
 		}
