@@ -181,7 +181,7 @@ rules:
 		{"lowest priority checked first", Input{ToolID: "fs_write", Labels: prod},
 			Result{Decision: Deny, RuleID: "deny-shell", Reason: `matched policy rule "deny-shell"`}},
 		{"next rule when first misses", Input{ToolID: "fs_write"},
-			Result{Decision: RequireApproval, RuleID: "approve-fs-write", Reason: "writes need a human"}},
+			Result{Decision: RequireApproval, RuleID: "approve-fs-write", Reason: "writes need a human", Timeout: 9 * time.Second}},
 		{"catch-all last, timeout for allow", Input{ToolID: "web"},
 			Result{Decision: Allow, RuleID: "allow-all", Reason: `matched policy rule "allow-all"`, Timeout: 5 * time.Second}},
 	}
