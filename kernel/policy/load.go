@@ -66,6 +66,10 @@ type (
 		Decision  string `yaml:"decision"`
 		Reason    string `yaml:"reason"`
 		TimeoutMS int64  `yaml:"timeout_ms"`
+		// Gatehouse extensions for require_approval: how long a prompt
+		// waits for a human, and what its expiry means.
+		ExpiresIn string `yaml:"expires_in"`
+		OnExpiry  string `yaml:"on_expiry"`
 	}
 	rateLimitSpec struct {
 		Max    int    `yaml:"max"`
@@ -419,6 +423,24 @@ func compileRule(rs *ruleSpec) (*rule, error) {
 	// (the original kernel dropped it); deny has no step to time.
 	if d != Deny {
 		r.timeout = timeout
+	}
+	if rs.Then.ExpiresIn != "" || rs.Then.OnExpiry != "" {
+		if d != RequireApproval {
+			return nil, fmt.Errorf("then.expires_in and then.on_expiry apply only to require_approval")
+		}
+		if rs.Then.ExpiresIn != "" {
+			exp, err := time.ParseDuration(rs.Then.ExpiresIn)
+			if err != nil || exp <= 0 {
+				return nil, fmt.Errorf("then.expires_in %q: want a positive Go duration such as 10m", rs.Then.ExpiresIn)
+			}
+			r.expiresIn = exp
+		}
+		switch Decision(rs.Then.OnExpiry) {
+		case "", Deny, Allow:
+			r.onExpiry = Decision(rs.Then.OnExpiry)
+		default:
+			return nil, fmt.Errorf("then.on_expiry %q: want deny or allow", rs.Then.OnExpiry)
+		}
 	}
 	if rs.RateLimit != nil {
 		limit, err := compileRateLimit(rs.RateLimit)

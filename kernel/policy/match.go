@@ -20,6 +20,9 @@ type rule struct {
 	decision Decision
 	reason   string
 	timeout  time.Duration
+	// expiresIn and onExpiry are set only for require_approval rules.
+	expiresIn time.Duration
+	onExpiry  Decision
 	// limit is set only for allow rules, the only ones it applies to.
 	limit *rateLimit
 	// conds are checked in order, cheapest first; all must hold.

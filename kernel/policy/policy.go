@@ -159,6 +159,12 @@ type Result struct {
 	// Timeout overrides the step deadline; zero when the rule sets none.
 	// It applies to Allow and, once approved, to RequireApproval.
 	Timeout time.Duration
+	// ExpiresIn is how long a require_approval prompt waits for an answer;
+	// zero means it never expires.
+	ExpiresIn time.Duration
+	// OnExpiry is what an expired prompt means for the step: Allow, or Deny
+	// (also when empty). The outcome is recorded as "expired" either way.
+	OnExpiry Decision
 	// RateLimited reports that Decision is Deny because the matched allow
 	// rule's rate limit was exceeded; Reason then holds
 	// "rate limit exceeded: max N per W".
@@ -214,7 +220,7 @@ func (e *Engine) decide(r *rule, in *Input) Result {
 			return Result{Decision: Deny, RuleID: r.id, Reason: reason, RateLimited: true}
 		}
 	}
-	return Result{Decision: r.decision, RuleID: r.id, Reason: r.reason, Timeout: r.timeout}
+	return Result{Decision: r.decision, RuleID: r.id, Reason: r.reason, Timeout: r.timeout, ExpiresIn: r.expiresIn, OnExpiry: r.onExpiry}
 }
 
 // Source describes where the policy came from, for the startup log.

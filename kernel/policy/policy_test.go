@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -244,6 +245,36 @@ rules:
 	for tool, want := range map[string]time.Duration{"a": 30 * time.Second, "d": 0, "r": 30 * time.Second} {
 		if got := e.Evaluate(Input{ToolID: tool}).Timeout; got != want {
 			t.Errorf("tool %s: Timeout = %v, want %v", tool, got, want)
+		}
+	}
+}
+
+func TestApprovalExpiry(t *testing.T) {
+	e := mustParse(t, `
+rules:
+  - {id: a, priority: 1, when: {tool_id: a}, then: {decision: require_approval, expires_in: 10m, on_expiry: allow}}
+  - {id: b, priority: 2, when: {tool_id: b}, then: {decision: require_approval, expires_in: 90s}}
+  - {id: c, priority: 3, when: {tool_id: c}, then: {decision: require_approval}}
+`)
+	for tool, want := range map[string]Result{
+		"a": {Decision: RequireApproval, RuleID: "a", ExpiresIn: 10 * time.Minute, OnExpiry: Allow},
+		"b": {Decision: RequireApproval, RuleID: "b", ExpiresIn: 90 * time.Second},
+		"c": {Decision: RequireApproval, RuleID: "c"},
+	} {
+		got := e.Evaluate(Input{ToolID: tool})
+		got.Reason = ""
+		if got != want {
+			t.Errorf("tool %s: %+v, want %+v", tool, got, want)
+		}
+	}
+	for name, src := range map[string]string{
+		"expiry on allow": `rules: [{id: x, priority: 1, then: {decision: allow, expires_in: 1m}}]`,
+		"bad duration":    `rules: [{id: x, priority: 1, then: {decision: require_approval, expires_in: soon}}]`,
+		"negative":        `rules: [{id: x, priority: 1, then: {decision: require_approval, expires_in: -1m}}]`,
+		"bad on_expiry":   `rules: [{id: x, priority: 1, then: {decision: require_approval, on_expiry: maybe}}]`,
+	} {
+		if _, err := Parse([]byte(src), name); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("%s: err = %v, want ErrInvalidPolicy", name, err)
 		}
 	}
 }
