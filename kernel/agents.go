@@ -378,6 +378,7 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 		k.finish(ex)
 	}
 	k.armStepTimers(ex)
+	k.armApprovalExpiry(ex)
 	return res, k.after(fx), nil
 }
 
@@ -444,6 +445,11 @@ func (k *Kernel) invokeTool(t *tx, fx *effects, in *Intent) IntentResult {
 		ToolID: in.ToolID, AgentID: ex.AgentID, Labels: ex.Labels, Arguments: in.Arguments,
 		StepCount: len(ex.Steps), Elapsed: t.now.Sub(ex.CreatedAt), Now: t.now,
 	})
+	allowedAlways := false
+	if dec.Decision == policy.RequireApproval && k.approvals != nil && k.approvals.AllowedAlways(ex.SessionID, in.ToolID) {
+		// A person already allowed this tool for the whole session.
+		dec.Decision, allowedAlways = policy.Allow, true
+	}
 	if dec.Decision != policy.Allow && dec.Decision != policy.RequireApproval {
 		k.counters.denied.Add(1)
 		t.add(event.IntentDenied, "", &intentDeniedPayload{
@@ -467,21 +473,15 @@ func (k *Kernel) invokeTool(t *tx, fx *effects, in *Intent) IntentResult {
 	}
 	k.counters.steps.Add(1)
 	t.add(event.IntentAccepted, "", &intentAcceptedPayload{IntentType: in.Type, Details: toolDetails{
-		ToolID: in.ToolID, Arguments: in.Arguments, IdempotencyKey: in.IdempotencyKey,
+		ToolID: in.ToolID, Arguments: in.Arguments, IdempotencyKey: in.IdempotencyKey, AllowedAlways: allowedAlways,
 	}})
-	t.add(event.StepCreated, stepID, &stepCreatedPayload{
+	created := stepCreatedPayload{
 		ToolID: in.ToolID, Arguments: orNull(in.Arguments), MaxAttempts: maxAttempts, Attempt: 1,
 		Deadline: t.now.Add(timeout), Remote: in.Remote, TimeoutMS: dec.Timeout.Milliseconds(),
-	})
+	}
+	t.add(event.StepCreated, stepID, &created)
 	if dec.Decision == policy.RequireApproval {
-		actionID := event.NewID()
-		t.addWith(event.StepApprovalRequired, stepID, actionID, &approvalRequiredPayload{
-			ToolID: in.ToolID, Arguments: orNull(in.Arguments), Remote: in.Remote,
-			Reason: dec.Reason, RuleID: dec.RuleID, ActionID: actionID,
-		})
-		t.addWith(event.ExecutionBlocked, "", actionID, &blockedPayload{
-			Reason: "approval", Ref: stepID, ToolID: in.ToolID, Arguments: in.Arguments, Remote: in.Remote,
-		})
+		k.requestApproval(t, fx, created, stepID, dec.Reason, dec.RuleID, dec.ExpiresIn, string(dec.OnExpiry))
 		return IntentResult{Accepted: true, StepID: stepID, PendingApproval: true}
 	}
 	if in.Remote {
@@ -503,11 +503,17 @@ const (
 )
 
 // resolveApproval adds the events that settle a pending approval and the
-// pushes that tell the agent. The caller holds ex.mu and commits t.
-func (k *Kernel) resolveApproval(t *tx, fx *effects, st *Step, outcome, reason string) {
+// push that tells the agent. allow says whether the step may run: an
+// approval, or an expiry whose policy allows. The caller holds ex.mu and
+// commits t.
+func (k *Kernel) resolveApproval(t *tx, fx *effects, st *Step, outcome string, allow bool, reason string) {
 	ex := t.ex
-	switch outcome {
-	case outcomeApproved:
+	resumed := reasonApprovalGranted
+	switch {
+	case allow:
+		if outcome == outcomeExpired {
+			resumed = reasonApprovalExpired
+		}
 		if st.Remote {
 			execID, stepID := ex.ID, st.ID
 			fx.add(func() { k.enqueue(execID, stepID) })
@@ -518,24 +524,23 @@ func (k *Kernel) resolveApproval(t *tx, fx *effects, st *Step, outcome, reason s
 			}
 			t.addWith(event.StepDispatched, st.ID, st.ActionID, &dispatchedPayload{Deadline: t.now.Add(timeout)})
 		}
-		t.addWith(event.ExecutionResumed, "", st.ActionID, &reasonPayload{Reason: reasonApprovalGranted})
 	default:
+		resumed = reasonApprovalDenied
 		if reason == "" {
 			reason = "approval denied by human"
-			if outcome == outcomeExpired {
+		}
+		if outcome == outcomeExpired {
+			resumed = reasonApprovalExpired
+			if reason == "approval denied by human" {
 				reason = "approval expired"
 			}
 		}
 		t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: reason, Retryable: false})
-		resumed := reasonApprovalDenied
-		if outcome == outcomeExpired {
-			resumed = reasonApprovalExpired
-		}
-		t.addWith(event.ExecutionResumed, "", st.ActionID, &reasonPayload{Reason: resumed})
 	}
+	t.addWith(event.ExecutionResumed, "", st.ActionID, &reasonPayload{Reason: resumed})
 	if ex.Lease != nil {
 		t.push(k.agentPeer(ex), event.PushApprovalResolved, &approvalResolvedPush{
-			Approved: outcome == outcomeApproved, ExecutionID: ex.ID, SessionID: ex.Lease.ID,
+			Approved: allow, ExecutionID: ex.ID, SessionID: ex.Lease.ID,
 			StepID: st.ID, Outcome: outcome, Reason: reason,
 		}, "")
 	}

@@ -73,7 +73,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	t := k.begin(ex, meta)
-	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels})
+	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal})
 	consumer := k.pickAgentConsumer(req.AgentID)
 	var lease *Lease
 	if consumer != "" {
@@ -264,14 +264,25 @@ func (k *Kernel) Cancel(ctx context.Context, id string, meta Meta) (View, error)
 		return View{}, err
 	}
 	defer ex.mu.Unlock()
+	var fx effects
 	t := k.begin(ex, meta)
+	k.cancelApproval(t, &fx, "execution cancelled")
 	k.cancelSteps(t, "execution cancelled")
 	t.add(event.ExecutionCancelled, "", &reasonPayload{Reason: "cancelled by request"})
 	if err := t.commit(ctx); err != nil {
 		return View{}, err
 	}
 	k.finish(ex)
+	k.runNow(fx)
 	return ex.view(), nil
+}
+
+// cancelApproval withdraws the prompt the execution waits on, if any, so
+// that channels retract it.
+func (k *Kernel) cancelApproval(t *tx, fx *effects, reason string) {
+	if st := t.ex.pendingApproval(); st != nil {
+		k.settleApproval(t, fx, st, Decision{Outcome: OutcomeCancelled, Reason: reason, DecidedAt: t.now})
+	}
 }
 
 // cancelSteps adds step.cancelled for every active step.
@@ -332,11 +343,12 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	t.add(event.SignalReceived, "", &signalPayload{SignalType: req.SignalType, Payload: orNull(req.Payload)})
 	switch {
 	case approval != nil:
-		outcome := outcomeDenied
+		d := Decision{Outcome: outcomeDenied, Scope: ScopeOnce, Reason: approval.Reason, DecidedAt: t.now,
+			DecidedBy: &DecidedBy{Principal: meta.Principal, ChannelID: "signal"}}
 		if *approval.Approved {
-			outcome = outcomeApproved
+			d.Outcome = outcomeApproved
 		}
-		k.resolveApproval(t, &fx, ex.Steps[ex.BlockRef], outcome, approval.Reason)
+		k.settleApproval(t, &fx, ex.Steps[ex.BlockRef], d)
 	case ex.Status == StatusBlocked && ex.BlockReason == "signal" && ex.BlockRef == req.SignalType:
 		t.add(event.ExecutionResumed, "", &reasonPayload{Reason: "signal received: " + req.SignalType})
 	}
@@ -345,6 +357,9 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	}
 	if err := t.commit(ctx); err != nil {
 		return nil, err
+	}
+	if approval != nil {
+		ex.Steps[approval.StepID].stopExpiry()
 	}
 	fx.add(t.publish())
 	k.afterResume(ex, &fx)

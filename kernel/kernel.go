@@ -71,6 +71,7 @@ type Options struct {
 	Store     *store.Store // required
 	Deliverer Deliverer    // required
 	Policy    Policy       // nil: the built-in default policy
+	Approvals Approvals    // nil: approvals only through the step.approve signal
 	Logger    *slog.Logger
 
 	StepTimeout       time.Duration // 5m: step deadline unless policy sets one
@@ -121,9 +122,10 @@ func (o *Options) defaults() {
 type Kernel struct {
 	opts  Options
 	store *store.Store
-	out   Deliverer
-	pol   Policy
-	log   *slog.Logger
+	out       Deliverer
+	pol       Policy
+	approvals Approvals
+	log       *slog.Logger
 
 	// mu guards the maps below. It is never held while waiting for the
 	// store or while taking an execution's lock: an execution's lock may be
@@ -156,7 +158,7 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 	}
 	o.defaults()
 	k := &Kernel{
-		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, log: o.Logger,
+		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
 		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{},
 	}
@@ -351,6 +353,7 @@ func (ex *Execution) stopTimers() {
 	}
 	for _, st := range ex.Steps {
 		st.stopTimer()
+		st.stopExpiry()
 	}
 }
 

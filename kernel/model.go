@@ -61,6 +61,7 @@ type Execution struct {
 
 	ID        string
 	AgentID   string
+	Owner     string // principal whose channels answer its prompts
 	SessionID string // the durable session (work container), not the agent lease
 	TraceID   string
 	Labels    map[string]string
@@ -121,11 +122,14 @@ type Step struct {
 	Started     bool
 	Approval    bool   // waiting for a human decision
 	ActionID    string // the approval action, when one was required
+	ExpiresAt   time.Time
+	OnExpiry    string
 	Result      json.RawMessage
 	Error       string
 	CompletedAt time.Time
 
-	timer *time.Timer // step deadline
+	timer  *time.Timer // step deadline
+	expiry *time.Timer // approval expiry
 }
 
 // HistoryEntry is one terminal step transition, as sent to an agent that

@@ -13,6 +13,7 @@ type createdPayload struct {
 	AgentID string            `json:"agent_id"`
 	Input   json.RawMessage   `json:"input"`
 	Labels  map[string]string `json:"labels"`
+	Owner   string            `json:"owner,omitempty"` // extension: the principal whose channels answer its prompts
 }
 
 type startedPayload struct {
@@ -54,6 +55,7 @@ type toolDetails struct {
 	ToolID         string          `json:"tool_id"`
 	Arguments      json.RawMessage `json:"arguments,omitempty"`
 	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	AllowedAlways  bool            `json:"allowed_always,omitempty"` // extension: allowed by an earlier allow_always
 }
 
 type intentDeniedPayload struct {
@@ -106,8 +108,30 @@ type approvalRequiredPayload struct {
 	Arguments json.RawMessage `json:"arguments"`
 	Remote    bool            `json:"remote"`
 	Reason    string          `json:"reason"`
-	RuleID    string          `json:"rule_id,omitempty"`   // extension
-	ActionID  string          `json:"action_id,omitempty"` // extension
+	RuleID    string          `json:"rule_id,omitempty"`    // extension
+	ActionID  string          `json:"action_id,omitempty"`  // extension
+	ExpiresAt *time.Time      `json:"expires_at,omitempty"` // extension
+	OnExpiry  string          `json:"on_expiry,omitempty"`  // extension: deny or allow
+}
+
+// permissionRequestedPayload and permissionResolvedPayload are the seed 001
+// permission family, written beside the kernel API's own events.
+type permissionRequestedPayload struct {
+	ActionID  string     `json:"action_id"`
+	ToolID    string     `json:"tool_id"`
+	ArgsHash  string     `json:"arguments_sha256"`
+	Reason    string     `json:"reason"`
+	RuleID    string     `json:"rule_id"`
+	Owner     string     `json:"owner,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+type permissionResolvedPayload struct {
+	ActionID  string     `json:"action_id"`
+	Outcome   string     `json:"outcome"`
+	Scope     string     `json:"scope,omitempty"`
+	Reason    string     `json:"reason,omitempty"`
+	DecidedBy *DecidedBy `json:"decided_by,omitempty"`
 }
 
 type signalPayload struct {

@@ -74,6 +74,7 @@ func (k *Kernel) recover(ctx context.Context) error {
 		}
 		k.armExecutionTimer(ex)
 		k.armStepTimers(ex)
+		k.armApprovalExpiry(ex)
 	}
 	if n := len(exs); n > 0 {
 		k.log.Info("recovered live executions", "count", n, "queued_jobs", len(k.queue))

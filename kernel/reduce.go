@@ -31,7 +31,7 @@ func (ex *Execution) apply(f fact) {
 	ex.UpdatedAt = f.at
 	switch p := f.payload.(type) {
 	case *createdPayload:
-		ex.AgentID, ex.Input, ex.Labels = p.AgentID, p.Input, p.Labels
+		ex.AgentID, ex.Input, ex.Labels, ex.Owner = p.AgentID, p.Input, p.Labels, p.Owner
 		ex.Status, ex.CreatedAt = StatusPending, f.at
 		if ex.Steps == nil {
 			ex.Steps = map[string]*Step{}
@@ -46,7 +46,7 @@ func (ex *Execution) apply(f fact) {
 		case event.ExecutionResumed:
 			if st := ex.Steps[ex.BlockRef]; st != nil && ex.BlockReason == "approval" {
 				st.Approval = false // decided: an approved remote step may now be queued
-				if p.Reason == reasonApprovalGranted && st.Status == StepPending {
+				if st.Status == StepPending {
 					// Its time starts now, not while a human was deciding.
 					st.Deadline = f.at.Add(st.Deadline.Sub(st.CreatedAt))
 				}
@@ -77,7 +77,10 @@ func (ex *Execution) apply(f fact) {
 		ex.StepOrder = append(ex.StepOrder, f.stepID)
 	case *approvalRequiredPayload:
 		if st := ex.Steps[f.stepID]; st != nil {
-			st.Approval, st.ActionID = true, p.ActionID
+			st.Approval, st.ActionID, st.OnExpiry = true, p.ActionID, p.OnExpiry
+			if p.ExpiresAt != nil {
+				st.ExpiresAt = *p.ExpiresAt
+			}
 		}
 	case *dispatchedPayload:
 		if st := ex.Steps[f.stepID]; st != nil {
@@ -187,6 +190,10 @@ func decodeFact(ev *event.Event) (fact, error) {
 		p = &stepRetriedPayload{}
 	case event.StepTimedOut:
 		p = &emptyPayload{}
+	case event.PermissionRequested:
+		p = &permissionRequestedPayload{}
+	case event.PermissionResolved:
+		p = &permissionResolvedPayload{}
 	default:
 		// Facts that do not change state (intents, permission records).
 		return fact{typ: ev.Type, stepID: ev.StepID, at: ev.Timestamp, seq: ev.Sequence}, nil

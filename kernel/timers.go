@@ -24,7 +24,9 @@ func (k *Kernel) executionTimedOut(id string) {
 	}
 	defer ex.mu.Unlock()
 	ex.timer = nil
+	var fx effects
 	t := k.begin(ex, Meta{})
+	k.cancelApproval(t, &fx, "execution timed out")
 	k.cancelSteps(t, "execution timed out")
 	t.add(event.ExecutionFailed, "", &errorPayload{Error: "execution exceeded maximum duration"})
 	if err := t.commit(context.Background()); err != nil {
@@ -33,6 +35,7 @@ func (k *Kernel) executionTimedOut(id string) {
 		return
 	}
 	k.finish(ex)
+	go k.runNow(fx) // effects take locks of their own; ex.mu is held here
 }
 
 // armStepTimers (re)arms the deadline timer of every active step. Deadlines

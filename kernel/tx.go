@@ -33,6 +33,8 @@ type Meta struct {
 	TraceID string
 	// IdempotencyKey is the producer's key for the request.
 	IdempotencyKey string
+	// Principal is who made the request (the token's subject).
+	Principal string
 }
 
 // tx collects the events and records of one change to one execution. The
