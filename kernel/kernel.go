@@ -120,8 +120,8 @@ func (o *Options) defaults() {
 
 // Kernel runs executions. It is safe for concurrent use.
 type Kernel struct {
-	opts  Options
-	store *store.Store
+	opts      Options
+	store     *store.Store
 	out       Deliverer
 	pol       Policy
 	approvals Approvals

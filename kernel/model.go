@@ -115,7 +115,7 @@ type Step struct {
 	CreatedAt   time.Time
 	Deadline    time.Time
 	NotBefore   time.Time
-	JobID       string   // the job in flight, if any
+	JobID       string            // the job in flight, if any
 	Jobs        map[string]string // job id -> runner id, for every dispatch of this step
 	RunnerID    string
 	ConsumerID  string
