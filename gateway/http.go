@@ -44,6 +44,10 @@ func statusOf(err error) (int, errorBody) {
 	if errors.As(err, &kerr) {
 		details = kerr.Details
 	}
+	var derr interface{ Details() any }
+	if errors.As(err, &derr) {
+		details = derr.Details()
+	}
 	switch {
 	case errors.Is(err, kernel.ErrValidation):
 		return fasthttp.StatusBadRequest, errorBody{err.Error(), CodeValidation, details}
@@ -178,8 +182,12 @@ func (e *gatewayError) Error() string { return e.msg }
 func (e *gatewayError) Unwrap() error { return e.kind }
 
 // meta reads the tracing and idempotency headers of a request.
+// principalKey is the request's user-value key for the caller's subject.
+type principalKey struct{}
+
 func meta(ctx *fasthttp.RequestCtx) kernel.Meta {
 	m := kernel.Meta{IdempotencyKey: string(ctx.Request.Header.Peek("Idempotency-Key"))}
+	m.Principal, _ = ctx.UserValue(principalKey{}).(string)
 	m.TraceID = traceID(ctx.Request.Header.Peek("traceparent"))
 	if len(m.IdempotencyKey) > 256 {
 		m.IdempotencyKey = ""

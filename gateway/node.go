@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
@@ -42,6 +43,7 @@ type Config struct {
 // Node is a running gateway with everything it owns.
 type Node struct {
 	Store  *store.Store
+	Bridge *bridge.Bridge
 	Kernel *kernel.Kernel
 	Hub    *peer.Hub
 	Server *Server
@@ -79,8 +81,14 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	br, err := bridge.New(ctx, bridge.Options{Store: st, Logger: c.Logger})
+	if err != nil {
+		hub.Close()
+		_ = st.Close()
+		return nil, err
+	}
 	ko := c.Kernel
-	ko.Store, ko.Deliverer, ko.Policy, ko.Logger = st, Deliverer(hub), c.Policy, c.Logger
+	ko.Store, ko.Deliverer, ko.Policy, ko.Logger, ko.Approvals = st, Deliverer(hub), c.Policy, c.Logger, br
 	k, err := kernel.New(ctx, ko)
 	if err != nil {
 		hub.Close()
@@ -88,7 +96,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		return nil, err
 	}
 	so := c.Server
-	so.Kernel, so.Hub, so.Auth, so.Logger = k, hub, authn, c.Logger
+	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge = k, hub, authn, c.Logger, br
 	srv, err := New(so)
 	if err != nil {
 		k.Close()
@@ -104,7 +112,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		return nil, fmt.Errorf("gateway: listen: %w", err)
 	}
 	n := &Node{
-		Store: st, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
+		Store: st, Bridge: br, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
 		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
 	}
 	go func() { n.served <- srv.Serve(ln) }()

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -27,6 +28,7 @@ type Options struct {
 	Kernel *kernel.Kernel
 	Hub    *peer.Hub
 	Auth   *auth.Authenticator
+	Bridge *bridge.Bridge // nil: no /v0/actions (approvals only through signals)
 	Logger *slog.Logger
 	// Registry receives the gateway's metrics; nil makes a private one.
 	Registry *prometheus.Registry
@@ -91,6 +93,7 @@ func New(o Options) (*Server, error) {
 	s.metrics = newMetrics(o.Registry, o.Kernel)
 	s.routes = s.buildRoutes()
 	s.peerRoutes(s.routes)
+	s.actionRoutes(s.routes)
 	s.srv = &fasthttp.Server{
 		Handler:     s.serve,
 		Name:        "gatehouse",
@@ -192,6 +195,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		c.principal = p
+		ctx.SetUserValue(principalKey{}, p.Subject)
 	}
 	r.handle(c)
 }

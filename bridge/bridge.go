@@ -1,0 +1,285 @@
+// Package bridge is the permission bridge: one durable record per permission
+// prompt, carried to every human channel of the session's owner, settled by
+// the first valid answer, and kept as an audit of who decided what, where
+// and when.
+//
+// The kernel decides; the bridge records and relays. Every record change is
+// staged by the kernel into the same store batch as its own events (the
+// bridge implements kernel.Approvals), and the execution's lock is the
+// compare-and-swap that lets exactly one answer win. An execution waits on
+// the record, not on a socket: a channel disconnecting is not an answer,
+// and a restart keeps every pending prompt.
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Sentinel errors.
+var (
+	// ErrNotFound: no prompt has that action id.
+	ErrNotFound = errors.New("bridge: action not found")
+	// ErrDecision: the decision is not allow_once, allow_always or deny.
+	ErrDecision = errors.New("bridge: invalid decision")
+)
+
+// States of a record.
+const (
+	StatePending   = "pending"
+	StateApproved  = "approved"
+	StateDenied    = "denied"
+	StateExpired   = "expired"
+	StateCancelled = "cancelled"
+)
+
+// Decisions a person can give.
+const (
+	DecisionAllowOnce   = "allow_once"
+	DecisionAllowAlways = "allow_always"
+	DecisionDeny        = "deny"
+)
+
+// Record is one prompt: what is asked and, once settled, the audit of the
+// answer.
+type Record struct {
+	kernel.Approval
+	State     string            `json:"state" msgpack:"state"`
+	Decision  string            `json:"decision,omitempty" msgpack:"decision"`
+	Scope     string            `json:"scope,omitempty" msgpack:"scope"`
+	Reason    string            `json:"decision_reason,omitempty" msgpack:"dreason"`
+	DecidedAt *time.Time        `json:"decided_at,omitempty" msgpack:"dat"`
+	DecidedBy *kernel.DecidedBy `json:"decided_by,omitempty" msgpack:"dby"`
+}
+
+// Notifier carries prompts to people: every channel of the owner. The
+// channel registry implements it.
+type Notifier interface {
+	// Prompt forwards a new pending prompt.
+	Prompt(r Record)
+	// Retract tells the channels that a prompt was settled (they remove it).
+	Retract(r Record)
+}
+
+// Options configure a Bridge.
+type Options struct {
+	Store    *store.Store // required
+	Notifier Notifier     // nil: records only
+	Logger   *slog.Logger
+}
+
+// Bridge holds the prompts. It is safe for concurrent use.
+type Bridge struct {
+	st  *store.Store
+	n   Notifier
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pending map[string]*Record // action id -> record
+	allow   map[string]bool    // session "/" tool -> allowed always
+}
+
+// Record kinds in the store.
+const (
+	kindAction  = "action"
+	kindPending = "action_pending"
+	kindAllow   = "allow_always"
+)
+
+// New loads pending prompts and allow-always rules from the store.
+func New(ctx context.Context, o Options) (*Bridge, error) {
+	if o.Store == nil {
+		return nil, errors.New("bridge: Options.Store is required")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	b := &Bridge{st: o.Store, n: o.Notifier, log: o.Logger, pending: map[string]*Record{}, allow: map[string]bool{}}
+	var ids []string
+	if err := b.st.Records(kindPending, func(id string, _ func(any) error) bool {
+		ids = append(ids, id)
+		return ctx.Err() == nil
+	}); err != nil {
+		return nil, fmt.Errorf("bridge: load pending: %w", err)
+	}
+	for _, id := range ids {
+		var r Record
+		if err := b.st.Get(kindAction, id, &r); err != nil {
+			return nil, fmt.Errorf("bridge: load action %s: %w", id, err)
+		}
+		if r.State == StatePending {
+			b.pending[id] = &r
+		}
+	}
+	if err := b.st.Records(kindAllow, func(id string, _ func(any) error) bool {
+		b.allow[id] = true
+		return ctx.Err() == nil
+	}); err != nil {
+		return nil, fmt.Errorf("bridge: load allow rules: %w", err)
+	}
+	return b, nil
+}
+
+// Requested implements kernel.Approvals.
+func (b *Bridge) Requested(batch *store.Batch, a kernel.Approval) func() {
+	r := Record{Approval: a, State: StatePending}
+	_ = batch.Put(kindAction, a.ActionID, &r)
+	_ = batch.Put(kindPending, a.ActionID, a.Owner)
+	return func() {
+		// The prompt may have been settled between the commit and now
+		// (a fast answer); only a still-pending record is forwarded.
+		var cur Record
+		if err := b.st.Get(kindAction, a.ActionID, &cur); err != nil || cur.State != StatePending {
+			return
+		}
+		b.mu.Lock()
+		b.pending[a.ActionID] = &cur
+		b.mu.Unlock()
+		if b.n != nil {
+			b.n.Prompt(cur)
+		}
+	}
+}
+
+// Resolved implements kernel.Approvals.
+func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision) func() {
+	r, err := b.Get(actionID)
+	if err != nil {
+		b.log.Error("resolve unknown action", "action", actionID, "err", err)
+		return nil
+	}
+	r.settle(d)
+	_ = batch.Put(kindAction, actionID, &r)
+	batch.Delete(kindPending, actionID)
+	allowKey := ""
+	if r.State == StateApproved && d.Scope == kernel.ScopeSession {
+		allowKey = r.SessionID + "/" + r.ToolID
+		_ = batch.Put(kindAllow, allowKey, true)
+	}
+	return func() {
+		b.mu.Lock()
+		delete(b.pending, actionID)
+		if allowKey != "" {
+			b.allow[allowKey] = true
+		}
+		b.mu.Unlock()
+		if b.n != nil {
+			b.n.Retract(r)
+		}
+	}
+}
+
+// settle records a decision on the record.
+func (r *Record) settle(d kernel.Decision) {
+	switch d.Outcome {
+	case kernel.OutcomeApproved:
+		r.State, r.Decision = StateApproved, DecisionAllowOnce
+		if d.Scope == kernel.ScopeSession {
+			r.Decision = DecisionAllowAlways
+		}
+	case kernel.OutcomeDenied:
+		r.State, r.Decision = StateDenied, DecisionDeny
+	case kernel.OutcomeExpired:
+		r.State = StateExpired
+	default:
+		r.State = StateCancelled
+	}
+	at := d.DecidedAt
+	r.Scope, r.Reason, r.DecidedBy, r.DecidedAt = d.Scope, d.Reason, d.DecidedBy, &at
+}
+
+// AllowedAlways implements kernel.Approvals.
+func (b *Bridge) AllowedAlways(sessionID, toolID string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.allow[sessionID+"/"+toolID]
+}
+
+// Get returns the record of actionID.
+func (b *Bridge) Get(actionID string) (Record, error) {
+	b.mu.Lock()
+	if r, ok := b.pending[actionID]; ok {
+		b.mu.Unlock()
+		return *r, nil
+	}
+	b.mu.Unlock()
+	var r Record
+	if err := b.st.Get(kindAction, actionID, &r); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return Record{}, fmt.Errorf("%w: %s", ErrNotFound, actionID)
+		}
+		return Record{}, fmt.Errorf("bridge: read action %s: %w", actionID, err)
+	}
+	return r, nil
+}
+
+// Pending returns the pending prompts of owner ("" for all), oldest first.
+func (b *Bridge) Pending(owner string) []Record {
+	b.mu.Lock()
+	out := make([]Record, 0, len(b.pending))
+	for _, r := range b.pending {
+		if owner == "" || r.Owner == owner {
+			out = append(out, *r)
+		}
+	}
+	b.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ActionID < out[j].ActionID })
+	return out
+}
+
+// List returns records in action id order (oldest first), after the
+// cursor (an action id), filtered by state and owner when not empty.
+func (b *Bridge) List(ctx context.Context, state, owner, after string, limit int) ([]Record, string, error) {
+	if state == StatePending {
+		all := b.Pending(owner)
+		i := sort.Search(len(all), func(i int) bool { return all[i].ActionID > after })
+		all = all[i:]
+		next := ""
+		if len(all) > limit {
+			all, next = all[:limit], all[limit-1].ActionID
+		}
+		return all, next, nil
+	}
+	out := []Record{}
+	next := ""
+	err := b.st.RecordsWithPrefix(kindAction, "", func(id string, decode func(any) error) bool {
+		if id <= after {
+			return ctx.Err() == nil
+		}
+		var r Record
+		if decode(&r) != nil || (state != "" && r.State != state) || (owner != "" && r.Owner != owner) {
+			return ctx.Err() == nil
+		}
+		if len(out) == limit {
+			next = out[len(out)-1].ActionID
+			return false
+		}
+		out = append(out, r)
+		return ctx.Err() == nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("bridge: list: %w", err)
+	}
+	return out, next, ctx.Err()
+}
+
+// ParseDecision maps a person's decision to the kernel's outcome and scope.
+func ParseDecision(s string) (outcome, scope string, err error) {
+	switch s {
+	case DecisionAllowOnce:
+		return kernel.OutcomeApproved, kernel.ScopeOnce, nil
+	case DecisionAllowAlways:
+		return kernel.OutcomeApproved, kernel.ScopeSession, nil
+	case DecisionDeny:
+		return kernel.OutcomeDenied, kernel.ScopeOnce, nil
+	}
+	return "", "", fmt.Errorf("%w %q: want allow_once, allow_always or deny", ErrDecision, s)
+}
