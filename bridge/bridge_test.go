@@ -1,0 +1,115 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+func TestParseDecision(t *testing.T) {
+	for _, tc := range []struct {
+		in, outcome, scope string
+		err                bool
+	}{
+		{DecisionAllowOnce, kernel.OutcomeApproved, kernel.ScopeOnce, false},
+		{DecisionAllowAlways, kernel.OutcomeApproved, kernel.ScopeSession, false},
+		{DecisionDeny, kernel.OutcomeDenied, kernel.ScopeOnce, false},
+		{"approve", "", "", true},
+		{"", "", "", true},
+	} {
+		o, s, err := ParseDecision(tc.in)
+		if (err != nil) != tc.err || o != tc.outcome || s != tc.scope {
+			t.Errorf("ParseDecision(%q) = %q, %q, %v", tc.in, o, s, err)
+		}
+		if err != nil && !errors.Is(err, ErrDecision) {
+			t.Errorf("ParseDecision(%q): error %v is not ErrDecision", tc.in, err)
+		}
+	}
+}
+
+type notes struct{ prompts, retracts []string }
+
+func (n *notes) Prompt(r Record)  { n.prompts = append(n.prompts, r.ActionID) }
+func (n *notes) Retract(r Record) { n.retracts = append(n.retracts, r.State) }
+
+// TestRecordLifecycleSurvivesReopen: a prompt staged, committed, published
+// and settled is recorded, audited and reloaded from the same folder.
+func TestRecordLifecycleSurvivesReopen(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &notes{}
+	b, err := New(context.Background(), Options{Store: st, Notifier: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := func(batch *store.Batch) {
+		t.Helper()
+		if err := st.Write(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"a1", "a2"} {
+		var batch store.Batch
+		publish := b.Requested(&batch, kernel.Approval{ActionID: id, Owner: "alice", SessionID: "s1", ToolID: "deploy", RequestedAt: time.Now()})
+		commit(&batch)
+		publish()
+	}
+	if got := b.Pending("alice"); len(got) != 2 || got[0].State != StatePending {
+		t.Fatalf("pending: %+v", got)
+	}
+	if len(b.Pending("bob")) != 0 {
+		t.Fatal("bob sees alice's prompts")
+	}
+	var batch store.Batch
+	publish := b.Resolved(&batch, "a1", kernel.Decision{Outcome: kernel.OutcomeApproved, Scope: kernel.ScopeSession, Reason: "ok",
+		DecidedBy: &kernel.DecidedBy{Principal: "alice", ChannelID: "phone", NativePeerID: "u1"}, DecidedAt: time.Now()})
+	commit(&batch)
+	publish()
+	if !b.AllowedAlways("s1", "deploy") || b.AllowedAlways("s2", "deploy") {
+		t.Fatal("allow_always not scoped to its session and tool")
+	}
+	if len(n.prompts) != 2 || len(n.retracts) != 1 || n.retracts[0] != StateApproved {
+		t.Fatalf("notifications: %+v", n)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err = store.Open(store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b, err = New(context.Background(), Options{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.Get("a1")
+	if err != nil || rec.State != StateApproved || rec.Decision != DecisionAllowAlways || rec.DecidedBy.ChannelID != "phone" || rec.DecidedAt == nil {
+		t.Fatalf("audit after reopen: %+v, %v", rec, err)
+	}
+	if got := b.Pending(""); len(got) != 1 || got[0].ActionID != "a2" {
+		t.Fatalf("pending after reopen: %+v", got)
+	}
+	if !b.AllowedAlways("s1", "deploy") {
+		t.Fatal("allow_always lost on reopen")
+	}
+	if _, err := b.Get("nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown action: %v", err)
+	}
+	all, next, err := b.List(context.Background(), "", "alice", "", 1)
+	if err != nil || len(all) != 1 || all[0].ActionID != "a1" || next != "a1" {
+		t.Fatalf("list page 1: %+v %q %v", all, next, err)
+	}
+	all, next, err = b.List(context.Background(), "", "alice", next, 1)
+	if err != nil || len(all) != 1 || all[0].ActionID != "a2" || next != "" {
+		t.Fatalf("list page 2: %+v %q %v", all, next, err)
+	}
+}

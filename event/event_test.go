@@ -1,0 +1,50 @@
+package event
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEnvelopeShape pins the wire form: the kernel API's keys first, in its
+// order, step_id left out when empty, then the Agent Runtime keys.
+func TestEnvelopeShape(t *testing.T) {
+	ev := Event{ID: "e1", ExecutionID: "x1", Type: ExecutionCreated, SchemaVersion: SchemaVersion,
+		Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Payload: json.RawMessage(`{"a":1}`),
+		CausationID: "e1", CorrelationID: "e1", Sequence: 1, EventID: "e1", RunID: "x1"}
+	data, err := json.Marshal(&ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":"e1","execution_id":"x1","type":"execution.created","schema_version":1,"timestamp":"2026-01-02T03:04:05.000000006Z","payload":{"a":1},"causation_id":"e1","correlation_id":"e1","idempotency_key":"","sequence":1,"event_id":"e1","run_id":"x1"}`
+	if string(data) != want {
+		t.Fatalf("envelope\n got  %s\n want %s", data, want)
+	}
+}
+
+func TestIsTerminal(t *testing.T) {
+	for typ, want := range map[string]bool{
+		ExecutionCompleted: true, ExecutionFailed: true, ExecutionCancelled: true,
+		ExecutionBlocked: false, StepFailed: false, "": false,
+	} {
+		if got := IsTerminal(typ); got != want {
+			t.Errorf("IsTerminal(%q) = %v", typ, got)
+		}
+	}
+}
+
+func TestNewIDIsTimeOrderedAndUnique(t *testing.T) {
+	seen := map[string]bool{}
+	prev := ""
+	for range 1000 {
+		id := NewID()
+		if seen[id] || len(id) != 36 || strings.Count(id, "-") != 4 {
+			t.Fatalf("bad or repeated id %q", id)
+		}
+		if id[:13] < prev[:min(13, len(prev))] {
+			t.Fatalf("ids not time-ordered: %s after %s", id, prev)
+		}
+		seen[id], prev = true, id
+	}
+}
