@@ -146,6 +146,9 @@ func (s *Server) respond(c *call, actionID string, req RespondRequest) (int, any
 		}
 		return 0, nil, nil, err
 	}
+	if s.opts.Channels != nil && req.ChannelID != "" {
+		s.opts.Channels.Returned(rec.Owner, req.ChannelID, req.NativePeerID, actionID, req.Decision)
+	}
 	cur, err := s.opts.Bridge.Get(actionID)
 	if err != nil {
 		after.Run()

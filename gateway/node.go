@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
@@ -42,13 +43,14 @@ type Config struct {
 
 // Node is a running gateway with everything it owns.
 type Node struct {
-	Store  *store.Store
-	Bridge *bridge.Bridge
-	Kernel *kernel.Kernel
-	Hub    *peer.Hub
-	Server *Server
-	Policy *policy.Engine
-	Auth   *auth.Authenticator
+	Store    *store.Store
+	Bridge   *bridge.Bridge
+	Channels *channel.Registry
+	Kernel   *kernel.Kernel
+	Hub      *peer.Hub
+	Server   *Server
+	Policy   *policy.Engine
+	Auth     *auth.Authenticator
 
 	ln     net.Listener
 	log    *slog.Logger
@@ -81,8 +83,15 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		_ = st.Close()
 		return nil, err
 	}
-	br, err := bridge.New(ctx, bridge.Options{Store: st, Logger: c.Logger})
+	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: c.Logger})
 	if err != nil {
+		hub.Close()
+		_ = st.Close()
+		return nil, err
+	}
+	br, err := bridge.New(ctx, bridge.Options{Store: st, Notifier: chans, Logger: c.Logger})
+	if err != nil {
+		chans.Close()
 		hub.Close()
 		_ = st.Close()
 		return nil, err
@@ -91,15 +100,17 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	ko.Store, ko.Deliverer, ko.Policy, ko.Logger, ko.Approvals = st, Deliverer(hub), c.Policy, c.Logger, br
 	k, err := kernel.New(ctx, ko)
 	if err != nil {
+		chans.Close()
 		hub.Close()
 		_ = st.Close()
 		return nil, err
 	}
 	so := c.Server
-	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge = k, hub, authn, c.Logger, br
+	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels = k, hub, authn, c.Logger, br, chans
 	srv, err := New(so)
 	if err != nil {
 		k.Close()
+		chans.Close()
 		hub.Close()
 		_ = st.Close()
 		return nil, err
@@ -107,12 +118,13 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		k.Close()
+		chans.Close()
 		hub.Close()
 		_ = st.Close()
 		return nil, fmt.Errorf("gateway: listen: %w", err)
 	}
 	n := &Node{
-		Store: st, Bridge: br, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
+		Store: st, Bridge: br, Channels: chans, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
 		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
 	}
 	go func() { n.served <- srv.Serve(ln) }()
@@ -157,6 +169,7 @@ func (n *Node) Close(ctx context.Context) error {
 		serr = err
 	}
 	n.Kernel.Close()
+	n.Channels.Close()
 	n.Hub.Close()
 	cerr := n.Store.Close()
 	if serr != nil && !errors.Is(serr, context.DeadlineExceeded) {

@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -25,11 +26,12 @@ import (
 // Options configure a Server. Kernel, Hub and Auth are required; zero
 // durations and sizes take the defaults shown.
 type Options struct {
-	Kernel *kernel.Kernel
-	Hub    *peer.Hub
-	Auth   *auth.Authenticator
-	Bridge *bridge.Bridge // nil: no /v0/actions (approvals only through signals)
-	Logger *slog.Logger
+	Kernel   *kernel.Kernel
+	Hub      *peer.Hub
+	Auth     *auth.Authenticator
+	Bridge   *bridge.Bridge    // nil: no /v0/actions (approvals only through signals)
+	Channels *channel.Registry // nil (or no Bridge): no human channels
+	Logger   *slog.Logger
 	// Registry receives the gateway's metrics; nil makes a private one.
 	Registry *prometheus.Registry
 
@@ -94,6 +96,7 @@ func New(o Options) (*Server, error) {
 	s.routes = s.buildRoutes()
 	s.peerRoutes(s.routes)
 	s.actionRoutes(s.routes)
+	s.channelRoutes(s.routes)
 	s.srv = &fasthttp.Server{
 		Handler:     s.serve,
 		Name:        "gatehouse",

@@ -257,7 +257,9 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 	}
 	explicit := string(c.ctx.QueryArgs().Peek("ack")) == "explicit"
 	expiry := c.principal.ExpiresAt
-	ackOnFlush := !explicit && key.Role == kernel.RoleAgent
+	// Runners settle by acting on jobs; agents and channels that cannot
+	// acknowledge count a flushed delivery as received.
+	ackOnFlush := !explicit && key.Role != kernel.RoleRunner
 	sc := s.sseHeaders(c.ctx)
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()

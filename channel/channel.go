@@ -1,0 +1,788 @@
+package channel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is.
+var (
+	// ErrInvalid means an argument is malformed: an id, a webhook URL or
+	// secret, a message body.
+	ErrInvalid = errors.New("channel: invalid argument")
+	// ErrOwned means the channel id and native peer id are registered by
+	// another principal; pick another native peer id.
+	ErrOwned = errors.New("channel: registered by another principal")
+	// ErrTooMany means the owner already has the maximum number of channels.
+	ErrTooMany = errors.New("channel: too many channels")
+	// ErrNotFound means the owner has no such channel (or no webhook).
+	ErrNotFound = errors.New("channel: not found")
+	// ErrTooLarge means a message body is over MaxMessage.
+	ErrTooLarge = errors.New("channel: message too large")
+	// ErrClosed means the registry was closed.
+	ErrClosed = errors.New("channel: registry closed")
+)
+
+// Channel event types: the Channel family of the Agent Runtime spec (seed
+// 001), written to the owner's channel log.
+const (
+	TypeConnected           = "channel.connected"
+	TypeDisconnected        = "channel.disconnected"
+	TypeResumed             = "channel.resumed"
+	TypeMessage             = "channel.message"
+	TypePermissionForwarded = "channel.permission_forwarded"
+	TypePermissionReturned  = "channel.permission_returned"
+)
+
+// Channel kinds.
+const (
+	// KindNative is a channel that connects to the gateway (WebSocket or SSE).
+	KindNative = "native"
+	// KindWebhook is an outbound webhook the gateway POSTs to.
+	KindWebhook = "webhook"
+)
+
+// WebhookChannel is the channel id of every webhook channel; native channels
+// cannot use it, so a connection can never take over a webhook's outbox.
+const WebhookChannel = "webhook"
+
+// RoleChannel is the peer role of channel outboxes.
+const RoleChannel = "channel"
+
+// Limits.
+const (
+	// MaxMessage bounds the body of a channel.message.
+	MaxMessage = 64 << 10
+	// MaxChannelID bounds a channel id, in bytes.
+	MaxChannelID = 128
+	// MaxPeerID bounds a native peer id and an owner, in bytes.
+	MaxPeerID = 256
+	// MaxURL bounds a webhook URL, in bytes.
+	MaxURL = 2048
+	// MinSecret is the shortest webhook secret accepted, in bytes.
+	MinSecret = 16
+	// MaxSecret is the longest webhook secret accepted, in bytes.
+	MaxSecret = 1024
+)
+
+// writeTimeout bounds the wait to queue a write for calls that have no
+// context of their own (the bridge.Notifier methods, Disconnected, Returned).
+const writeTimeout = 10 * time.Second
+
+const kindChannel = "channel"
+
+// Key returns the peer hub key of a channel's outbox.
+func Key(channelID, peerID string) peer.Key {
+	return peer.Key{Role: RoleChannel, ID: channelID, Consumer: peerID}
+}
+
+// Options configure a Registry.
+type Options struct {
+	// Store keeps the registrations and the channel logs; required.
+	Store *store.Store
+	// Hub holds the channels' outboxes; required. It must keep its outboxes
+	// in Store, because a prompt's deliveries are written in the same batch
+	// as the channel.permission_forwarded events that record them.
+	Hub *peer.Hub
+	// Logger receives warnings; nil discards.
+	Logger *slog.Logger
+	// HTTPClient sends webhooks; nil means a client with a 10s timeout that
+	// does not follow redirects (a redirected POST would lose its body).
+	HTTPClient *http.Client
+	// RetryBase is the first webhook retry delay, doubled per failure;
+	// zero means 500ms.
+	RetryBase time.Duration
+	// RetryMax caps the webhook retry delay; zero means 1m.
+	RetryMax time.Duration
+	// MaxChannels bounds the channels of one owner; zero means 64.
+	MaxChannels int
+	// LogLimit is how many events of each owner's channel log are kept;
+	// older ones are deleted. Zero means 10000.
+	LogLimit int
+}
+
+// Channel is one registered human channel.
+type Channel struct {
+	// Owner is the principal whose prompts the channel receives.
+	Owner string `json:"owner"`
+	// ChannelID names the channel (an app, a bot, the web page).
+	ChannelID string `json:"channel_id"`
+	// PeerID is the native peer id: who or what on that channel.
+	PeerID string `json:"native_peer_id"`
+	// Kind is KindNative or KindWebhook.
+	Kind string `json:"kind"`
+	// URL is a webhook's URL, with any password redacted.
+	URL string `json:"url,omitempty"`
+	// CreatedAt is when the channel was first registered.
+	CreatedAt time.Time `json:"created_at"`
+	// LastSeen is the channel's last connect, disconnect, message, answer
+	// or (for a webhook) acknowledged delivery.
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// record is a channel's durable registration. It holds the webhook secret,
+// which never leaves the package: Channel has no field for it.
+type record struct {
+	Owner     string    `msgpack:"o"`
+	ChannelID string    `msgpack:"c"`
+	PeerID    string    `msgpack:"p"`
+	Kind      string    `msgpack:"k"`
+	URL       string    `msgpack:"u,omitempty"`
+	Secret    []byte    `msgpack:"s,omitempty"`
+	CreatedAt time.Time `msgpack:"ca"`
+	LastSeen  time.Time `msgpack:"ls"`
+}
+
+func (rc *record) key() peer.Key { return Key(rc.ChannelID, rc.PeerID) }
+
+func (rc *record) channel() Channel {
+	return Channel{Owner: rc.Owner, ChannelID: rc.ChannelID, PeerID: rc.PeerID, Kind: rc.Kind,
+		URL: redact(rc.URL), CreatedAt: rc.CreatedAt, LastSeen: rc.LastSeen}
+}
+
+func redact(s string) string {
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return ""
+	}
+	return u.Redacted()
+}
+
+// ownerLog serialises the writes of one owner's channel log, so sequences
+// are assigned, and become readable, strictly in order. It also serialises
+// the owner's registrations, so a fresh/resumed verdict and its event agree.
+type ownerLog struct {
+	mu     sync.Mutex
+	owner  string
+	seq    uint64
+	loaded bool
+}
+
+// settledMemory bounds how many settled action ids are remembered.
+const settledMemory = 4096
+
+// Registry holds the channels of every owner. It is safe for concurrent use.
+type Registry struct {
+	st        *store.Store
+	hub       *peer.Hub
+	log       *slog.Logger
+	client    *http.Client
+	retryBase time.Duration
+	retryMax  time.Duration
+	maxChans  int
+	logLimit  uint64
+
+	ctx    context.Context // senders' parent; cancelled by Close
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	closed  bool
+	chans   map[peer.Key]*record
+	owners  map[string]map[peer.Key]*record
+	claims  map[peer.Key]string // fresh registrations being written -> owner
+	logs    map[string]*ownerLog
+	senders map[peer.Key]*sender
+	// settled remembers recently retracted prompts, so a Prompt that loses
+	// the race with its own Retract does not resurrect a settled card.
+	settled     map[string]struct{}
+	settledRing []string
+	settledNext int
+
+	ops       sync.WaitGroup // calls in flight; Close waits for them
+	closeOnce sync.Once
+}
+
+// New loads the registered channels from o.Store and starts a sender for
+// every webhook channel. ctx bounds the loading only.
+func New(ctx context.Context, o Options) (*Registry, error) {
+	if o.Store == nil {
+		return nil, fmt.Errorf("%w: Options.Store is required", ErrInvalid)
+	}
+	if o.Hub == nil {
+		return nil, fmt.Errorf("%w: Options.Hub is required", ErrInvalid)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{
+			Timeout:       10 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 500 * time.Millisecond
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = time.Minute
+	}
+	o.RetryMax = max(o.RetryMax, o.RetryBase)
+	if o.MaxChannels <= 0 {
+		o.MaxChannels = 64
+	}
+	if o.LogLimit <= 0 {
+		o.LogLimit = 10000
+	}
+	r := &Registry{
+		st: o.Store, hub: o.Hub, log: o.Logger, client: o.HTTPClient,
+		retryBase: o.RetryBase, retryMax: o.RetryMax, maxChans: o.MaxChannels, logLimit: uint64(o.LogLimit),
+		chans: map[peer.Key]*record{}, owners: map[string]map[peer.Key]*record{}, claims: map[peer.Key]string{},
+		logs: map[string]*ownerLog{}, senders: map[peer.Key]*sender{}, settled: map[string]struct{}{},
+		settledRing: make([]string, settledMemory),
+	}
+	var loadErr error
+	err := r.st.Records(kindChannel, func(id string, decode func(any) error) bool {
+		var rc record
+		if err := decode(&rc); err != nil {
+			loadErr = fmt.Errorf("channel: decode %s: %w", id, err)
+			return false
+		}
+		r.addLocked(&rc)
+		return ctx.Err() == nil
+	})
+	if err == nil {
+		err = loadErr
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("channel: load channels: %w", err)
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	for _, rc := range r.chans {
+		if rc.Kind == KindWebhook {
+			r.startSender(rc)
+		}
+	}
+	return r, nil
+}
+
+// Close stops the webhook senders and waits for them and for calls in
+// flight. Unacknowledged deliveries stay in the outboxes for the next start.
+func (r *Registry) Close() {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.ops.Wait()
+		r.cancel()
+		r.mu.Lock()
+		senders := make([]*sender, 0, len(r.senders))
+		for k, s := range r.senders {
+			senders = append(senders, s)
+			delete(r.senders, k)
+		}
+		r.mu.Unlock()
+		for _, s := range senders {
+			<-s.done
+		}
+	})
+}
+
+// enter registers a call in flight, or fails once the registry is closed.
+func (r *Registry) enter() (func(), error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	r.ops.Add(1)
+	return r.ops.Done, nil
+}
+
+// addLocked indexes a registration. The caller holds r.mu.
+func (r *Registry) addLocked(rc *record) {
+	k := rc.key()
+	r.chans[k] = rc
+	m := r.owners[rc.Owner]
+	if m == nil {
+		m = map[peer.Key]*record{}
+		r.owners[rc.Owner] = m
+	}
+	m[k] = rc
+}
+
+// removeLocked drops a registration from the index. The caller holds r.mu.
+func (r *Registry) removeLocked(rc *record) {
+	k := rc.key()
+	delete(r.chans, k)
+	if m := r.owners[rc.Owner]; m != nil {
+		delete(m, k)
+		if len(m) == 0 {
+			delete(r.owners, rc.Owner)
+		}
+	}
+}
+
+// lockOwner returns owner's log, locked. Lock order: an owner's log, then r.mu.
+func (r *Registry) lockOwner(owner string) *ownerLog {
+	r.mu.Lock()
+	ol := r.logs[owner]
+	if ol == nil {
+		ol = &ownerLog{owner: owner}
+		r.logs[owner] = ol
+	}
+	r.mu.Unlock()
+	ol.mu.Lock()
+	return ol
+}
+
+// channelsOf returns copies of owner's registrations in key order.
+func (r *Registry) channelsOf(owner string) []record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]record, 0, len(r.owners[owner]))
+	for _, rc := range r.owners[owner] {
+		out = append(out, *rc)
+	}
+	sort.Slice(out, func(i, j int) bool { return less(&out[i], &out[j]) })
+	return out
+}
+
+func less(a, b *record) bool {
+	if a.Owner != b.Owner {
+		return a.Owner < b.Owner
+	}
+	if a.ChannelID != b.ChannelID {
+		return a.ChannelID < b.ChannelID
+	}
+	return a.PeerID < b.PeerID
+}
+
+// touch moves a registration's LastSeen forward in memory.
+func (r *Registry) touch(k peer.Key, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rc := r.chans[k]; rc != nil && at.After(rc.LastSeen) {
+		rc.LastSeen = at
+	}
+}
+
+// checkID rejects ids that would be ambiguous in a peer key or a store key,
+// or unreadable in a log line.
+func checkID(what, s string, maxLen int, slash bool) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
+	case len(s) > maxLen:
+		return fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalid, what, maxLen)
+	case !slash && strings.Contains(s, "/"):
+		return fmt.Errorf("%w: %s %q contains '/'", ErrInvalid, what, s)
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: %s contains control characters", ErrInvalid, what)
+	}
+	return nil
+}
+
+func checkIDs(owner, channelID, peerID string) error {
+	return errors.Join(
+		checkID("owner", owner, MaxPeerID, true),
+		checkID("channel id", channelID, MaxChannelID, false),
+		checkID("native peer id", peerID, MaxPeerID, true),
+	)
+}
+
+// Connect registers the channel (channelID, peerID) of owner, durably, or
+// resumes it when it is already registered. fresh reports a first
+// registration: the caller then forwards the owner's pending prompts with
+// Backfill, since prompts raised before it existed are not in its outbox.
+// It logs channel.connected when fresh and channel.resumed otherwise.
+func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string) (ch Channel, fresh bool, err error) {
+	if err := checkIDs(owner, channelID, peerID); err != nil {
+		return Channel{}, false, err
+	}
+	if channelID == WebhookChannel {
+		return Channel{}, false, fmt.Errorf("%w: channel id %q is reserved for webhooks", ErrInvalid, WebhookChannel)
+	}
+	done, err := r.enter()
+	if err != nil {
+		return Channel{}, false, err
+	}
+	defer done()
+	ol := r.lockOwner(owner)
+	defer ol.mu.Unlock()
+
+	k := Key(channelID, peerID)
+	now := time.Now().UTC()
+	r.mu.Lock()
+	var rc record
+	switch cur := r.chans[k]; {
+	case cur != nil && cur.Owner != owner, cur == nil && r.claims[k] != "":
+		r.mu.Unlock()
+		return Channel{}, false, fmt.Errorf("%w: %s/%s", ErrOwned, channelID, peerID)
+	case cur != nil:
+		rc = *cur
+	case len(r.owners[owner]) >= r.maxChans:
+		r.mu.Unlock()
+		return Channel{}, false, fmt.Errorf("%w: %s has %d", ErrTooMany, owner, r.maxChans)
+	default:
+		fresh = true
+		r.claims[k] = owner
+		rc = record{Owner: owner, ChannelID: channelID, PeerID: peerID, Kind: KindNative, CreatedAt: now}
+	}
+	r.mu.Unlock()
+	rc.LastSeen = now
+
+	typ := TypeResumed
+	if fresh {
+		typ = TypeConnected
+	}
+	var b store.Batch
+	err = b.Put(kindChannel, k.String(), &rc)
+	if err == nil {
+		err = r.commit(ctx, ol, &b, fact{typ: typ, p: payload{ChannelID: channelID, NativePeerID: peerID, Kind: rc.Kind}})
+	}
+	r.mu.Lock()
+	delete(r.claims, k)
+	if err == nil {
+		if fresh {
+			reg := rc // the index's own copy: rc is read below without r.mu
+			r.addLocked(&reg)
+		} else if cur := r.chans[k]; cur != nil {
+			cur.LastSeen = now
+		}
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return Channel{}, false, fmt.Errorf("channel: connect %s/%s: %w", channelID, peerID, err)
+	}
+	return rc.channel(), fresh, nil
+}
+
+// Disconnected logs channel.disconnected: the channel's connection ended.
+// The registration and its outbox stay; prompts keep arriving there.
+func (r *Registry) Disconnected(owner, channelID, peerID string) {
+	r.logChannelEvent(owner, channelID, peerID, fact{typ: TypeDisconnected})
+}
+
+// Returned logs channel.permission_returned: the answer to actionID came
+// back through this registered channel of owner. Answers that came another
+// way (the CLI, a plain HTTP call) are audited on the action record only.
+func (r *Registry) Returned(owner, channelID, peerID, actionID, decision string) {
+	r.logChannelEvent(owner, channelID, peerID, fact{typ: TypePermissionReturned, actionID: actionID,
+		p: payload{ActionID: actionID, Decision: decision}})
+}
+
+// logChannelEvent logs an event of a registered channel for the calls that
+// have nobody to return an error to.
+func (r *Registry) logChannelEvent(owner, channelID, peerID string, f fact) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	if err := r.channelEvent(ctx, owner, channelID, peerID, f); err != nil {
+		r.log.Warn("channel event not logged", "type", f.typ, "owner", owner, "channel", channelID, "peer", peerID, "err", err)
+	}
+}
+
+// channelEvent logs f for owner's registered channel (channelID, peerID) and
+// moves its LastSeen forward.
+func (r *Registry) channelEvent(ctx context.Context, owner, channelID, peerID string, f fact) error {
+	if err := checkIDs(owner, channelID, peerID); err != nil {
+		return err
+	}
+	done, err := r.enter()
+	if err != nil {
+		return err
+	}
+	defer done()
+	ol := r.lockOwner(owner)
+	defer ol.mu.Unlock()
+	k := Key(channelID, peerID)
+	r.mu.Lock()
+	cur := r.chans[k]
+	var rc record
+	if cur != nil {
+		rc = *cur
+	}
+	r.mu.Unlock()
+	if cur == nil || rc.Owner != owner {
+		return fmt.Errorf("%w: %s has no channel %s/%s", ErrNotFound, owner, channelID, peerID)
+	}
+	rc.LastSeen = time.Now().UTC()
+	f.p.ChannelID, f.p.NativePeerID = channelID, peerID
+	var b store.Batch
+	err = b.Put(kindChannel, k.String(), &rc)
+	if err == nil {
+		err = r.commit(ctx, ol, &b, f)
+	}
+	if err != nil {
+		return fmt.Errorf("channel: log %s of %s/%s: %w", f.typ, channelID, peerID, err)
+	}
+	r.touch(k, rc.LastSeen)
+	return nil
+}
+
+// Message logs channel.message: something the person sent through the
+// channel that is not an answer. body must be JSON of at most MaxMessage
+// bytes.
+func (r *Registry) Message(owner, channelID, peerID string, body json.RawMessage) error {
+	if len(body) > MaxMessage {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(body), MaxMessage)
+	}
+	if !json.Valid(body) {
+		return fmt.Errorf("%w: message body is not JSON", ErrInvalid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	return r.channelEvent(ctx, owner, channelID, peerID, fact{typ: TypeMessage, p: payload{Body: body}})
+}
+
+// List returns the channels of owner, or of every owner when owner is "",
+// ordered by owner, channel id and native peer id.
+func (r *Registry) List(owner string) []Channel {
+	r.mu.Lock()
+	recs := make([]*record, 0, len(r.chans))
+	for _, rc := range r.chans {
+		if owner == "" || rc.Owner == owner {
+			recs = append(recs, rc)
+		}
+	}
+	sort.Slice(recs, func(i, j int) bool { return less(recs[i], recs[j]) })
+	out := make([]Channel, len(recs))
+	for i, rc := range recs {
+		out[i] = rc.channel()
+	}
+	r.mu.Unlock()
+	return out
+}
+
+// Prompt implements bridge.Notifier: it appends a "permission.requested"
+// delivery carrying the record's JSON to the outbox of every channel of
+// rec.Owner, online or not, and logs channel.permission_forwarded for each,
+// all in one durable write.
+func (r *Registry) Prompt(rec bridge.Record) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	if err := r.forward(ctx, rec, nil); err != nil {
+		r.log.Error("prompt not forwarded to channels", "action", rec.ActionID, "owner", rec.Owner, "err", err)
+	}
+}
+
+// Backfill forwards the still-pending prompts among prompts that belong to
+// ch's owner to ch alone, as Prompt does. Call it after a fresh Connect (or
+// SetWebhook) with the bridge's pending prompts of the owner. A prompt raised
+// meanwhile may reach the channel twice; consumers dedupe by action_id.
+func (r *Registry) Backfill(ctx context.Context, ch Channel, prompts []bridge.Record) error {
+	for _, rec := range prompts {
+		if rec.Owner != ch.Owner || rec.State != bridge.StatePending {
+			continue
+		}
+		if err := r.forward(ctx, rec, &ch); err != nil {
+			return fmt.Errorf("channel: backfill %s/%s: %w", ch.ChannelID, ch.PeerID, err)
+		}
+	}
+	return nil
+}
+
+// forward delivers a pending prompt to every channel of its owner, or only
+// to the channel only when it is not nil. A prompt already retracted is not forwarded.
+func (r *Registry) forward(ctx context.Context, rec bridge.Record, only *Channel) error {
+	if rec.Owner == "" {
+		return nil
+	}
+	done, err := r.enter()
+	if err != nil {
+		return err
+	}
+	defer done()
+	ol := r.lockOwner(rec.Owner)
+	defer ol.mu.Unlock()
+	r.mu.Lock()
+	_, settled := r.settled[rec.ActionID]
+	r.mu.Unlock()
+	if settled {
+		return nil
+	}
+	chans := r.channelsOf(rec.Owner)
+	if only != nil {
+		k := Key(only.ChannelID, only.PeerID)
+		chans = slices.DeleteFunc(chans, func(rc record) bool { return rc.key() != k })
+		if len(chans) == 0 {
+			return fmt.Errorf("%w: %s has no channel %s/%s", ErrNotFound, rec.Owner, only.ChannelID, only.PeerID)
+		}
+	}
+	return r.fanout(ctx, ol, chans, event.PermissionRequested, rec, TypePermissionForwarded)
+}
+
+// Retract implements bridge.Notifier: it appends a "permission.resolved"
+// delivery carrying the settled record to every channel of rec.Owner, so
+// each device removes the prompt.
+func (r *Registry) Retract(rec bridge.Record) {
+	if rec.Owner == "" {
+		return
+	}
+	done, err := r.enter()
+	if err != nil {
+		r.log.Error("retraction not forwarded to channels", "action", rec.ActionID, "err", err)
+		return
+	}
+	defer done()
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	ol := r.lockOwner(rec.Owner)
+	defer ol.mu.Unlock()
+	r.mu.Lock()
+	if _, ok := r.settled[rec.ActionID]; !ok {
+		if old := r.settledRing[r.settledNext]; old != "" {
+			delete(r.settled, old)
+		}
+		r.settledRing[r.settledNext] = rec.ActionID
+		r.settledNext = (r.settledNext + 1) % len(r.settledRing)
+		r.settled[rec.ActionID] = struct{}{}
+	}
+	r.mu.Unlock()
+	if err := r.fanout(ctx, ol, r.channelsOf(rec.Owner), event.PermissionResolved, rec, ""); err != nil {
+		r.log.Error("retraction not forwarded to channels", "action", rec.ActionID, "owner", rec.Owner, "err", err)
+	}
+}
+
+// fanout stages one delivery of typ per channel and, when logType is set,
+// one event per channel, and commits them together: a forwarded event is
+// logged exactly when its delivery is durable. The caller holds ol.mu.
+func (r *Registry) fanout(ctx context.Context, ol *ownerLog, chans []record, typ string, rec bridge.Record, logType string) error {
+	if len(chans) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		return fmt.Errorf("channel: encode action %s: %w", rec.ActionID, err)
+	}
+	var b store.Batch
+	staged := make([]*peer.Staged, 0, len(chans))
+	facts := make([]fact, 0, len(chans))
+	for i := range chans {
+		c := &chans[i]
+		staged = append(staged, r.hub.Stage(&b, c.key(), typ, data, ""))
+		if logType != "" {
+			facts = append(facts, fact{typ: logType, actionID: rec.ActionID, execID: rec.ExecutionID,
+				sessionID: rec.SessionID, stepID: rec.StepID,
+				p: payload{ChannelID: c.ChannelID, NativePeerID: c.PeerID, Kind: c.Kind, ActionID: rec.ActionID, ToolID: rec.ToolID}})
+		}
+	}
+	err = r.commit(ctx, ol, &b, facts...)
+	for _, s := range staged {
+		if err != nil {
+			s.Abort()
+		} else {
+			s.Publish()
+		}
+	}
+	return err
+}
+
+// payload is the body of every channel event; each type fills its fields.
+type payload struct {
+	ChannelID    string          `json:"channel_id"`
+	NativePeerID string          `json:"native_peer_id"`
+	Kind         string          `json:"kind,omitempty"`
+	URL          string          `json:"url,omitempty"`
+	Reason       string          `json:"reason,omitempty"`
+	ActionID     string          `json:"action_id,omitempty"`
+	ToolID       string          `json:"tool_id,omitempty"`
+	Decision     string          `json:"decision,omitempty"`
+	Body         json.RawMessage `json:"body,omitempty"`
+}
+
+// fact is a channel event waiting for its sequence.
+type fact struct {
+	typ                                 string
+	p                                   payload
+	actionID, execID, sessionID, stepID string
+}
+
+func stream(owner string) string { return "chlog/" + owner }
+
+// commit appends facts to ol's log in b and writes b. Entries are stored as
+// their JSON envelope, so Events serves them without re-encoding. Only the
+// newest LogLimit entries are kept. The caller holds ol.mu, which keeps the
+// owner's sequences gapless and committed in order.
+func (r *Registry) commit(ctx context.Context, ol *ownerLog, b *store.Batch, facts ...fact) error {
+	s := stream(ol.owner)
+	if !ol.loaded {
+		last, err := r.st.Last(s)
+		if err != nil {
+			return fmt.Errorf("channel: read %s log: %w", ol.owner, err)
+		}
+		ol.seq, ol.loaded = last, true
+	}
+	seq := ol.seq
+	now := time.Now().UTC()
+	var first, prev string
+	for _, f := range facts {
+		body, err := json.Marshal(&f.p)
+		if err != nil {
+			return fmt.Errorf("channel: encode %s payload: %w", f.typ, err)
+		}
+		id := event.NewID()
+		if first == "" {
+			first, prev = id, id
+		}
+		seq++
+		ev := event.Event{
+			ID: id, ExecutionID: f.execID, StepID: f.stepID, Type: f.typ, SchemaVersion: event.SchemaVersion,
+			Timestamp: now, Payload: body, CausationID: prev, CorrelationID: first, Sequence: seq,
+			EventID: id, SessionID: f.sessionID, RunID: f.execID, ActionID: f.actionID,
+		}
+		prev = id
+		raw, err := json.Marshal(&ev)
+		if err != nil {
+			return fmt.Errorf("channel: encode %s event: %w", f.typ, err)
+		}
+		b.Append(s, seq, raw)
+		if seq > r.logLimit {
+			b.DeleteEntry(s, seq-r.logLimit)
+		}
+	}
+	if err := r.st.Write(ctx, b); err != nil {
+		return fmt.Errorf("channel: write: %w", err)
+	}
+	ol.seq = seq
+	return nil
+}
+
+// Events returns up to limit events of owner's channel log after sequence
+// after, oldest first, as event.Event JSON envelopes, and the log's latest
+// sequence. Sequences start at 1 per owner; only the newest LogLimit events
+// are kept, so a first sequence above after+1 shows that older ones are
+// gone. limit <= 0 means 100; it is capped at 1000.
+func (r *Registry) Events(owner string, after uint64, limit int) ([]json.RawMessage, uint64, error) {
+	if err := checkID("owner", owner, MaxPeerID, true); err != nil {
+		return nil, 0, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, 1000)
+	entries, err := r.st.Read(stream(owner), after, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("channel: read %s log: %w", owner, err)
+	}
+	latest, err := r.st.Last(stream(owner))
+	if err != nil {
+		return nil, 0, fmt.Errorf("channel: read %s log: %w", owner, err)
+	}
+	out := make([]json.RawMessage, len(entries))
+	for i, e := range entries {
+		out[i] = e.Data
+	}
+	return out, latest, nil
+}

@@ -1,0 +1,161 @@
+package gateway
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+)
+
+func (s *Server) channelRoutes(r *router) {
+	if s.opts.Channels == nil || s.opts.Bridge == nil {
+		return
+	}
+	r.add("GET", "/v0/channels/stream", false, s.streamChannel)
+	r.add("GET", "/v0/channels", false, s.listChannels)
+	r.add("GET", "/v0/channels/events", false, s.channelEvents)
+	r.add("PUT", "/v0/channels/webhook", false, s.setWebhook)
+	r.add("DELETE", "/v0/channels/webhook", false, s.removeWebhook)
+}
+
+// person returns the principal a human channel acts for: channel and
+// client principals act for themselves, an admin (and the open embedded
+// default, whose caller is the admin "local") for itself too.
+func person(p *auth.Principal) (string, error) {
+	switch p.Role {
+	case auth.RoleChannel, auth.RoleClient, auth.RoleAdmin:
+		return p.Subject, nil
+	}
+	return "", &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: an " + string(p.Role) + " token cannot open a human channel"}
+}
+
+// channelError maps channel registry errors like the kernel's.
+func channelError(err error) error {
+	switch {
+	case errors.Is(err, channel.ErrNotFound):
+		return &gatewayError{kind: kernel.ErrNotFound, msg: "not found: " + err.Error()}
+	case errors.Is(err, channel.ErrOwned):
+		return &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: " + err.Error()}
+	case errors.Is(err, channel.ErrTooMany):
+		return &gatewayError{kind: kernel.ErrConflict, msg: "conflict: " + err.Error()}
+	case errors.Is(err, channel.ErrInvalid), errors.Is(err, channel.ErrTooLarge):
+		return kernelValidation(err.Error())
+	case errors.Is(err, channel.ErrClosed):
+		return &gatewayError{kind: kernel.ErrUnavailable, msg: "service unavailable: " + err.Error()}
+	}
+	return err
+}
+
+// streamChannel serves a human channel over SSE: the owner's prompts
+// (permission.requested) and their retractions (permission.resolved),
+// from the channel's durable outbox. A channel registering for the first
+// time first receives every prompt still pending.
+func (s *Server) streamChannel(c *call) {
+	args := c.ctx.QueryArgs()
+	channelID, peerID := string(args.Peek("channel_id")), string(args.Peek("peer_id"))
+	if channelID == "" || peerID == "" {
+		s.writeError(c.ctx, kernelValidation("channel_id and peer_id query params are required"))
+		return
+	}
+	owner, err := person(c.principal)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	ch, fresh, err := s.opts.Channels.Connect(c.ctx, owner, channelID, peerID)
+	if err != nil {
+		s.writeError(c.ctx, channelError(err))
+		return
+	}
+	if fresh {
+		if err := s.opts.Channels.Backfill(c.ctx, ch, s.opts.Bridge.Pending(owner)); err != nil {
+			s.writeError(c.ctx, channelError(err))
+			return
+		}
+	}
+	s.streamPeer(c, "channel", channel.Key(channelID, peerID), func() func() {
+		return func() { s.opts.Channels.Disconnected(owner, channelID, peerID) }
+	})
+}
+
+func (s *Server) listChannels(c *call) {
+	owner, err := person(c.principal)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	if c.principal.Role == auth.RoleAdmin && string(c.ctx.QueryArgs().Peek("owner")) != "" {
+		owner = string(c.ctx.QueryArgs().Peek("owner"))
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"channels": s.opts.Channels.List(owner)})
+}
+
+// channelEvents answers GET /v0/channels/events: the caller's channel.*
+// log, paged like an execution's events.
+func (s *Server) channelEvents(c *call) {
+	owner, err := person(c.principal)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	args := c.ctx.QueryArgs()
+	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	if limit <= 0 || limit > 1000 {
+		limit = 100
+	}
+	evs, latest, err := s.opts.Channels.Events(owner, parseSeq(args.Peek("after_sequence")), limit)
+	if err != nil {
+		s.writeError(c.ctx, channelError(err))
+		return
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"events": evs, "latest_sequence": latest})
+}
+
+type webhookRequest struct {
+	URL    string `json:"url"`
+	Secret string `json:"secret"`
+}
+
+// setWebhook answers PUT /v0/channels/webhook: the caller's chat-bot
+// channel. A new webhook first receives every pending prompt.
+func (s *Server) setWebhook(c *call) {
+	owner, err := person(c.principal)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	var req webhookRequest
+	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	ch, fresh, err := s.opts.Channels.SetWebhook(c.ctx, owner, req.URL, req.Secret)
+	if err != nil {
+		s.writeError(c.ctx, channelError(err))
+		return
+	}
+	if fresh {
+		if err := s.opts.Channels.Backfill(c.ctx, ch, s.opts.Bridge.Pending(owner)); err != nil {
+			s.writeError(c.ctx, channelError(err))
+			return
+		}
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, ch)
+}
+
+func (s *Server) removeWebhook(c *call) {
+	owner, err := person(c.principal)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	if err := s.opts.Channels.RemoveWebhook(c.ctx, owner); err != nil {
+		s.writeError(c.ctx, channelError(err))
+		return
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
+}

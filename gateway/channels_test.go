@@ -1,0 +1,169 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+)
+
+func (a *api) channel(channelID, peerID string) *sseStream {
+	a.t.Helper()
+	return a.openSSE("/v0/channels/stream?channel_id=" + channelID + "&peer_id=" + peerID)
+}
+
+// TestChannelsRaceOnOnePrompt: the prompt reaches two devices; both answer;
+// exactly one wins, the other gets the recorded outcome, and both devices
+// get the retraction.
+func TestChannelsRaceOnOnePrompt(t *testing.T) {
+	a := bridgeServer(t, gateway.Config{})
+	phone := a.channel("phone", "u1")
+	chat := a.channel("chat", "u1")
+	ag := a.agent("ch-agent", "c1")
+	_, _, step, action := pendingAction(t, a, ag, "deploy.api")
+	for _, dev := range []*sseStream{phone, chat} {
+		p := dev.expect("permission.requested")
+		if p["action_id"] != action || p["step_id"] != step || p["state"] != "pending" {
+			t.Fatalf("prompt on a device: %v", p)
+		}
+	}
+	var wg sync.WaitGroup
+	results := map[string]int{}
+	var mu sync.Mutex
+	for _, dev := range []string{"phone", "chat"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, _, _ := a.do("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once", "channel_id": dev, "native_peer_id": "u1"})
+			mu.Lock()
+			results[dev] = status
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if !(results["phone"] == 200 && results["chat"] == 409) && !(results["phone"] == 409 && results["chat"] == 200) {
+		t.Fatalf("race results %v, want one 200 and one 409", results)
+	}
+	for _, dev := range []*sseStream{phone, chat} {
+		r := dev.expect("permission.resolved")
+		if r["action_id"] != action || r["state"] != "approved" {
+			t.Fatalf("retraction: %v", r)
+		}
+	}
+	ag.expect("approval.resolved")
+	evs := a.json("GET", "/v0/channels/events?limit=100", nil, 200)["events"].([]any)
+	seen := map[string]int{}
+	for _, e := range evs {
+		seen[e.(obj)["type"].(string)]++
+	}
+	if seen[channel.TypeConnected] != 2 || seen[channel.TypePermissionForwarded] != 2 || seen[channel.TypePermissionReturned] != 1 {
+		t.Fatalf("channel log: %v", seen)
+	}
+	phone.close()
+	waitFor(t, func() bool {
+		evs := a.json("GET", "/v0/channels/events?limit=100", nil, 200)["events"].([]any)
+		return evs[len(evs)-1].(obj)["type"] == channel.TypeDisconnected
+	})
+	if got := a.json("GET", "/v0/channels", nil, 200)["channels"].([]any); len(got) != 2 {
+		t.Fatalf("channels: %v", got)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestOfflineChannelGetsPromptOnConnect: a new device receives the prompts
+// raised before it existed; a known device that was offline receives them
+// from its outbox on reconnect, also after a restart.
+func TestOfflineChannelGetsPromptOnConnect(t *testing.T) {
+	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, gateway.Config{Policy: pol})
+	a := newAPI(t, s)
+	tablet := a.channel("tablet", "u1")
+	tablet.close()
+	ag := a.agent("off-agent", "c1")
+	_, _, _, action := pendingAction(t, a, ag, "deploy.late")
+
+	fresh := a.channel("laptop", "u1")
+	if p := fresh.expect("permission.requested"); p["action_id"] != action {
+		t.Fatalf("backfill: %v", p)
+	}
+	s.Restart()
+	a = newAPI(t, s)
+	tablet = a.channel("tablet", "u1")
+	if p := tablet.expect("permission.requested"); p["action_id"] != action {
+		t.Fatalf("outbox after restart: %v", p)
+	}
+	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "deny", "channel_id": "tablet", "native_peer_id": "u1"}, 200)
+	if r := tablet.expect("permission.resolved"); r["state"] != "denied" {
+		t.Fatalf("retraction: %v", r)
+	}
+}
+
+// TestWebhookChannelEndToEnd: a chat bot gets the signed prompt, answers
+// through the respond endpoint, and gets the retraction; a failing bot is
+// retried until it answers 2xx.
+func TestWebhookChannelEndToEnd(t *testing.T) {
+	const secret = "bot-secret-0123456789"
+	var mu sync.Mutex
+	var got []channel.Payload
+	failures := 1
+	bot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := channel.Verify([]byte(secret), r.Header.Get(channel.HeaderTimestamp), r.Header.Get(channel.HeaderSignature), body, time.Now(), time.Minute); err != nil {
+			t.Errorf("signature: %v", err)
+			w.WriteHeader(400)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if failures > 0 {
+			failures--
+			w.WriteHeader(503)
+			return
+		}
+		var p channel.Payload
+		if err := json.Unmarshal(body, &p); err != nil {
+			t.Errorf("payload: %v", err)
+		}
+		got = append(got, p)
+	}))
+	defer bot.Close()
+	a := bridgeServer(t, gateway.Config{})
+	a.json("PUT", "/v0/channels/webhook", obj{"url": bot.URL, "secret": secret}, 200)
+	a.fail("PUT", "/v0/channels/webhook", obj{"url": "ftp://x", "secret": secret}, 400, "VALIDATION_ERROR")
+	ag := a.agent("bot-agent", "c1")
+	_, _, _, action := pendingAction(t, a, ag, "deploy.bot")
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })
+	mu.Lock()
+	first := got[0]
+	mu.Unlock()
+	if first.Type != "permission.requested" || first.Owner != "local" {
+		t.Fatalf("bot payload: %+v", first)
+	}
+	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once", "channel_id": "webhook", "native_peer_id": "bot"}, 200)
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if got[1].Type != "permission.resolved" {
+		t.Fatalf("bot retraction: %+v", got[1])
+	}
+}
