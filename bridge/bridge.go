@@ -129,32 +129,34 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 }
 
 // Requested implements kernel.Approvals.
-func (b *Bridge) Requested(batch *store.Batch, a kernel.Approval) func() {
+func (b *Bridge) Requested(batch *store.Batch, a kernel.Approval) (apply, publish func()) {
 	r := Record{Approval: a, State: StatePending}
 	_ = batch.Put(kindAction, a.ActionID, &r)
 	_ = batch.Put(kindPending, a.ActionID, a.Owner)
-	return func() {
-		// The prompt may have been settled between the commit and now
-		// (a fast answer); only a still-pending record is forwarded.
-		var cur Record
-		if err := b.st.Get(kindAction, a.ActionID, &cur); err != nil || cur.State != StatePending {
-			return
-		}
+	apply = func() {
 		b.mu.Lock()
-		b.pending[a.ActionID] = &cur
+		b.pending[a.ActionID] = &r
 		b.mu.Unlock()
-		if b.n != nil {
-			b.n.Prompt(cur)
+	}
+	publish = func() {
+		// A fast answer may have settled the prompt between the commit
+		// and now; only a still-pending prompt is forwarded.
+		b.mu.Lock()
+		_, still := b.pending[a.ActionID]
+		b.mu.Unlock()
+		if still && b.n != nil {
+			b.n.Prompt(r)
 		}
 	}
+	return apply, publish
 }
 
 // Resolved implements kernel.Approvals.
-func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision) func() {
+func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision) (apply, publish func()) {
 	r, err := b.Get(actionID)
 	if err != nil {
 		b.log.Error("resolve unknown action", "action", actionID, "err", err)
-		return nil
+		return nil, nil
 	}
 	r.settle(d)
 	_ = batch.Put(kindAction, actionID, &r)
@@ -164,17 +166,20 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 		allowKey = r.SessionID + "/" + r.ToolID
 		_ = batch.Put(kindAllow, allowKey, true)
 	}
-	return func() {
+	apply = func() {
 		b.mu.Lock()
 		delete(b.pending, actionID)
 		if allowKey != "" {
 			b.allow[allowKey] = true
 		}
 		b.mu.Unlock()
+	}
+	publish = func() {
 		if b.n != nil {
 			b.n.Retract(r)
 		}
 	}
+	return apply, publish
 }
 
 // settle records a decision on the record.

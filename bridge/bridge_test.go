@@ -57,8 +57,9 @@ func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 	}
 	for _, id := range []string{"a1", "a2"} {
 		var batch store.Batch
-		publish := b.Requested(&batch, kernel.Approval{ActionID: id, Owner: "alice", SessionID: "s1", ToolID: "deploy", RequestedAt: time.Now()})
+		apply, publish := b.Requested(&batch, kernel.Approval{ActionID: id, Owner: "alice", SessionID: "s1", ToolID: "deploy", RequestedAt: time.Now()})
 		commit(&batch)
+		apply()
 		publish()
 	}
 	if got := b.Pending("alice"); len(got) != 2 || got[0].State != StatePending {
@@ -68,9 +69,13 @@ func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 		t.Fatal("bob sees alice's prompts")
 	}
 	var batch store.Batch
-	publish := b.Resolved(&batch, "a1", kernel.Decision{Outcome: kernel.OutcomeApproved, Scope: kernel.ScopeSession, Reason: "ok",
+	apply, publish := b.Resolved(&batch, "a1", kernel.Decision{Outcome: kernel.OutcomeApproved, Scope: kernel.ScopeSession, Reason: "ok",
 		DecidedBy: &kernel.DecidedBy{Principal: "alice", ChannelID: "phone", NativePeerID: "u1"}, DecidedAt: time.Now()})
 	commit(&batch)
+	apply()
+	if rec, _ := b.Get("a1"); rec.State != StateApproved {
+		t.Fatalf("the decision is not visible right after the commit: %+v", rec)
+	}
 	publish()
 	if !b.AllowedAlways("s1", "deploy") || b.AllowedAlways("s2", "deploy") {
 		t.Fatal("allow_always not scoped to its session and tool")

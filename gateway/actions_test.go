@@ -124,6 +124,12 @@ func TestFirstAnswerWinsAndLateAnswersGetTheRecord(t *testing.T) {
 	if requested != 1 || resolved != 1 {
 		t.Fatalf("permission events: %d requested, %d resolved", requested, resolved)
 	}
+	_, _, _, next := pendingAction(t, a, ag, "deploy.more")
+	settled := a.json("POST", "/v0/actions/"+next+"/respond", obj{"decision": "deny"}, 200)
+	if settled["state"] != "denied" || settled["decided_by"] == nil {
+		t.Fatalf("the answer to a respond must be the settled record: %v", settled)
+	}
+	ag.expect("approval.resolved")
 	a.fail("POST", "/v0/actions/forged-id/respond", obj{"decision": "allow_once"}, 404, "NOT_FOUND")
 	a.fail("GET", "/v0/actions/forged-id", nil, 404, "NOT_FOUND")
 	a.fail("POST", "/v0/actions/"+action+"/respond", obj{"decision": "maybe"}, 400, "VALIDATION_ERROR")

@@ -1,6 +1,9 @@
 package gateway_test
 
 import (
+	"context"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,5 +168,27 @@ func TestPruneDeletesOnlyOldFinishedExecutions(t *testing.T) {
 	}
 	if got := a.json("GET", "/v0/executions", nil, 200)["executions"].([]any); len(got) != 1 {
 		t.Fatalf("list after prune: %v", got)
+	}
+}
+
+// TestShutdownDoesNotWaitForIdleSockets: a client that opened a connection
+// and sent nothing must not hold shutdown for its whole timeout.
+func TestShutdownDoesNotWaitForIdleSockets(t *testing.T) {
+	s := start(t, gateway.Config{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	begin := time.Now()
+	if err := s.Node.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	s.Node = nil
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Fatalf("shutdown took %v with one silent connection open", took)
 	}
 }

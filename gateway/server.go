@@ -59,7 +59,13 @@ type Server struct {
 	// closing is closed when shutdown starts; long-lived streams end on it.
 	closing   chan struct{}
 	closeOnce sync.Once
-	streams   sync.WaitGroup
+
+	// fresh holds connections that have not sent a request yet: fasthttp's
+	// shutdown waits for them (clients open spare connections), so
+	// Shutdown closes them itself.
+	freshMu sync.Mutex
+	fresh   map[net.Conn]struct{}
+	streams sync.WaitGroup
 }
 
 // New builds a Server.
@@ -91,7 +97,7 @@ func New(o Options) (*Server, error) {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{})}
+	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{}), fresh: map[net.Conn]struct{}{}}
 	s.metrics = newMetrics(o.Registry, o.Kernel)
 	s.routes = s.buildRoutes()
 	s.peerRoutes(s.routes)
@@ -113,6 +119,7 @@ func New(o Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		Logger:                        fasthttpLogger{o.Logger},
+		ConnState:                     s.trackConn,
 	}
 	return s, nil
 }
@@ -131,6 +138,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // durable; nothing is written at shutdown.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeOnce.Do(func() { close(s.closing) })
+	stopSweep := make(chan struct{})
+	defer close(stopSweep)
+	go s.closeFresh(stopSweep)
 	err := s.srv.ShutdownWithContext(ctx)
 	done := make(chan struct{})
 	go func() { s.streams.Wait(); close(done) }()
@@ -166,6 +176,7 @@ func isTimeout(err error) bool {
 // serve is the entry point of every request.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
+	s.used(ctx)
 	requestID(ctx)
 	s.cors(ctx)
 	route := "unmatched"
@@ -174,6 +185,10 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}()
 	if ctx.IsOptions() && len(s.opts.CORSOrigins) > 0 {
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	if s.serveUI(ctx) {
+		route = "/ui/"
 		return
 	}
 	path := string(ctx.Path())
@@ -244,4 +259,49 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// trackConn records connections until their first request reaches the
+// handler. fasthttp marks a connection active before it has read anything,
+// and waits for active connections at shutdown.
+func (s *Server) trackConn(c net.Conn, state fasthttp.ConnState) {
+	s.freshMu.Lock()
+	defer s.freshMu.Unlock()
+	switch state {
+	case fasthttp.StateNew:
+		s.fresh[c] = struct{}{}
+	case fasthttp.StateClosed, fasthttp.StateHijacked, fasthttp.StateIdle:
+		delete(s.fresh, c)
+	}
+}
+
+// used records that a connection's first request reached the handler.
+func (s *Server) used(ctx *fasthttp.RequestCtx) {
+	if ctx.ConnRequestNum() != 1 {
+		return
+	}
+	s.freshMu.Lock()
+	delete(s.fresh, ctx.Conn())
+	s.freshMu.Unlock()
+}
+
+// closeFresh closes connections that never sent a request, until stop:
+// they hold nothing acknowledged, and shutdown would otherwise wait out its
+// whole timeout for them.
+func (s *Server) closeFresh(stop <-chan struct{}) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.freshMu.Lock()
+		for c := range s.fresh {
+			_ = c.Close()
+			delete(s.fresh, c)
+		}
+		s.freshMu.Unlock()
+		select {
+		case <-t.C:
+		case <-stop:
+			return
+		}
+	}
 }

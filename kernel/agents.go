@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
@@ -360,7 +359,7 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 		t.add(event.IntentAccepted, "", &intentAcceptedPayload{IntentType: in.Type, Details: map[string]string{"signal_type": in.SignalType}})
 		if sig, ok := ex.pendingSignal(in.SignalType); ok {
 			t.add(event.ExecutionResumed, "", &reasonPayload{Reason: "signal received: " + in.SignalType})
-			t.push(k.agentPeer(ex), event.PushSignalReceived, &signalPush{ExecutionID: ex.ID, SignalType: sig.Type, Payload: orNull(sig.Payload)}, "")
+			t.push(k.agentPeer(ex), event.PushSignalReceived, &signalPush{ExecutionID: ex.ID, SignalType: sig.Type, Payload: orNull(sig.Payload), Sequence: sig.Seq}, "")
 		} else {
 			t.add(event.ExecutionBlocked, "", &blockedPayload{Reason: "signal", Ref: in.SignalType})
 		}
@@ -686,7 +685,3 @@ func jsonEqual(a, b json.RawMessage) bool {
 	return string(xa) == string(ya)
 }
 
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// sortStrings sorts in place and returns s.
-func sortStrings(s []string) []string { sort.Strings(s); return s }

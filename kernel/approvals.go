@@ -17,11 +17,13 @@ import (
 // kernel events it accompanies, and the execution's lock makes the first
 // valid answer the only one.
 type Approvals interface {
-	// Requested stages a new pending approval in b. publish runs after
-	// the commit (and after the request's answer) to fan it out.
-	Requested(b *store.Batch, a Approval) (publish func())
-	// Resolved stages the decision of a pending approval in b.
-	Resolved(b *store.Batch, actionID string, d Decision) (publish func())
+	// Requested stages a new pending approval in b. apply runs right after
+	// the commit, before any answer, so readers see the record at once;
+	// publish runs after the request's answer to fan the prompt out.
+	Requested(b *store.Batch, a Approval) (apply, publish func())
+	// Resolved stages the decision of a pending approval in b, with the
+	// same apply and publish.
+	Resolved(b *store.Batch, actionID string, d Decision) (apply, publish func())
 	// AllowedAlways reports whether an earlier allow_always in the session
 	// covers calls of the tool, so they are not asked again.
 	AllowedAlways(sessionID, toolID string) bool
@@ -108,11 +110,13 @@ func (k *Kernel) requestApproval(t *tx, fx *effects, st stepCreatedPayload, step
 		Reason: "approval", Ref: stepID, ToolID: st.ToolID, Arguments: args, Remote: st.Remote,
 	})
 	if k.approvals != nil {
-		fx.add(k.approvals.Requested(&t.batch, Approval{
+		apply, publish := k.approvals.Requested(&t.batch, Approval{
 			ActionID: actionID, SessionID: ex.SessionID, Owner: ex.Owner, ExecutionID: ex.ID, StepID: stepID,
 			AgentID: ex.AgentID, ToolID: st.ToolID, Arguments: args, ArgsHash: hash, Reason: reason, RuleID: ruleID,
 			RequestedAt: t.now, ExpiresAt: expires, OnExpiry: onExpiry,
-		}))
+		})
+		t.onCommit(apply)
+		fx.add(publish)
 	}
 }
 
@@ -123,15 +127,13 @@ func (k *Kernel) settleApproval(t *tx, fx *effects, st *Step, d Decision) {
 	t.addWith(event.PermissionResolved, st.ID, st.ActionID, &permissionResolvedPayload{
 		ActionID: st.ActionID, Outcome: d.Outcome, Scope: d.Scope, Reason: d.Reason, DecidedBy: d.DecidedBy,
 	})
-	if d.Outcome == OutcomeCancelled {
-		if k.approvals != nil {
-			fx.add(k.approvals.Resolved(&t.batch, st.ActionID, d))
-		}
-		return
+	if d.Outcome != OutcomeCancelled {
+		k.resolveApproval(t, fx, st, d.Outcome, allow, d.Reason)
 	}
-	k.resolveApproval(t, fx, st, d.Outcome, allow, d.Reason)
 	if k.approvals != nil {
-		fx.add(k.approvals.Resolved(&t.batch, st.ActionID, d))
+		apply, publish := k.approvals.Resolved(&t.batch, st.ActionID, d)
+		t.onCommit(apply)
+		fx.add(publish)
 	}
 }
 

@@ -98,11 +98,16 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	k.live[ex.ID] = ex
 	as := k.agentSetLocked(ex.AgentID)
 	if lease != nil {
-		as.consumers[lease.ConsumerID].leases[ex.ID] = lease.ID
+		as.consumer(lease.ConsumerID).leases[ex.ID] = lease.ID
 	} else {
 		as.pending = append(as.pending, ex.ID)
 	}
 	k.mu.Unlock()
+	if lease == nil {
+		// A consumer may have connected after we looked and before the
+		// execution joined the line: give it the chance to take it.
+		defer func() { go k.assignPending(ex.AgentID) }()
+	}
 	k.armExecutionTimer(ex)
 	if publish := t.publish(); publish != nil {
 		publish()
@@ -341,6 +346,7 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	var fx effects
 	t := k.begin(ex, meta)
 	t.add(event.SignalReceived, "", &signalPayload{SignalType: req.SignalType, Payload: orNull(req.Payload)})
+	signalSeq := t.seq
 	switch {
 	case approval != nil:
 		d := Decision{Outcome: outcomeDenied, Scope: ScopeOnce, Reason: approval.Reason, DecidedAt: t.now,
@@ -353,7 +359,7 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 		t.add(event.ExecutionResumed, "", &reasonPayload{Reason: "signal received: " + req.SignalType})
 	}
 	if ex.Lease != nil {
-		t.push(k.agentPeer(ex), event.PushSignalReceived, &signalPush{ExecutionID: ex.ID, SignalType: req.SignalType, Payload: orNull(req.Payload)}, "")
+		t.push(k.agentPeer(ex), event.PushSignalReceived, &signalPush{ExecutionID: ex.ID, SignalType: req.SignalType, Payload: orNull(req.Payload), Sequence: signalSeq}, "")
 	}
 	if err := t.commit(ctx); err != nil {
 		return nil, err

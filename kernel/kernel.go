@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -373,11 +372,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(keys)
 	return keys
 }
-
-// stream name of an execution's events, for readers.
-func eventStream(id string) string { return streamOf(id) }
-
-var _ = event.SchemaVersion
 
 // Live reports whether execution id is live (exists and is not terminal).
 func (k *Kernel) Live(id string) bool {

@@ -100,6 +100,7 @@ type Lease struct {
 type Signal struct {
 	Type    string
 	Payload json.RawMessage
+	Seq     uint64 // of its signal.received event
 }
 
 // Step is one intent of an execution: a tool invocation, local or remote.

@@ -175,6 +175,7 @@ type signalPush struct {
 	ExecutionID string          `json:"execution_id"`
 	SignalType  string          `json:"signal_type"`
 	Payload     json.RawMessage `json:"payload"`
+	Sequence    uint64          `json:"sequence,omitempty"` // extension: the signal.received event, to dedupe the push after a wait
 }
 
 type jobPush struct {

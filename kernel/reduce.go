@@ -67,7 +67,7 @@ func (ex *Execution) apply(f fact) {
 	case *agentTimeoutPayload:
 		ex.Lease = nil
 	case *signalPayload:
-		ex.Signals = append(ex.Signals, Signal{Type: p.SignalType, Payload: p.Payload})
+		ex.Signals = append(ex.Signals, Signal{Type: p.SignalType, Payload: p.Payload, Seq: f.seq})
 	case *stepCreatedPayload:
 		ex.Steps[f.stepID] = &Step{
 			ID: f.stepID, ToolID: p.ToolID, Arguments: p.Arguments, Remote: p.Remote,

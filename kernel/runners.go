@@ -449,6 +449,11 @@ func (k *Kernel) StepStarted(ctx context.Context, stepID string, req StepStarted
 	if st.Status != StepPending && st.Status != StepDispatched {
 		return nil
 	}
+	if st.Remote && st.JobID == "" {
+		// A late call for an attempt that already failed: the retry is
+		// queued and no runner holds the step, so nothing has started.
+		return nil
+	}
 	if st.Approval {
 		return conflict("conflict: step %s is waiting for approval", st.ID)
 	}

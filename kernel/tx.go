@@ -52,7 +52,9 @@ type tx struct {
 	err    error
 	seq    uint64
 	staged []Staged
-	settle []func()
+	// applied runs right after a successful commit, before the answer:
+	// in-memory views of what the batch wrote (settled pushes, records).
+	applied []func()
 }
 
 // push stages a push to p in the transaction's batch. It reaches p once the
@@ -74,7 +76,14 @@ func (t *tx) settlePush(p Peer, key string) {
 	if p.Consumer == "" || key == "" {
 		return
 	}
-	t.settle = append(t.settle, t.k.out.Settle(&t.batch, p, key))
+	t.onCommit(t.k.out.Settle(&t.batch, p, key))
+}
+
+// onCommit adds f to what runs right after a successful commit.
+func (t *tx) onCommit(f func()) {
+	if f != nil {
+		t.applied = append(t.applied, f)
+	}
 }
 
 // publish returns the function that hands the committed pushes to their
@@ -208,7 +217,7 @@ func (t *tx) commit(ctx context.Context) error {
 	for _, f := range t.facts {
 		ex.apply(f)
 	}
-	for _, apply := range t.settle {
+	for _, apply := range t.applied {
 		apply()
 	}
 	t.k.notify(ex.ID, t.seq)

@@ -414,7 +414,6 @@ func (s *Store) RunGC() {
 // empty batch.
 type Batch struct {
 	ops []op
-	err error
 }
 
 type op struct {

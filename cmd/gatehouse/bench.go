@@ -2,10 +2,398 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/client"
+	"github.com/gatehouse-dev/gatehouse/gateway"
 )
 
+// benchConfig is everything `bench` can be told.
+type benchConfig struct {
+	executions, concurrency int
+	agents, runners         int
+	sync                    string
+	duration                time.Duration
+	url, token              string
+}
+
+func (c *benchConfig) flags(fs *flag.FlagSet) {
+	fs.IntVar(&c.executions, "executions", 20000, "executions to run")
+	fs.IntVar(&c.concurrency, "concurrency", 32, "executions kept in flight")
+	fs.IntVar(&c.agents, "agents", 4, "agent connections")
+	fs.IntVar(&c.runners, "runners", 4, "runner connections (each runs one job at a time)")
+	fs.StringVar(&c.sync, "sync", "always", "durability of the in-process gateway: always, batch or none")
+	fs.DurationVar(&c.duration, "duration", 60*time.Second, "stop starting executions after this long")
+	fs.StringVar(&c.url, "url", "", "bench the gateway at this URL instead of starting one in-process")
+	fs.StringVar(&c.token, "token", "", "bearer token for --url")
+}
+
+// The bench's names: one agent id shared by all agent connections, one tool
+// offered by every runner.
+const (
+	benchAgent = "bench-agent"
+	benchTool  = "bench.echo"
+)
+
+// execTimeout bounds one execution; a slower one counts as an error.
+const execTimeout = 30 * time.Second
+
+// bench measures end-to-end executions: create, the agent's invoke_tool
+// intent, the job on a runner, its result pushed back to the agent, and the
+// agent's complete intent. Each execution's latency runs from sending the
+// create request to the answer of the agent's complete intent.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("bench: not built yet")
+	var c benchConfig
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if c.executions <= 0 || c.concurrency <= 0 || c.agents <= 0 || c.runners <= 0 || c.duration <= 0 {
+		return errors.New("bench: --executions, --concurrency, --agents, --runners and --duration must be positive")
+	}
+	rig, err := newBenchRig(ctx, c, stderr)
+	if err != nil {
+		return err
+	}
+	res := rig.run(ctx, c.executions, c.concurrency, c.duration)
+	stats := rig.storeStats()
+	if err := rig.close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "command:     gatehouse bench %s\n", strings.Join(args, " "))
+	fmt.Fprintf(stdout, "gateway:     %s\n", rig.where)
+	fmt.Fprintf(stdout, "load:        %d executions, %d in flight, %d agents, %d runners\n", c.executions, c.concurrency, c.agents, c.runners)
+	res.print(stdout)
+	if stats != "" {
+		fmt.Fprintf(stdout, "store:       %s\n", stats)
+	}
+	if res.errors > 0 {
+		return fmt.Errorf("bench: %d of %d executions failed (first: %v)", res.errors, res.started, res.firstErr)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// benchRig is a gateway (in-process unless --url) with agents and runners
+// connected to it over loopback HTTP and SSE.
+type benchRig struct {
+	where   string
+	cl      *client.Client
+	node    *gateway.Node // nil with --url
+	dir     string
+	tracker *tracker
+	stop    context.CancelFunc
+	roles   sync.WaitGroup
+	roleErr chan error
+}
+
+func newBenchRig(ctx context.Context, c benchConfig, stderr io.Writer) (*benchRig, error) {
+	log, err := newLogger(stderr, "warn", "text")
+	if err != nil {
+		return nil, err
+	}
+	r := &benchRig{tracker: newTracker(), roleErr: make(chan error, c.agents+c.runners)}
+	url := c.url
+	if url == "" {
+		var sc config
+		sc.flags(flag.NewFlagSet("serve", flag.ContinueOnError)) // the serve defaults
+		if r.dir, err = os.MkdirTemp("", "gatehouse-bench-"); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		sc.addr, sc.data, sc.sync, sc.token = "127.0.0.1:0", r.dir, c.sync, c.token
+		if r.node, err = start(ctx, sc, log); err != nil {
+			_ = os.RemoveAll(r.dir)
+			return nil, err
+		}
+		url = "http://" + r.node.Addr().String()
+		r.where = fmt.Sprintf("in-process at %s, sync=%s, data in %s", url, c.sync, r.dir)
+	} else {
+		r.where = url + " (external)"
+	}
+	r.cl, err = client.New(client.Options{BaseURL: url, Token: c.token, Logger: log})
+	if err != nil {
+		_ = r.close()
+		return nil, err
+	}
+	roleCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	r.stop = stop
+	consumers := map[string]bool{}
+	for i := range c.runners {
+		run := &client.Runner{
+			RunnerID:   fmt.Sprintf("bench-runner-%d", i+1),
+			ConsumerID: fmt.Sprintf("bench-runner-%d-%d", i+1, time.Now().UnixNano()),
+			Tools: map[string]client.ToolFunc{
+				benchTool: func(_ context.Context, args json.RawMessage) (any, error) { return args, nil },
+			},
+		}
+		consumers["runner/"+run.RunnerID+"/"+run.ConsumerID] = true
+		r.role(func() error { return r.cl.RunRunner(roleCtx, run) })
+	}
+	for i := range c.agents {
+		a := &client.Agent{
+			AgentID:    benchAgent,
+			ConsumerID: fmt.Sprintf("%s-%d-%d", benchAgent, i+1, time.Now().UnixNano()),
+			Handle: func(ctx context.Context, t *client.Task) (any, error) {
+				out, err := t.Invoke(ctx, benchTool, t.Input(), true)
+				if err != nil {
+					r.tracker.get(t.ID()).failed = err
+				}
+				return out, err
+			},
+			Finished: func(t *client.Task, err error) {
+				e := r.tracker.get(t.ID())
+				if e.failed != nil {
+					err = e.failed
+				}
+				e.done <- err
+			},
+		}
+		consumers["agent/"+a.AgentID+"/"+a.ConsumerID] = true
+		r.role(func() error { return r.cl.RunAgent(roleCtx, a) })
+	}
+	if err := r.waitOnline(ctx, url, c.token, consumers); err != nil {
+		_ = r.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// role runs one agent or runner until the rig closes.
+func (r *benchRig) role(f func() error) {
+	r.roles.Go(func() {
+		if err := f(); err != nil && !errors.Is(err, context.Canceled) {
+			r.roleErr <- err
+		}
+	})
+}
+
+// waitOnline waits until every agent and runner connection is attached:
+// executions created before their agent is connected would wait for it.
+func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[string]bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		n, err := onlinePeers(ctx, url, token, want)
+		if err == nil && n == len(want) {
+			return nil
+		}
+		select {
+		case err := <-r.roleErr:
+			return fmt.Errorf("bench: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("bench: %d of %d agents and runners connected (%v): %w", n, len(want), err, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// onlinePeers counts the consumers of want the gateway lists as online.
+func onlinePeers(ctx context.Context, url, token string, want map[string]bool) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v0/peers", nil)
+	if err != nil {
+		return 0, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	req.Close = true // a poll; keeping the connection would only delay the gateway's shutdown
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /v0/peers: %s", resp.Status)
+	}
+	var body struct {
+		Peers []struct {
+			Role, ID, State string
+			ConsumerID      string `json:"consumer_id"`
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range body.Peers {
+		if p.State == "online" && want[p.Role+"/"+p.ID+"/"+p.ConsumerID] {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// benchResult is what one run measured.
+type benchResult struct {
+	started, errors int
+	firstErr        error
+	elapsed         time.Duration
+	latencies       []time.Duration // of completed executions, sorted
+}
+
+// run executes up to n executions, concurrency at a time, starting new ones
+// only within limit.
+func (r *benchRig) run(ctx context.Context, n, concurrency int, limit time.Duration) *benchResult {
+	var (
+		next      atomic.Int64
+		mu        sync.Mutex
+		res       benchResult
+		workers   sync.WaitGroup
+		t0        = time.Now()
+		stopAfter = t0.Add(limit)
+	)
+	record := func(d time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		res.started++
+		if err != nil {
+			res.errors++
+			if res.firstErr == nil {
+				res.firstErr = err
+			}
+			return
+		}
+		res.latencies = append(res.latencies, d)
+	}
+	for range concurrency {
+		workers.Go(func() {
+			for i := next.Add(1); i <= int64(n) && ctx.Err() == nil && time.Now().Before(stopAfter); i = next.Add(1) {
+				record(r.one(ctx, int(i)))
+			}
+		})
+	}
+	workers.Wait()
+	res.elapsed = time.Since(t0)
+	slices.Sort(res.latencies)
+	return &res
+}
+
+// one runs execution number i and returns its latency.
+func (r *benchRig) one(ctx context.Context, i int) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	start := time.Now()
+	ex, err := r.cl.CreateExecution(ctx, client.CreateRequest{AgentID: benchAgent, Input: map[string]int{"n": i}})
+	if err != nil {
+		return 0, err
+	}
+	e := r.tracker.get(ex.ID)
+	defer r.tracker.drop(ex.ID)
+	select {
+	case err := <-e.done:
+		if err != nil {
+			return 0, fmt.Errorf("execution %s: %w", ex.ID, err)
+		}
+		return time.Since(start), nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("execution %s: %w", ex.ID, ctx.Err())
+	}
+}
+
+func (r *benchRig) storeStats() string {
+	if r.node == nil {
+		return ""
+	}
+	s := r.node.Store.Stats()
+	if s.Commits == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d writes in %d commits (%.1f per commit), %d fsyncs", s.Writes, s.Commits, float64(s.Writes)/float64(s.Commits), s.Syncs)
+}
+
+// close stops the roles, then the in-process gateway, and removes its data.
+func (r *benchRig) close() error {
+	if r.stop != nil {
+		r.stop()
+	}
+	r.roles.Wait()
+	if r.cl != nil {
+		// The gateway's shutdown waits for connections that never sent a
+		// request, such as spare ones net/http dialed under load.
+		r.cl.CloseIdleConnections()
+	}
+	var err error
+	if r.node != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = r.node.Close(ctx)
+	}
+	if r.dir != "" {
+		if rerr := os.RemoveAll(r.dir); err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+// percentile returns the p-th percentile (0 < p <= 100) of the sorted
+// latencies, by the nearest-rank method.
+func (b *benchResult) percentile(p float64) time.Duration {
+	if len(b.latencies) == 0 {
+		return 0
+	}
+	i := int(float64(len(b.latencies))*p/100+0.999999) - 1
+	return b.latencies[min(max(i, 0), len(b.latencies)-1)]
+}
+
+// rate is completed executions per second of wall time.
+func (b *benchResult) rate() float64 {
+	if b.elapsed <= 0 {
+		return 0
+	}
+	return float64(len(b.latencies)) / b.elapsed.Seconds()
+}
+
+func (b *benchResult) print(w io.Writer) {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+	fmt.Fprintf(w, "completed:   %d in %s (%d errors)\n", len(b.latencies), b.elapsed.Round(time.Millisecond), b.errors)
+	fmt.Fprintf(w, "throughput:  %.0f executions/s\n", b.rate())
+	fmt.Fprintf(w, "latency:     p50 %s  p90 %s  p99 %s  max %s  (create sent -> complete intent answered)\n",
+		ms(b.percentile(50)), ms(b.percentile(90)), ms(b.percentile(99)), ms(b.percentile(100)))
+}
+
+// tracker pairs each execution's create with the agent's report of its end,
+// which may come first.
+type tracker struct {
+	mu sync.Mutex
+	m  map[string]*tracked
+}
+
+type tracked struct {
+	done   chan error
+	failed error // set by the agent's Handle, read by Finished on the same goroutine
+}
+
+func newTracker() *tracker { return &tracker{m: map[string]*tracked{}} }
+
+func (t *tracker) get(id string) *tracked {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[id]
+	if e == nil {
+		e = &tracked{done: make(chan error, 1)}
+		t.m[id] = e
+	}
+	return e
+}
+
+func (t *tracker) drop(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.m, id)
 }

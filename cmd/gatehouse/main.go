@@ -20,6 +20,7 @@ Usage:
   gatehouse serve [flags]      run the gateway (default: 127.0.0.1:8080, data in ./gatehouse-data)
   gatehouse bench [flags]      measure end-to-end executions against an in-process gateway
   gatehouse token [flags]      mint a JWT for development (--secret, --role, --agents, --runners)
+  gatehouse approve [flags]    list pending permission prompts, or answer one: <action-id> allow_once|allow_always|deny
   gatehouse version            print the version
 
 Run 'gatehouse <command> -h' for the flags of a command. Every flag can also be
@@ -52,6 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return bench(ctx, args, stdout, stderr)
 	case "token":
 		return tokenCmd(ctx, args, stdout, stderr)
+	case "approve":
+		return approveCmd(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "gatehouse", version)
 		return nil

@@ -1,0 +1,306 @@
+// Package client is a Go SDK for the Gatehouse kernel API (/v0, HTTP and
+// Server-Sent Events): an API client for executions, plus the two long-lived
+// roles, [Runner] (runs tools for the kernel) and [Agent] (drives
+// executions).
+//
+// Every call takes a context. Calls that are safe to repeat (reads, cancel,
+// step and job results, intents, which carry idempotency keys) are retried
+// on network errors and 5xx answers with jittered exponential backoff; a 429
+// is retried after its Retry-After. Streams reconnect the same way and
+// resume where they stopped. Non-2xx answers are returned as *[APIError],
+// which matches the sentinel of its code (errors.Is(err, ErrNotFound)).
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Options configure a Client. Only BaseURL is required.
+type Options struct {
+	// BaseURL is the gateway's address, e.g. "http://127.0.0.1:8080".
+	BaseURL string
+	// Token is sent as "Authorization: Bearer <Token>" when set.
+	Token string
+	// HTTPClient carries every request. Leave its Timeout zero: it would cut
+	// long-lived streams; the Client bounds ordinary requests itself. Nil
+	// uses a client whose transport keeps up to 64 idle connections to the
+	// gateway, enough for busy agents and runners.
+	HTTPClient *http.Client
+	// Logger receives reconnects and dropped deliveries; nil discards.
+	Logger *slog.Logger
+	// MinBackoff and MaxBackoff bound the jittered exponential backoff of
+	// retries and reconnects; zero means 200ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+	// RequestTimeout bounds each attempt of an ordinary request; zero means
+	// 35s. Streams have no timeout.
+	RequestTimeout time.Duration
+	// StreamIdleTimeout ends a stream that received nothing (not even a
+	// heartbeat) for this long, so a silently dead connection is noticed
+	// and replaced; zero means 45s, three times the longest heartbeat
+	// interval a gateway may use.
+	StreamIdleTimeout time.Duration
+}
+
+// maxAttempts bounds the tries of one retried request.
+const maxAttempts = 5
+
+// maxErrorBody bounds how much of an error answer is read.
+const maxErrorBody = 1 << 20
+
+// Client talks to one gateway. It is safe for concurrent use.
+type Client struct {
+	base    string // scheme://host[/prefix], without a trailing slash
+	token   string
+	hc      *http.Client
+	log     *slog.Logger
+	min     time.Duration
+	max     time.Duration
+	timeout time.Duration
+	idle    time.Duration
+}
+
+// New returns a Client for o.BaseURL.
+func New(o Options) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(o.BaseURL, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("client: base URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("client: base URL %q: want http(s)://host[:port]", o.BaseURL)
+	}
+	u.RawQuery, u.Fragment = "", ""
+	c := &Client{base: u.String(), token: o.Token, hc: o.HTTPClient, log: o.Logger,
+		min: o.MinBackoff, max: o.MaxBackoff, timeout: o.RequestTimeout, idle: o.StreamIdleTimeout}
+	if c.hc == nil {
+		c.hc = &http.Client{Transport: newTransport()}
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if c.min <= 0 {
+		c.min = 200 * time.Millisecond
+	}
+	if c.max <= 0 {
+		c.max = 10 * time.Second
+	}
+	if c.max < c.min {
+		c.max = c.min
+	}
+	if c.timeout <= 0 {
+		c.timeout = 35 * time.Second
+	}
+	if c.idle <= 0 {
+		c.idle = 45 * time.Second
+	}
+	return c, nil
+}
+
+// CloseIdleConnections closes the connections kept open for reuse. Call it
+// when done with the Client, so that the gateway is not left holding them.
+func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
+
+func newTransport() *http.Transport {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           d.DialContext,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// call describes one request.
+type call struct {
+	method string
+	path   string     // below BaseURL, already escaped
+	query  url.Values // may be nil
+	body   any        // marshalled as JSON when non-nil
+	retry  bool       // safe to repeat on network errors and 5xx
+}
+
+// do performs c and decodes a JSON answer into out (unless out is nil).
+func (c *Client) do(ctx context.Context, cl call, out any) error {
+	var body []byte
+	if cl.body != nil {
+		var err error
+		if body, err = json.Marshal(cl.body); err != nil {
+			return fmt.Errorf("client: %s %s: encode body: %w", cl.method, cl.path, err)
+		}
+	}
+	b := c.backoff()
+	for attempt := 1; ; attempt++ {
+		wait, err := c.attempt(ctx, cl, body, out)
+		if err == nil {
+			return nil
+		}
+		if wait < 0 || attempt == maxAttempts || ctx.Err() != nil {
+			return err
+		}
+		if wait == 0 {
+			wait = b.next()
+		}
+		c.log.Debug("retrying request", "method", cl.method, "path", cl.path, "attempt", attempt, "in", wait, "err", err)
+		if sleep(ctx, wait) != nil {
+			return err
+		}
+	}
+}
+
+// attempt makes one try. A failure says how long to wait before the next
+// one: a negative wait means do not retry, zero means the usual backoff.
+func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, cl.method, c.url(cl.path, cl.query), rd)
+	if err != nil {
+		return -1, fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
+	}
+	c.header(req)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		err = fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
+		if cl.retry {
+			return 0, err
+		}
+		return -1, err
+	}
+	defer drain(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		aerr := readAPIError(resp)
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests:
+			return retryAfter(resp.Header.Get("Retry-After")), aerr
+		case cl.retry && resp.StatusCode >= 500:
+			return 0, aerr
+		}
+		return -1, aerr
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		return 0, nil
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = json.Unmarshal(data, out)
+	}
+	if err != nil {
+		err = fmt.Errorf("client: %s %s: read answer: %w", cl.method, cl.path, err)
+		if cl.retry {
+			return 0, err
+		}
+		return -1, err
+	}
+	return 0, nil
+}
+
+// retryAfter reads a Retry-After header in seconds; the kernel API's clients
+// wait one second when it is missing.
+func retryAfter(h string) time.Duration {
+	if n, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && n >= 0 {
+		return time.Duration(n)*time.Second + time.Millisecond
+	}
+	return time.Second
+}
+
+func readAPIError(resp *http.Response) *APIError {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	e := &APIError{Status: resp.StatusCode}
+	var body struct {
+		Error   string          `json:"error"`
+		Message string          `json:"message"`
+		Code    string          `json:"code"`
+		Details json.RawMessage `json:"details"`
+	}
+	if json.Unmarshal(data, &body) == nil && (body.Error != "" || body.Code != "" || body.Message != "") {
+		e.Code, e.Message = body.Code, body.Error
+		if e.Message == "" {
+			e.Message = body.Message
+		}
+		if len(body.Details) > 0 && string(body.Details) != "null" {
+			e.Details = body.Details
+		}
+		return e
+	}
+	e.Message = strings.TrimSpace(string(data))
+	if e.Message == "" {
+		e.Message = http.StatusText(resp.StatusCode)
+	}
+	return e
+}
+
+// url joins the base URL and an already escaped path.
+func (c *Client) url(path string, q url.Values) string {
+	s := c.base + path
+	if len(q) > 0 {
+		s += "?" + q.Encode()
+	}
+	return s
+}
+
+func (c *Client) header(req *http.Request) {
+	req.Header.Set("User-Agent", "gatehouse-go-client")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+}
+
+// drain reads what is left of a body so the connection can be reused.
+func drain(body io.ReadCloser) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 64<<10))
+	_ = body.Close()
+}
+
+// backoff is a jittered exponential backoff: each wait is drawn from
+// [d/2, d], where d doubles from min up to max, so that many clients that
+// lost the same server do not come back in lockstep.
+type backoff struct {
+	min, max time.Duration
+	cur      time.Duration
+}
+
+func (c *Client) backoff() *backoff { return &backoff{min: c.min, max: c.max} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else if b.cur *= 2; b.cur > b.max {
+		b.cur = b.max
+	}
+	half := b.cur / 2
+	return half + rand.N(half+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

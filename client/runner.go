@@ -1,0 +1,331 @@
+package client
+
+import (
+	"container/list"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// ToolFunc runs one tool call. args is the raw JSON arguments (JSON null
+// when the caller gave none). The result must be JSON-encodable; a
+// json.RawMessage is sent as is. Wrap an error with Retryable to ask the
+// kernel for another attempt.
+type ToolFunc func(ctx context.Context, args json.RawMessage) (any, error)
+
+// Runner runs tools for the kernel: it holds one stream on which the kernel
+// assigns jobs, one at a time, and reports each job's result.
+type Runner struct {
+	// RunnerID names the runner; required.
+	RunnerID string
+	// ConsumerID names this process's connection; it is kept across
+	// reconnects so the kernel hands the connection back its job. Zero
+	// means RunnerID + "-" + 8 random hex digits, chosen once per RunRunner
+	// call.
+	ConsumerID string
+	// Tools are the tools this runner offers, by tool id; required.
+	Tools map[string]ToolFunc
+}
+
+// maxSeenJobs bounds the memory of jobs already taken, which guards against
+// running a tool twice when the kernel delivers a job again.
+const maxSeenJobs = 4096
+
+// resultTimeout bounds posting a finished job's result once the runner is
+// shutting down.
+const resultTimeout = 10 * time.Second
+
+// job is the job.assigned push.
+type job struct {
+	ID          string          `json:"id"`
+	ExecutionID string          `json:"execution_id"`
+	StepID      string          `json:"step_id"`
+	ToolID      string          `json:"tool_id"`
+	Arguments   json.RawMessage `json:"arguments"`
+}
+
+// jobResult is the body of POST /v0/runners/{id}/results.
+type jobResult struct {
+	JobID       string          `json:"job_id"`
+	ExecutionID string          `json:"execution_id"`
+	StepID      string          `json:"step_id"`
+	Success     bool            `json:"success"`
+	Data        json.RawMessage `json:"data,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	Retryable   bool            `json:"retryable,omitempty"`
+	ConsumerID  string          `json:"consumer_id"`
+	StartedAt   time.Time       `json:"started_at"`
+	CompletedAt time.Time       `json:"completed_at"`
+}
+
+// RunRunner serves r until ctx is done, reconnecting with jittered backoff
+// whenever the stream drops. It returns ctx.Err(), or earlier an error that
+// reconnecting cannot fix (the server refused the stream with a 4xx), once
+// the tools in flight, whose context is then cancelled, have returned.
+func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
+	if r.RunnerID == "" || len(r.Tools) == 0 {
+		return errors.New("client: Runner.RunnerID and Runner.Tools are required")
+	}
+	rr := &runnerRun{c: c, r: r, consumer: r.ConsumerID, seen: newJobSet(maxSeenJobs)}
+	if rr.consumer == "" {
+		rr.consumer = r.RunnerID + "-" + randomHex(4)
+	}
+	rr.log = c.log.With("runner", r.RunnerID, "consumer", rr.consumer)
+	tools := make([]string, 0, len(r.Tools))
+	for t := range r.Tools {
+		tools = append(tools, t)
+	}
+	sort.Strings(tools)
+	q := url.Values{"runner_id": {r.RunnerID}, "consumer_id": {rr.consumer}, "capabilities": {strings.Join(tools, ",")}}
+	// Jobs end with RunRunner, also when it returns early because the
+	// gateway refused the stream.
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		rr.jobs.Wait()
+	}()
+	return c.serveStream(ctx, "/v0/runners/stream", q, rr.log, func(ev sseEvent) {
+		if ev.Type != "job.assigned" {
+			return
+		}
+		var j job
+		if err := json.Unmarshal(ev.Data, &j); err != nil || j.ID == "" {
+			rr.log.Warn("malformed job dropped", "err", err)
+			return
+		}
+		rr.take(ctx, &j)
+	})
+}
+
+// serveStream holds one of the long-lived role streams open until ctx is
+// done, handing every delivery to handle in order. On reconnect it names
+// the last delivery it handled (Last-Event-ID), so the gateway resumes right
+// after it: nothing is lost and nothing is handed over twice.
+func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log *slog.Logger, handle func(sseEvent)) error {
+	b := c.backoff()
+	lastID := ""
+	for {
+		s, err := c.openStream(ctx, path, q, lastID)
+		if err == nil {
+			log.Debug("stream connected", "path", path, "cursor", lastID)
+			for {
+				var ev sseEvent
+				if ev, err = s.next(); err != nil {
+					break
+				}
+				b.reset()
+				switch ev.Type {
+				case "stream.reset":
+					// The gateway could not resume from our cursor: some
+					// deliveries are gone. Work they carried is recovered by
+					// the kernel's timeouts, not by this process.
+					log.Warn("gateway reset the stream; deliveries may have been lost", "path", path, "detail", string(ev.Data))
+				case "stream.expired":
+					log.Warn("credential expired; the stream ends", "path", path)
+				default:
+					handle(ev)
+				}
+				lastID = ev.ID
+			}
+			s.close()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if fatal(err) {
+			return err
+		}
+		wait := b.next()
+		if errors.Is(err, io.EOF) {
+			log.Info("stream ended by the gateway; reconnecting", "path", path, "in", wait)
+		} else {
+			log.Warn("stream lost; reconnecting", "path", path, "in", wait, "err", err)
+		}
+		if sleep(ctx, wait) != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// runnerRun is the state of one RunRunner call.
+type runnerRun struct {
+	c        *Client
+	r        *Runner
+	consumer string
+	log      *slog.Logger
+	seen     *jobSet
+	jobs     sync.WaitGroup
+}
+
+// take starts a job unless it was taken before. A job delivered again
+// after its result was posted gets the same result again (the kernel
+// accepts a repeated identical result), so a lost answer cannot leave the
+// step hanging, and the tool never runs twice for one job.
+func (rr *runnerRun) take(ctx context.Context, j *job) {
+	res, known := rr.seen.add(j.ID)
+	if known {
+		if res != nil {
+			rr.jobs.Go(func() { rr.post(ctx, res) })
+		}
+		return
+	}
+	rr.jobs.Go(func() { rr.run(ctx, j) })
+}
+
+// run executes one job and reports it.
+func (rr *runnerRun) run(ctx context.Context, j *job) {
+	log := rr.log.With("job", j.ID, "tool", j.ToolID, "execution", j.ExecutionID, "step", j.StepID)
+	// Reporting the start is best effort and runs alongside the tool and,
+	// usually, the result: the kernel ignores a start that arrives after
+	// the step finished. Only a retryable failure waits for it, because the
+	// step then becomes pending again and a late start would be taken for
+	// the next attempt's.
+	started := make(chan struct{})
+	rr.jobs.Go(func() {
+		defer close(started)
+		body := map[string]string{"execution_id": j.ExecutionID, "runner_id": rr.r.RunnerID}
+		err := rr.c.do(ctx, call{method: http.MethodPost, path: "/v0/runners/steps/" + url.PathEscape(j.StepID) + "/started", body: body, retry: true}, nil)
+		if err != nil && ctx.Err() == nil {
+			log.Debug("step start not recorded", "err", err)
+		}
+	})
+	res := &jobResult{JobID: j.ID, ExecutionID: j.ExecutionID, StepID: j.StepID, ConsumerID: rr.consumer, StartedAt: time.Now().UTC()}
+	out, err := runTool(ctx, rr.r.Tools[j.ToolID], j.ToolID, j.Arguments)
+	res.CompletedAt = time.Now().UTC()
+	if err != nil && ctx.Err() != nil {
+		// Shutting down: the tool was interrupted, not failed. Reporting
+		// nothing lets the kernel hand the job to another runner once this
+		// connection's grace period ends.
+		log.Info("job abandoned at shutdown", "err", err)
+		return
+	}
+	if err != nil {
+		res.Error, res.Retryable = truncate(err.Error(), maxErrorLen), IsRetryable(err)
+	} else {
+		res.Success, res.Data = true, out
+	}
+	if res.Retryable {
+		<-started
+	}
+	rr.seen.done(j.ID, res)
+	rr.post(ctx, res)
+}
+
+// post sends a job's result, bounded in time even when ctx is done so that
+// finished work is not lost at shutdown.
+func (rr *runnerRun) post(ctx context.Context, res *jobResult) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resultTimeout)
+	defer cancel()
+	err := rr.c.do(ctx, call{method: http.MethodPost, path: "/v0/runners/" + url.PathEscape(rr.r.RunnerID) + "/results", body: res, retry: true}, nil)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrConflict):
+		// The step was settled meanwhile (cancelled, timed out, or our own
+		// earlier post of this result): nothing is left to do.
+		rr.log.Debug("job result not needed", "job", res.JobID, "err", err)
+	default:
+		rr.log.Error("job result not delivered", "job", res.JobID, "err", err)
+	}
+}
+
+// runTool calls a tool, turning a missing tool, a panic or an unencodable
+// result into an error, so that every job gets a result.
+func runTool(ctx context.Context, fn ToolFunc, toolID string, args json.RawMessage) (data json.RawMessage, err error) {
+	if fn == nil {
+		return nil, fmt.Errorf("tool %q is not offered by this process", toolID)
+	}
+	if len(args) == 0 {
+		args = json.RawMessage("null")
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("tool %q panicked: %v", toolID, p)
+		}
+	}()
+	out, err := fn(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	if raw, ok := out.(json.RawMessage); ok {
+		if !json.Valid(raw) {
+			return nil, fmt.Errorf("tool %q returned invalid JSON", toolID)
+		}
+		return raw, nil
+	}
+	data, err = json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("tool %q: encode result: %w", toolID, err)
+	}
+	return data, nil
+}
+
+// jobSet remembers recent job ids, oldest evicted first. A job maps to nil
+// while it runs and to its result once done.
+type jobSet struct {
+	mu    sync.Mutex
+	max   int
+	order *list.List // of job ids, oldest first
+	jobs  map[string]*jobResult
+}
+
+func newJobSet(max int) *jobSet {
+	return &jobSet{max: max, order: list.New(), jobs: map[string]*jobResult{}}
+}
+
+// add records id as running. If it was known, it returns its result (nil
+// while it still runs) and true.
+func (s *jobSet) add(id string) (*jobResult, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if res, ok := s.jobs[id]; ok {
+		return res, true
+	}
+	s.jobs[id] = nil
+	s.order.PushBack(id)
+	for s.order.Len() > s.max {
+		delete(s.jobs, s.order.Remove(s.order.Front()).(string))
+	}
+	return nil, false
+}
+
+func (s *jobSet) done(id string, res *jobResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.jobs[id]; ok {
+		s.jobs[id] = res
+	}
+}
+
+// maxErrorLen is the kernel's limit on an error text; a longer one would
+// be refused, leaving the step unresolved.
+const maxErrorLen = 4096
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,212 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// errStreamIdle ends a stream that stayed silent past StreamIdleTimeout.
+var errStreamIdle = errors.New("client: stream idle, no heartbeat")
+
+// sseConn is one open SSE response.
+type sseConn struct {
+	resp   *http.Response
+	events *sseReader
+	cancel context.CancelCauseFunc
+	idle   *time.Timer
+	fired  atomic.Bool
+}
+
+// openStream opens an SSE stream. A non-200 answer becomes an *APIError;
+// lastID, when non-empty, is sent as Last-Event-ID.
+func (c *Client) openStream(ctx context.Context, path string, q url.Values, lastID string) (*sseConn, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(path, q), nil)
+	if err != nil {
+		cancel(nil)
+		return nil, fmt.Errorf("client: GET %s: %w", path, err)
+	}
+	c.header(req)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Cache-Control", "no-cache")
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	s := &sseConn{cancel: cancel}
+	// The watchdog also covers a server that accepts the connection but
+	// never answers.
+	s.idle = time.AfterFunc(c.idle, func() { s.fired.Store(true); cancel(errStreamIdle) })
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		s.close()
+		if s.fired.Load() {
+			err = errStreamIdle
+		}
+		return nil, fmt.Errorf("client: GET %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		aerr := readAPIError(resp)
+		drain(resp.Body)
+		s.close()
+		return nil, aerr
+	}
+	s.resp = resp
+	s.events = newSSEReader(&idleReader{r: resp.Body, t: s.idle, d: c.idle})
+	return s, nil
+}
+
+// next returns the next event; a silent connection ends with errStreamIdle.
+func (s *sseConn) next() (sseEvent, error) {
+	ev, err := s.events.Next()
+	if err != nil && s.fired.Load() {
+		err = errStreamIdle
+	}
+	return ev, err
+}
+
+func (s *sseConn) close() {
+	s.idle.Stop()
+	s.cancel(nil)
+	if s.resp != nil {
+		_ = s.resp.Body.Close()
+	}
+}
+
+// idleReader re-arms the idle watchdog whenever bytes arrive.
+type idleReader struct {
+	r io.Reader
+	t *time.Timer
+	d time.Duration
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.t.Reset(r.d)
+	}
+	return n, err
+}
+
+// fatal reports whether a stream error cannot be cured by reconnecting: the
+// request itself was refused.
+func fatal(err error) bool {
+	var aerr *APIError
+	if !errors.As(err, &aerr) {
+		return false
+	}
+	switch aerr.Status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		return true
+	}
+	return false
+}
+
+// StreamExecution calls fn for each event of execution id with a sequence
+// greater than after, in order, until the execution's terminal event
+// (execution.completed, failed or cancelled), then returns nil. After a
+// disconnect it reconnects with jittered backoff and resumes from the last
+// event fn saw, so fn sees every event exactly once. It returns fn's error
+// unchanged if fn fails, ctx.Err() when ctx ends, an *APIError when the
+// server refuses the stream (ErrNotFound for an unknown execution), and
+// ErrGap if the server skipped events.
+func (c *Client) StreamExecution(ctx context.Context, id string, after uint64, fn func(Event) error) error {
+	path := "/v0/executions/" + url.PathEscape(id) + "/stream"
+	last := after
+	b := c.backoff()
+	for {
+		progressed, done, err := c.streamOnce(ctx, path, &last, fn)
+		if done {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil {
+			// The server ended the stream without a terminal event: it is
+			// shutting down, or after was already past the end.
+			finished, ferr := c.finishedAfter(ctx, id, last)
+			if ferr != nil && fatal(ferr) {
+				return ferr
+			}
+			if finished {
+				return nil
+			}
+		} else if fatal(err) {
+			return err
+		}
+		if progressed {
+			b.reset()
+		}
+		wait := b.next()
+		c.log.Debug("execution stream reconnecting", "execution", id, "after", last, "in", wait, "err", err)
+		if sleep(ctx, wait) != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// streamOnce reads one connection of an execution stream. done means
+// StreamExecution must return err as is.
+func (c *Client) streamOnce(ctx context.Context, path string, last *uint64, fn func(Event) error) (progressed, done bool, err error) {
+	q := url.Values{}
+	lastID := ""
+	if *last > 0 {
+		lastID = strconv.FormatUint(*last, 10)
+		q.Set("after_sequence", lastID)
+	}
+	s, err := c.openStream(ctx, path, q, lastID)
+	if err != nil {
+		return false, false, err
+	}
+	defer s.close()
+	for {
+		sev, err := s.next()
+		if errors.Is(err, io.EOF) {
+			return progressed, false, nil
+		}
+		if err != nil {
+			return progressed, false, fmt.Errorf("client: execution stream: %w", err)
+		}
+		var ev Event
+		if err := json.Unmarshal(sev.Data, &ev); err != nil {
+			return progressed, false, fmt.Errorf("client: execution stream: decode %s event: %w", sev.Type, err)
+		}
+		switch {
+		case ev.Sequence <= *last:
+			continue
+		case ev.Sequence != *last+1:
+			return progressed, true, fmt.Errorf("%w: after sequence %d came %d", ErrGap, *last, ev.Sequence)
+		}
+		progressed = true
+		if err := fn(ev); err != nil {
+			return progressed, true, err
+		}
+		*last = ev.Sequence
+		if ev.Terminal() {
+			return progressed, true, nil
+		}
+	}
+}
+
+// finishedAfter reports whether execution id has finished and has no event
+// after sequence last: then a stream that ended quietly has nothing left to
+// say (the caller resumed past the terminal event).
+func (c *Client) finishedAfter(ctx context.Context, id string, last uint64) (bool, error) {
+	ex, err := c.GetExecution(ctx, id)
+	if err != nil || !ex.Status.Terminal() {
+		return false, err
+	}
+	page, err := c.Events(ctx, id, last, 1)
+	if err != nil {
+		return false, err
+	}
+	return len(page.Events) == 0, nil
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkEndToEnd runs b.N executions through an in-process gateway with
+// durability "always": 32 in flight, 4 agents, 4 runners, as `gatehouse
+// bench` does.
+func BenchmarkEndToEnd(b *testing.B) {
+	ctx := context.Background()
+	rig, err := newBenchRig(ctx, benchConfig{agents: 4, runners: 4, sync: "always"}, testWriter{b})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	res := rig.run(ctx, b.N, 32, time.Hour)
+	b.StopTimer()
+	if err := rig.close(); err != nil {
+		b.Errorf("close: %v", err)
+	}
+	if res.errors > 0 {
+		b.Fatalf("%d of %d executions failed; first: %v", res.errors, res.started, res.firstErr)
+	}
+	b.ReportMetric(res.rate(), "exec/s")
+	b.ReportMetric(float64(res.percentile(50))/1e6, "p50-ms")
+	b.ReportMetric(float64(res.percentile(99))/1e6, "p99-ms")
+}
+
+// TestBenchSmoke runs the bench command briefly, as CI would.
+func TestBenchSmoke(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	args := []string{"--executions", "200", "--concurrency", "8", "--agents", "2", "--runners", "2", "--duration", "30s"}
+	if err := bench(ctx, args, &out, testWriter{t}); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"completed:   200 ", "(0 errors)", "executions/s", "p99", "command:     gatehouse bench --executions 200"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestBenchFlags checks that bad figures are refused before anything starts.
+func TestBenchFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--executions", "0"},
+		{"--concurrency", "-1"},
+		{"--runners", "0"},
+		{"--sync", "sometimes"},
+	} {
+		if err := bench(t.Context(), args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+			t.Errorf("bench %v: no error", args)
+		}
+	}
+}
+
+// testWriter sends the gateway's warnings to the test log.
+type testWriter struct{ tb testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
