@@ -108,7 +108,9 @@ func TestExplicitAcksResumeWithoutGapOrDuplicate(t *testing.T) {
 	const n = 40
 	var mu sync.Mutex
 	var created []string
+	createdAll := make(chan struct{})
 	go func() {
+		defer close(createdAll)
 		for range n {
 			id := a.create("ack-agent", nil)["id"].(string)
 			mu.Lock()
@@ -156,6 +158,7 @@ func TestExplicitAcksResumeWithoutGapOrDuplicate(t *testing.T) {
 			acked = lastSeq
 		}
 	}
+	<-createdAll // a delivery can arrive before its create's answer is read
 	mu.Lock()
 	defer mu.Unlock()
 	// Executions created while the consumer was between connections are

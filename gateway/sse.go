@@ -258,7 +258,8 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 	explicit := string(c.ctx.QueryArgs().Peek("ack")) == "explicit"
 	expiry := c.principal.ExpiresAt
 	// Runners settle by acting on jobs; agents and channels that cannot
-	// acknowledge count a flushed delivery as received.
+	// acknowledge mark a flushed delivery as delivered: a reconnect without
+	// a cursor starts after it, one with an earlier cursor still gets it.
 	ackOnFlush := !explicit && key.Role != kernel.RoleRunner
 	sc := s.sseHeaders(c.ctx)
 	s.streams.Add(1)
@@ -300,7 +301,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 					return
 				}
 				if ackOnFlush {
-					conn.Ack(last)
+					conn.Delivered(last)
 				}
 			}
 			select {

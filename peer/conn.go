@@ -62,10 +62,22 @@ func (h *Hub) Attach(k Key, cursor *uint64) (*Conn, *Reset) {
 			b.ackLocked(*cursor)
 		}
 	}
+	// Without a cursor the consumer starts after what was already written
+	// to it; with one, from its cursor, replaying what it may have missed.
 	c.sent = b.acked
-	if len(b.pending) > 0 {
-		c.sent = min(c.sent, b.pending[0].Seq-1)
-		c.wake()
+	if cursor == nil {
+		c.sent = max(b.acked, b.delivered)
+		if b.lostBefore > 0 && b.lostBefore-1 > c.sent {
+			// Deliveries it never saw were dropped by the outbox bounds.
+			reset = &Reset{Reason: ResetHistoryGone, ResumeFrom: b.lostBefore, Latest: latest}
+			b.delivered = b.lostBefore - 1
+		}
+	}
+	for _, e := range b.pending {
+		if e.Seq > c.sent {
+			c.wake()
+			break
+		}
 	}
 	return c, reset
 }
@@ -144,6 +156,32 @@ func (b *outbox) ackLocked(seq uint64) {
 	}
 	b.pending = append(b.pending[:0:0], b.pending[i:]...)
 	b.acked = seq
+}
+
+// Delivered records that the deliveries up to seq were written to this
+// connection, which cannot acknowledge them (the kernel API's SSE clients).
+// A reconnect without a cursor starts after them; one with an earlier
+// cursor still gets them, for Options.Rewind, after which they count as
+// acknowledged.
+func (c *Conn) Delivered(seq uint64) {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	seq = min(seq, c.sent)
+	now := time.Now()
+	for i := range c.box.pending {
+		e := &c.box.pending[i]
+		if e.Seq > seq {
+			break
+		}
+		if e.deliveredAt.IsZero() {
+			e.deliveredAt = now
+		}
+	}
+	if seq > c.box.delivered {
+		c.box.delivered = seq
+		c.box.lastSeen = now
+		c.h.dirty[c.key] = true
+	}
 }
 
 // Detach ends this connection's hold on the outbox; unacknowledged

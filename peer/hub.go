@@ -64,6 +64,11 @@ type Options struct {
 	// Retention drops unacknowledged deliveries older than this, with the
 	// same notice; zero means 24h.
 	Retention time.Duration
+	// Rewind is how long deliveries written to a connection that cannot
+	// acknowledge (Conn.Delivered) stay replayable for a consumer that
+	// resumes from an earlier cursor: a written frame may still have been
+	// lost with the socket. Zero means 1m.
+	Rewind time.Duration
 	// Logger receives warnings; nil discards.
 	Logger *slog.Logger
 }
@@ -91,9 +96,10 @@ const (
 
 type entry struct {
 	Delivery
-	settle string
-	state  int
-	at     time.Time
+	settle      string
+	state       int
+	at          time.Time
+	deliveredAt time.Time // when a connection that cannot acknowledge wrote it
 }
 
 type outbox struct {
@@ -101,6 +107,7 @@ type outbox struct {
 	next       uint64  // sequence of the next delivery
 	pending    []entry // unacknowledged, in sequence order
 	acked      uint64  // highest cumulative ack
+	delivered  uint64  // highest delivery written to a connection that cannot acknowledge
 	persisted  uint64  // highest ack already deleted from the store
 	settled    []uint64
 	lostBefore uint64 // deliveries below this were dropped unacknowledged
@@ -113,6 +120,7 @@ type outbox struct {
 type record struct {
 	Next       uint64    `msgpack:"n"`
 	Acked      uint64    `msgpack:"a"`
+	Delivered  uint64    `msgpack:"d"`
 	LostBefore uint64    `msgpack:"l"`
 	LastSeen   time.Time `msgpack:"s"`
 	Lost       bool      `msgpack:"x"`
@@ -135,6 +143,9 @@ func NewHub(ctx context.Context, o Options) (*Hub, error) {
 	}
 	if o.Retention <= 0 {
 		o.Retention = 24 * time.Hour
+	}
+	if o.Rewind <= 0 {
+		o.Rewind = time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -173,7 +184,7 @@ func (h *Hub) load(ctx context.Context) error {
 		return fmt.Errorf("peer: load outboxes: %w", err)
 	}
 	for k, r := range recs {
-		b := &outbox{key: k, next: r.Next, acked: r.Acked, persisted: r.Acked, lostBefore: r.LostBefore, lastSeen: r.LastSeen, lost: r.Lost}
+		b := &outbox{key: k, next: r.Next, acked: r.Acked, delivered: r.Delivered, persisted: r.Acked, lostBefore: r.LostBefore, lastSeen: r.LastSeen, lost: r.Lost}
 		if b.next == 0 {
 			b.next = 1
 		}
@@ -231,7 +242,7 @@ func (h *Hub) Stage(b *store.Batch, k Key, typ string, data []byte, settle strin
 }
 
 func (b *outbox) record() record {
-	return record{Next: b.next, Acked: b.acked, LostBefore: b.lostBefore, LastSeen: b.lastSeen, Lost: b.lost}
+	return record{Next: b.next, Acked: b.acked, Delivered: b.delivered, LostBefore: b.lostBefore, LastSeen: b.lastSeen, Lost: b.lost}
 }
 
 // trimLocked enforces the count and age bounds. Dropped deliveries are
@@ -390,7 +401,7 @@ func (h *Hub) flushLoop() {
 	defer close(h.stopped)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
-	sweep := time.NewTicker(time.Minute)
+	sweep := time.NewTicker(max(10*time.Millisecond, min(time.Minute, h.o.Rewind/2)))
 	defer sweep.Stop()
 	for {
 		select {
@@ -407,12 +418,25 @@ func (h *Hub) flushLoop() {
 	}
 }
 
-// sweep applies the age bound to idle outboxes.
+// sweep applies the age bound to idle outboxes and turns deliveries
+// written past their rewind window into acknowledgements.
 func (h *Hub) sweep() {
 	var b store.Batch
+	cutoff := time.Now().Add(-h.o.Rewind)
 	h.mu.Lock()
-	for _, box := range h.boxes {
+	for k, box := range h.boxes {
 		h.trimLocked(box, &b)
+		var upTo uint64
+		for _, e := range box.pending {
+			if e.deliveredAt.IsZero() || e.deliveredAt.After(cutoff) {
+				break
+			}
+			upTo = e.Seq
+		}
+		if upTo > 0 {
+			box.ackLocked(upTo)
+			h.dirty[k] = true
+		}
 	}
 	h.mu.Unlock()
 	h.write(&b)

@@ -21,6 +21,7 @@ Usage:
   gatehouse bench [flags]      measure end-to-end executions against an in-process gateway
   gatehouse token [flags]      mint a JWT for development (--secret, --role, --agents, --runners)
   gatehouse approve [flags]    list pending permission prompts, or answer one: <action-id> allow_once|allow_always|deny
+  gatehouse conformance [flags] check a running gateway against the specs (--url, --token, --restart-cmd, --json)
   gatehouse version            print the version
 
 Run 'gatehouse <command> -h' for the flags of a command. Every flag can also be
@@ -55,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(ctx, args, stdout, stderr)
 	case "approve":
 		return approveCmd(ctx, args, stdout, stderr)
+	case "conformance":
+		return conformanceCmd(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "gatehouse", version)
 		return nil

@@ -1,0 +1,89 @@
+package conformance
+
+import (
+	"net/http"
+	"net/url"
+)
+
+func securityChecks() []check {
+	return []check{
+		def("security/runner-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "a runner token opens only its own runner id and not the execution API (403 FORBIDDEN)", checkRunnerTokenScope),
+		def("security/agent-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "an agent token acts only for its own agent id (403 FORBIDDEN otherwise)", checkAgentTokenScope),
+	}
+}
+
+// wantForbidden fails unless the answer is a 403 FORBIDDEN JSON error.
+func (t *tc) wantForbidden(r *response, what string) {
+	if r.status != http.StatusForbidden {
+		t.fatalf("%s: want 403: %s", what, r)
+	}
+	t.expectError(r, http.StatusForbidden, "FORBIDDEN")
+}
+
+// streamAs opens a stream with a token and returns the non-stream answer,
+// or nil when it opened (and is closed again at once).
+func (t *tc) streamAs(path, tok string) *response {
+	s, r := t.openStream(path, bearer(tok))
+	if s != nil {
+		s.close()
+		return nil
+	}
+	return r
+}
+
+func checkRunnerTokenScope(t *tc) {
+	tok, own := t.o.RunnerToken, t.o.RunnerTokenID
+	if tok == "" || own == "" {
+		t.skipf("needs a token scoped to one runner: pass --runner-token and --runner-token-id")
+	}
+	stream := func(id string) string {
+		return "/v0/runners/stream?" + url.Values{"runner_id": {id}, "consumer_id": {newID("c-")}}.Encode()
+	}
+	if r := t.streamAs(stream(own), tok); r != nil {
+		t.fatalf("the runner token cannot open its own runner stream: %s", r)
+	}
+	other := newID("conf-runner-")
+	if r := t.streamAs(stream(other), tok); r != nil {
+		t.wantForbidden(r, "runner stream of another runner id")
+	} else {
+		t.fatalf("a runner token opened the stream of another runner id")
+	}
+	t.wantForbidden(t.call(http.MethodPost, "/v0/runners/"+other+"/results", map[string]any{"job_id": "j", "execution_id": "e", "step_id": "s", "success": true}, bearer(tok)), "results for another runner id")
+	t.wantForbidden(t.call(http.MethodGet, "/v0/executions", nil, bearer(tok)), "listing executions with a runner token")
+	t.wantForbidden(t.call(http.MethodPost, "/v0/executions", map[string]any{"agent_id": newID("conf-agent-")}, bearer(tok)), "creating an execution with a runner token")
+	if r := t.streamAs("/v0/agents/stream?agent_id="+own+"&consumer_id=c", tok); r != nil {
+		t.wantForbidden(r, "agent stream with a runner token")
+	} else {
+		t.fatalf("a runner token opened an agent stream")
+	}
+}
+
+func checkAgentTokenScope(t *tc) {
+	tok, own := t.o.AgentToken, t.o.AgentTokenID
+	if tok == "" || own == "" {
+		t.skipf("needs a token scoped to one agent: pass --agent-token and --agent-token-id")
+	}
+	a := &agent{t: t, id: own, consumer: newID("conf-consumer-")}
+	a.connect(bearer(tok))
+	o := t.create(map[string]any{"agent_id": own})
+	id, _ := o.str("id")
+	_, p := a.s.nextEvent(t, "execution.assigned", func(p obj) bool { s, _ := p.str("execution_id"); return s == id })
+	mine := &run{a: a, id: id, session: t.wantStr(p, "session_id", "execution.assigned")}
+
+	other := newID("conf-agent-")
+	if r := t.streamAs("/v0/agents/stream?agent_id="+other+"&consumer_id=c", tok); r != nil {
+		t.wantForbidden(r, "agent stream of another agent id")
+	} else {
+		t.fatalf("an agent token opened the stream of another agent id")
+	}
+	if r := t.streamAs("/v0/runners/stream?runner_id="+own+"&consumer_id=c", tok); r != nil {
+		t.wantForbidden(r, "runner stream with an agent token")
+	} else {
+		t.fatalf("an agent token opened a runner stream")
+	}
+	theirs, _ := t.create(map[string]any{"agent_id": other}).str("id")
+	t.wantForbidden(t.call(http.MethodPost, "/v0/agents/intent", map[string]any{
+		"execution_id": theirs, "session_id": uuidLike(), "intent": map[string]any{"type": "complete"},
+	}, bearer(tok)), "intent on another agent's execution")
+	t.expectJSON(mine.intent(map[string]any{"type": "complete"}, bearer(tok)), http.StatusOK)
+}
