@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 )
 
@@ -22,16 +25,19 @@ func (s *Server) buildRoutes() *router {
 	r.add("POST", "/v0/executions/{}/cancel", false, s.cancelExecution)
 	r.add("POST", "/v0/executions/{}/signal", false, s.signalExecution)
 	r.add("GET", "/v0/executions/{}/events", false, s.listEvents)
-	r.add("GET", "/v0/executions/{}/stream", false, s.streamExecution)
+	r.add("GET", "/v0/executions/{}/stream", false, s.admit(s.streamExecution))
+	r.add("GET", "/v0/executions/{}/ws", false, s.admit(s.executionWS))
 
-	r.add("GET", "/v0/agents/stream", false, s.streamAgent)
-	r.add("POST", "/v0/agents/intent", false, s.intent)
-	r.add("POST", "/v0/agents/step-result", false, s.stepResult)
+	r.add("GET", "/v0/agents/stream", false, s.admit(s.streamAgent))
+	r.add("GET", "/v0/agents/ws", false, s.admit(s.agentWS))
+	r.add("POST", "/v0/agents/intent", false, s.commandRoute(cmdIntent))
+	r.add("POST", "/v0/agents/step-result", false, s.commandRoute(cmdStepResult))
 
-	r.add("GET", "/v0/runners/stream", false, s.streamRunner)
-	r.add("POST", "/v0/runners/steps/{}/started", false, s.stepStarted)
-	r.add("POST", "/v0/runners/{}/results", false, s.runnerResult)
-	r.add("POST", "/v0/runners/{}/capabilities", false, s.runnerCapabilities)
+	r.add("GET", "/v0/runners/stream", false, s.admit(s.streamRunner))
+	r.add("GET", "/v0/runners/ws", false, s.admit(s.runnerWS))
+	r.add("POST", "/v0/runners/steps/{}/started", false, s.commandRoute(cmdStarted))
+	r.add("POST", "/v0/runners/{}/results", false, s.commandRoute(cmdResult))
+	r.add("POST", "/v0/runners/{}/capabilities", false, s.commandRoute(cmdCapabilities))
 	r.add("DELETE", "/v0/runners/{}", false, s.deleteRunner)
 	return r
 }
@@ -179,110 +185,136 @@ func parseSeq(b []byte) uint64 {
 	return n
 }
 
-func (s *Server) intent(c *call) {
+// Command names: the WebSocket command frames and the HTTP routes that run
+// the same code through command.
+const (
+	cmdIntent       = "intent"
+	cmdStepResult   = "step_result"
+	cmdResult       = "result"
+	cmdStarted      = "started"
+	cmdCapabilities = "capabilities"
+)
+
+// commandRoute serves a command over HTTP; the route's path parameter, if
+// any, is the command's path id.
+func (s *Server) commandRoute(name string) func(*call) {
+	return func(c *call) {
+		var pathID string
+		if len(c.params) > 0 {
+			pathID = c.params[0]
+		}
+		status, resp, after := s.command(c.ctx, c.principal, name, pathID, c.ctx.PostBody(), meta(c.ctx))
+		if status == fasthttp.StatusServiceUnavailable {
+			c.ctx.Response.Header.Set("Retry-After", "1")
+		}
+		s.writeJSONThen(c.ctx, status, resp, after)
+	}
+}
+
+// command runs one of the commands an agent or runner may send, for HTTP
+// and WebSocket alike, so that both transports give the same answer: the
+// status, the value to encode as the body and the work to run once that
+// answer is on its way.
+func (s *Server) command(ctx context.Context, p *auth.Principal, name, pathID string, body []byte, m kernel.Meta) (int, any, kernel.After) {
+	var (
+		resp  any = statusOK
+		after kernel.After
+		err   error
+	)
+	switch name {
+	case cmdIntent:
+		resp, after, err = s.intent(ctx, p, body, m)
+	case cmdStepResult:
+		after, err = s.stepResult(ctx, p, body, m)
+	case cmdResult:
+		after, err = s.runnerResult(ctx, p, pathID, body, m)
+	case cmdStarted:
+		err = s.stepStarted(ctx, p, pathID, body, m)
+	case cmdCapabilities:
+		err = s.runnerCapabilities(p, pathID, body)
+	default:
+		err = kernelValidation("unknown command " + strconv.Quote(name))
+	}
+	if err != nil {
+		status, eb := statusOf(err)
+		if status == fasthttp.StatusInternalServerError {
+			s.log.Error("command failed", "command", name, "err", err)
+		}
+		return status, eb, after
+	}
+	return fasthttp.StatusOK, resp, after
+}
+
+func (s *Server) intent(ctx context.Context, p *auth.Principal, body []byte, m kernel.Meta) (any, kernel.After, error) {
 	var req kernel.IntentRequest
-	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
+		return nil, nil, err
 	}
-	if !s.mayActForExecution(c, req.ExecutionID) {
-		return
+	if err := s.mayActForExecution(ctx, p, req.ExecutionID); err != nil {
+		return nil, nil, err
 	}
-	m := meta(c.ctx)
 	if req.Intent.IdempotencyKey == "" {
 		req.Intent.IdempotencyKey = m.IdempotencyKey
 	}
-	res, after, err := s.k.Intent(c.ctx, req, m)
+	res, after, err := s.k.Intent(ctx, req, m)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return nil, after, err
 	}
-	s.writeJSONThen(c.ctx, fasthttp.StatusOK, res, after)
+	return res, after, nil
 }
 
-func (s *Server) stepResult(c *call) {
+func (s *Server) stepResult(ctx context.Context, p *auth.Principal, body []byte, m kernel.Meta) (kernel.After, error) {
 	var req kernel.StepResultRequest
-	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
+		return nil, err
 	}
-	if !s.mayActForExecution(c, req.ExecutionID) {
-		return
+	if err := s.mayActForExecution(ctx, p, req.ExecutionID); err != nil {
+		return nil, err
 	}
-	after, err := s.k.StepResult(c.ctx, req, meta(c.ctx))
-	if err != nil {
-		s.writeError(c.ctx, err)
-		return
-	}
-	s.writeJSONThen(c.ctx, fasthttp.StatusOK, statusOK, after)
+	return s.k.StepResult(ctx, req, m)
 }
 
 // mayActForExecution checks that an agent principal holds the agent id of
 // the execution it writes to. Admins pass without a lookup.
-func (s *Server) mayActForExecution(c *call, execID string) bool {
-	p := c.principal
+func (s *Server) mayActForExecution(ctx context.Context, p *auth.Principal, execID string) error {
 	if p.MayAdminister() == nil {
-		return true
+		return nil
 	}
 	if execID == "" {
-		return true // the kernel answers the missing field
+		return nil // the kernel answers the missing field
 	}
-	v, err := s.k.Get(c.ctx, execID)
+	v, err := s.k.Get(ctx, execID)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return false
+		return err
 	}
-	if err := p.MayActAsAgent(v.AgentID); err != nil {
-		s.writeError(c.ctx, err)
-		return false
-	}
-	return true
+	return p.MayActAsAgent(v.AgentID)
 }
 
-func (s *Server) mayActAsRunner(c *call, runnerID string) bool {
-	if err := c.principal.MayActAsRunner(runnerID); err != nil {
-		s.writeError(c.ctx, err)
-		return false
-	}
-	return true
-}
-
-func (s *Server) runnerResult(c *call) {
-	runnerID := c.params[0]
-	if !s.mayActAsRunner(c, runnerID) {
-		return
+func (s *Server) runnerResult(ctx context.Context, p *auth.Principal, runnerID string, body []byte, m kernel.Meta) (kernel.After, error) {
+	if err := p.MayActAsRunner(runnerID); err != nil {
+		return nil, err
 	}
 	var req kernel.RunnerResultRequest
-	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
+		return nil, err
 	}
-	m := meta(c.ctx)
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = m.IdempotencyKey
 	}
-	after, err := s.k.RunnerResult(c.ctx, runnerID, req, m)
-	if err != nil {
-		s.writeError(c.ctx, err)
-		return
-	}
-	s.writeJSONThen(c.ctx, fasthttp.StatusOK, statusOK, after)
+	return s.k.RunnerResult(ctx, runnerID, req, m)
 }
 
-func (s *Server) stepStarted(c *call) {
+func (s *Server) stepStarted(ctx context.Context, p *auth.Principal, stepID string, body []byte, m kernel.Meta) error {
 	var req kernel.StepStartedRequest
-	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
+		return err
 	}
-	if req.RunnerID != "" && !s.mayActAsRunner(c, req.RunnerID) {
-		return
+	if req.RunnerID != "" {
+		if err := p.MayActAsRunner(req.RunnerID); err != nil {
+			return err
+		}
 	}
-	if err := s.k.StepStarted(c.ctx, c.params[0], req, meta(c.ctx)); err != nil {
-		s.writeError(c.ctx, err)
-		return
-	}
-	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
+	return s.k.StepStarted(ctx, stepID, req, m)
 }
 
 type capabilitiesRequest struct {
@@ -292,22 +324,19 @@ type capabilitiesRequest struct {
 // maxCapabilities bounds a runner's tool list.
 const maxCapabilities = 4096
 
-func (s *Server) runnerCapabilities(c *call) {
-	runnerID := c.params[0]
-	if !s.mayActAsRunner(c, runnerID) {
-		return
+func (s *Server) runnerCapabilities(p *auth.Principal, runnerID string, body []byte) error {
+	if err := p.MayActAsRunner(runnerID); err != nil {
+		return err
 	}
 	var req capabilitiesRequest
-	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
+		return err
 	}
 	if err := validTools(req.Tools); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.k.UpdateCapabilities(runnerID, req.Tools)
-	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
+	return nil
 }
 
 func validTools(tools []string) error {
@@ -322,12 +351,28 @@ func validTools(tools []string) error {
 	return nil
 }
 
+// decodeBody reads a command body as one JSON value into v, with the same
+// answers as an HTTP request body: the WebSocket commands share it.
+func decodeBody(body []byte, v any, max int) error {
+	if len(body) > max {
+		return kernelValidation("request body too large")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return kernelValidation("invalid JSON: empty body")
+	}
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(v); err != nil {
+		return kernelValidation("invalid JSON: " + err.Error())
+	}
+	return nil
+}
+
 // deleteRunner unregisters a runner. It answers 204 with no body, as the
 // kernel API documents; unlike the original it also ends the runner's
 // streams and re-queues the jobs it held.
 func (s *Server) deleteRunner(c *call) {
 	runnerID := c.params[0]
-	if !s.mayActAsRunner(c, runnerID) {
+	if err := c.principal.MayActAsRunner(runnerID); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	s.k.RemoveRunner(runnerID)

@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
@@ -42,6 +43,12 @@ type Options struct {
 	IdleTimeout  time.Duration // 120s: keep-alive connections
 	MaxConns     int           // 10000: concurrent connections
 	CORSOrigins  []string      // none: no CORS headers; "*" allows any origin
+
+	// WebSocket and admission control; docs/websocket.md describes them.
+	PingInterval  time.Duration // 15s: WebSocket pings; a ping unanswered this long closes the socket
+	MaxFrameBytes int64         // MaxBodyBytes + 4 KiB: a larger WebSocket frame closes the socket with 1009
+	ConnectRate   float64       // 2000/s: new SSE and WebSocket connections admitted; negative: no limit
+	ConnectBurst  int           // 2 s worth of ConnectRate: connections admitted at once
 }
 
 // Server serves the gateway's HTTP API. Create it with New.
@@ -55,6 +62,9 @@ type Server struct {
 	routes  *router
 	metrics *metrics
 	bufs    bufPool
+
+	ws        wsaccept.Tracker // WebSocket connections, closed with 1001 at shutdown
+	admission *tokenBucket     // new stream connections; nil admits all
 
 	// closing is closed when shutdown starts; long-lived streams end on it.
 	closing   chan struct{}
@@ -97,7 +107,9 @@ func New(o Options) (*Server, error) {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
+	o.streamDefaults()
 	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{}), fresh: map[net.Conn]struct{}{}}
+	s.admission = newTokenBucket(o.ConnectRate, o.ConnectBurst)
 	s.metrics = newMetrics(o.Registry, o.Kernel)
 	s.routes = s.buildRoutes()
 	s.peerRoutes(s.routes)
@@ -119,7 +131,11 @@ func New(o Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		Logger:                        fasthttpLogger{o.Logger},
-		ConnState:                     s.trackConn,
+		// The worker pool's cleaner notices Shutdown only when it wakes,
+		// every MaxIdleWorkerDuration (10s by default): keep that short so
+		// no goroutine outlives a stopped server for long.
+		MaxIdleWorkerDuration: time.Second,
+		ConnState:             s.trackConn,
 	}
 	return s, nil
 }
@@ -141,7 +157,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	stopSweep := make(chan struct{})
 	defer close(stopSweep)
 	go s.closeFresh(stopSweep)
+	// fasthttp does not track hijacked connections: the WebSocket tracker
+	// closes them with 1001 and waits for their handlers.
+	wserr := s.ws.Shutdown(ctx, "server shutting down")
 	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		err = wserr
+	}
 	done := make(chan struct{})
 	go func() { s.streams.Wait(); close(done) }()
 	select {

@@ -483,7 +483,7 @@ func (k *Kernel) invokeTool(t *tx, fx *effects, in *Intent) IntentResult {
 		k.requestApproval(t, fx, created, stepID, dec.Reason, dec.RuleID, dec.ExpiresIn, string(dec.OnExpiry))
 		return IntentResult{Accepted: true, StepID: stepID, PendingApproval: true}
 	}
-	if in.Remote {
+	if in.Remote && !k.dispatchNow(t, fx, stepID, &created) {
 		execID := ex.ID
 		fx.add(func() { k.enqueue(execID, stepID) })
 	}
@@ -684,4 +684,3 @@ func jsonEqual(a, b json.RawMessage) bool {
 	ya, _ := json.Marshal(y)
 	return string(xa) == string(ya)
 }
-

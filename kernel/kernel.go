@@ -273,6 +273,21 @@ func (k *Kernel) after(e effects) After {
 	}
 }
 
+// spawn runs f in the background unless the kernel is closing; Close waits
+// for it.
+func (k *Kernel) spawn(f func()) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return
+	}
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		f()
+	}()
+}
+
 // runNow runs effects that have no response to wait for (timers, connects).
 func (k *Kernel) runNow(e effects) { k.after(e).Run() }
 

@@ -192,6 +192,40 @@ func (k *Kernel) enqueue(execID, stepID string) {
 	k.dispatch()
 }
 
+// dispatchNow hands a new remote step to an idle runner in the batch that
+// creates it, saving a commit on the way to the runner. It declines when no
+// capable runner is idle or older jobs for the tool are waiting (they go
+// first). The caller holds t.ex.mu.
+func (k *Kernel) dispatchNow(t *tx, fx *effects, stepID string, st *stepCreatedPayload) bool {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return false
+	}
+	for _, q := range k.queue {
+		if q.toolID == st.ToolID {
+			k.mu.Unlock()
+			return false
+		}
+	}
+	c := k.pickRunnerLocked(st.ToolID)
+	if c == nil {
+		k.mu.Unlock()
+		return false
+	}
+	j := &job{execID: t.ex.ID, stepID: stepID, toolID: st.ToolID, jobID: event.NewID()}
+	c.job = j
+	k.mu.Unlock()
+	t.onAbort(func() { k.release(c, j.jobID) })
+	t.add(event.StepDispatched, stepID, &dispatchedPayload{RunnerID: c.runnerID, JobID: j.jobID, Deadline: st.Deadline, ConsumerID: c.id})
+	t.push(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &jobPush{
+		ID: j.jobID, ExecutionID: t.ex.ID, StepID: stepID, Attempt: st.Attempt, ToolID: st.ToolID,
+		Arguments: st.Arguments, Deadline: st.Deadline,
+	}, j.jobID)
+	k.counters.jobs.Add(1)
+	return true
+}
+
 func (k *Kernel) dropQueuedLocked(execID string) {
 	q := k.queue[:0]
 	for _, j := range k.queue {
@@ -385,6 +419,10 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	if st.JobID != req.JobID && !req.Success {
 		return nil, nil // an earlier attempt's failure, already handled
 	}
+	// The runner is done with the job whatever is written next: free it now
+	// so that its next job's dispatch shares this result's group commit.
+	k.releaseJob(req.JobID)
+	k.spawn(k.dispatch)
 	meta.IdempotencyKey = req.IdempotencyKey
 	var fx effects
 	t := k.begin(ex, meta)

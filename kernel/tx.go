@@ -55,6 +55,20 @@ type tx struct {
 	// applied runs right after a successful commit, before the answer:
 	// in-memory views of what the batch wrote (settled pushes, records).
 	applied []func()
+	// aborted runs when the commit fails: undo in-memory reservations.
+	aborted []func()
+}
+
+// onAbort adds f to what runs when the commit fails.
+func (t *tx) onAbort(f func()) { t.aborted = append(t.aborted, f) }
+
+func (t *tx) abort() {
+	for _, s := range t.staged {
+		s.Abort()
+	}
+	for _, f := range t.aborted {
+		f()
+	}
 }
 
 // push stages a push to p in the transaction's batch. It reaches p once the
@@ -164,9 +178,7 @@ func (t *tx) remember(key string, rec idemRecord) {
 // error nothing was applied and, as far as the store can tell, nothing written.
 func (t *tx) commit(ctx context.Context) error {
 	if t.err != nil {
-		for _, s := range t.staged {
-			s.Abort()
-		}
+		t.abort()
 		return t.err
 	}
 	if len(t.facts) == 0 && t.batch.Len() == 0 {
@@ -205,9 +217,7 @@ func (t *tx) commit(ctx context.Context) error {
 		t.batch.Delete(kindLive, ex.ID)
 	}
 	if err := t.k.store.Write(ctx, &t.batch); err != nil {
-		for _, s := range t.staged {
-			s.Abort()
-		}
+		t.abort()
 		t.k.log.Error("commit failed", "execution", ex.ID, "err", err)
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return newErr(ErrUnavailable, "service unavailable: %v", err)
