@@ -339,6 +339,14 @@ func (s *Store) commit(group []*request) error {
 				if err = txn.Commit(); err != nil {
 					return s.fail(fmt.Errorf("store: commit: %w", err))
 				}
+				// Badger may switch memtables before the next transaction,
+				// and Sync covers only the current one's log: sync now so
+				// this part of the group is not left unsynced in the old one.
+				if s.opts.Sync == SyncAlways && !s.opts.InMemory {
+					if err := s.db.Sync(); err != nil {
+						return s.fail(fmt.Errorf("store: sync: %w", err))
+					}
+				}
 				txn = s.db.NewTransaction(true)
 				err = s.apply(txn, op)
 			}

@@ -233,3 +233,27 @@ func BenchmarkWriteParallel(b *testing.B) {
 	st := s.Stats()
 	b.ReportMetric(float64(st.Writes)/float64(max(st.Syncs, 1)), "writes/fsync")
 }
+
+// TestLargeGroupSpansTransactions: a group bigger than one Badger
+// transaction is split and still written whole.
+func TestLargeGroupSpansTransactions(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, SyncAlways)
+	var b Batch
+	big := make([]byte, 64<<10)
+	const n = 400 // about 25 MiB: more than one transaction holds
+	for i := uint64(1); i <= n; i++ {
+		b.Append("big", i, big)
+	}
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir, SyncAlways)
+	defer s.Close()
+	if last, _ := s.Last("big"); last != n {
+		t.Fatalf("last = %d, want %d", last, n)
+	}
+}
