@@ -48,3 +48,39 @@ func TestNewIDIsTimeOrderedAndUnique(t *testing.T) {
 		seen[id], prev = true, id
 	}
 }
+
+// TestAppendJSONMatchesMarshal: the hand-written encoder writes what
+// encoding/json writes, for plain and awkward values.
+func TestAppendJSONMatchesMarshal(t *testing.T) {
+	for name, ev := range map[string]Event{
+		"minimal": {ID: "a", ExecutionID: "x", Type: StepCreated, Payload: json.RawMessage(`{}`)},
+		"full": {ID: "01a2-b", ExecutionID: "x", StepID: "s", Type: ExecutionBlocked, SchemaVersion: 1,
+			Timestamp: time.Date(2026, 11, 21, 23, 0, 0, 123456789, time.UTC), Payload: json.RawMessage(`{"a":[1,"\u003cb\u003e"]}`),
+			CausationID: "c", CorrelationID: "r", IdempotencyKey: "k", Sequence: 42, EventID: "01a2-b",
+			SessionID: "sess-1", RunID: "x", ToolCallID: "s", ActionID: "act", TraceID: "4bf9",
+			Refs: []Ref{{Kind: "execution.input", URI: "/v0/x", Bytes: 3}}},
+		"escapes": {ID: "a", ExecutionID: "x", Type: "t", IdempotencyKey: "quote\" back\\ <tag> & ünïcode \u2028 \x01",
+			SessionID: "tab\there", Payload: json.RawMessage(`null`)},
+		"zero time and no payload": {ID: "a", ExecutionID: "x", Type: "t"},
+	} {
+		want, err := json.Marshal(&ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ev.AppendJSON(nil); string(got) != string(want) {
+			t.Errorf("%s:\n got  %s\n want %s", name, got, want)
+		}
+	}
+}
+
+func BenchmarkAppendJSON(b *testing.B) {
+	ev := Event{ID: NewID(), ExecutionID: NewID(), StepID: NewID(), Type: StepCompleted, SchemaVersion: 1,
+		Timestamp: time.Now(), Payload: json.RawMessage(`{"result":{"hits":3,"items":["a","b"]}}`),
+		CausationID: NewID(), CorrelationID: NewID(), Sequence: 9, RunID: NewID(), SessionID: "sess-x"}
+	ev.EventID = ev.ID
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = ev.AppendJSON(buf[:0])
+	}
+}

@@ -393,7 +393,14 @@ func (k *Kernel) idempotent(execID, key, hash string) (*Execution, json.RawMessa
 		return nil, nil, err
 	}
 	var rec idemRecord
-	gerr := k.store.Get(kindIdem, execID+"/"+key, &rec)
+	var gerr error
+	if known, ok := ex.cachedAnswer(key); ok {
+		rec = known
+	} else if ex != nil && !ex.replayed {
+		gerr = store.ErrNotFound // every answer of this execution is in memory
+	} else {
+		gerr = k.store.Get(kindIdem, execID+"/"+key, &rec)
+	}
 	switch {
 	case gerr == nil && rec.Hash != hash:
 		if ex != nil {
@@ -412,6 +419,15 @@ func (k *Kernel) idempotent(execID, key, hash string) (*Execution, json.RawMessa
 		return nil, nil, newErr(ErrUnavailable, "service unavailable: %v", gerr)
 	}
 	return ex, nil, err
+}
+
+// cachedAnswer returns the in-memory answer to key; ex may be nil.
+func (ex *Execution) cachedAnswer(key string) (idemRecord, bool) {
+	if ex == nil {
+		return idemRecord{}, false
+	}
+	rec, ok := ex.idem[key]
+	return rec, ok
 }
 
 func requestHash(v any) string {

@@ -133,9 +133,12 @@ type Kernel struct {
 	live    map[string]*Execution
 	agents  map[string]*agentSet
 	runners map[string]*runnerSet
-	queue   []*job // remote jobs waiting for a runner, in arrival order
-	rr      map[string]int
-	closed  bool
+	// runnerOrder caches every runner consumer in (runner, consumer) order
+	// for dispatch; nil means it must be rebuilt (membership changed).
+	runnerOrder []*runnerConsumer
+	queue       []*job // remote jobs waiting for a runner, in arrival order
+	rr          map[string]int
+	closed      bool
 
 	watchMu  sync.Mutex
 	watchers map[string]map[*Watch]struct{}

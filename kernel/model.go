@@ -86,6 +86,11 @@ type Execution struct {
 	StepOrder []string
 	History   []HistoryEntry
 
+	// idem holds the answers to keyed requests written by this process;
+	// replayed executions may have older ones only in the store.
+	idem     map[string]idemRecord
+	replayed bool
+
 	timer *time.Timer // execution timeout
 }
 

@@ -67,6 +67,7 @@ func (k *Kernel) recover(ctx context.Context) error {
 			if c == nil {
 				c = &runnerConsumer{runnerID: st.RunnerID, id: st.ConsumerID}
 				rs.consumers[c.id] = c
+				k.runnerOrder = nil
 				runnerID, consumerID, gen := c.runnerID, c.id, c.gen
 				c.grace = time.AfterFunc(k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
 			}
@@ -93,7 +94,7 @@ func (k *Kernel) replay(id string) (*Execution, error) {
 	if err != nil {
 		return nil, err
 	}
-	ex := &Execution{ID: id, SessionID: sum.SessionID, Steps: map[string]*Step{}}
+	ex := &Execution{ID: id, SessionID: sum.SessionID, Steps: map[string]*Step{}, replayed: true}
 	var ferr error
 	err = k.store.Scan(streamOf(id), 0, func(seq uint64, data []byte) bool {
 		var ev event.Event

@@ -58,6 +58,7 @@ func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (di
 	if c == nil {
 		c = &runnerConsumer{runnerID: runnerID, id: consumerID}
 		rs.consumers[consumerID] = c
+		k.runnerOrder = nil
 	}
 	c.stopGrace()
 	c.caps = capSet(caps)
@@ -101,6 +102,7 @@ func (k *Kernel) runnerLost(runnerID, consumerID string, gen uint64) {
 		return
 	}
 	delete(rs.consumers, consumerID)
+	k.runnerOrder = nil
 	if len(rs.consumers) == 0 {
 		delete(k.runners, runnerID)
 	}
@@ -279,21 +281,34 @@ func (k *Kernel) dispatch() {
 // pickRunnerLocked picks an idle online consumer able to run tool,
 // round-robin per tool in (runner, consumer) order.
 func (k *Kernel) pickRunnerLocked(tool string) *runnerConsumer {
-	var idle []*runnerConsumer
-	for _, rid := range sortedKeys(k.runners) {
-		rs := k.runners[rid]
-		for _, cid := range sortedKeys(rs.consumers) {
-			c := rs.consumers[cid]
-			if c.online && c.job == nil && c.caps[tool] {
-				idle = append(idle, c)
+	if k.runnerOrder == nil {
+		for _, rid := range sortedKeys(k.runners) {
+			rs := k.runners[rid]
+			for _, cid := range sortedKeys(rs.consumers) {
+				k.runnerOrder = append(k.runnerOrder, rs.consumers[cid])
 			}
 		}
 	}
-	if len(idle) == 0 {
+	idle := 0
+	for _, c := range k.runnerOrder {
+		if c.online && c.job == nil && c.caps[tool] {
+			idle++
+		}
+	}
+	if idle == 0 {
 		return nil
 	}
 	k.rr[tool]++
-	return idle[k.rr[tool]%len(idle)]
+	n := k.rr[tool] % idle
+	for _, c := range k.runnerOrder {
+		if c.online && c.job == nil && c.caps[tool] {
+			if n == 0 {
+				return c
+			}
+			n--
+		}
+	}
+	return nil
 }
 
 // sendJob records the dispatch and pushes the job to its runner.
@@ -519,6 +534,7 @@ func (k *Kernel) RemoveRunner(runnerID string) {
 	k.mu.Lock()
 	rs := k.runners[runnerID]
 	delete(k.runners, runnerID)
+	k.runnerOrder = nil
 	var held []*job
 	var peers []Peer
 	if rs != nil {

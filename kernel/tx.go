@@ -46,7 +46,6 @@ type tx struct {
 	now    time.Time
 	batch  store.Batch
 	facts  []fact
-	events [][]byte
 	first  string
 	prev   string
 	err    error
@@ -153,13 +152,8 @@ func (t *tx) addWith(typ, stepID, actionID string, payload any) {
 		ev.ToolCallID = stepID
 	}
 	t.prev = id
-	raw, err := json.Marshal(&ev)
-	if err != nil {
-		t.err = fmt.Errorf("encode %s event: %w", typ, err)
-		return
-	}
+	raw := ev.AppendJSON(make([]byte, 0, 320+len(data)))
 	t.batch.Append(streamOf(t.ex.ID), t.seq, raw)
-	t.events = append(t.events, raw)
 	t.facts = append(t.facts, fact{typ: typ, stepID: stepID, at: t.now, seq: t.seq, payload: payload})
 }
 
@@ -171,7 +165,15 @@ func (t *tx) remember(key string, rec idemRecord) {
 	}
 	if err := t.batch.Put(kindIdem, t.ex.ID+"/"+key, rec); err != nil {
 		t.err = err
+		return
 	}
+	ex := t.ex
+	t.onCommit(func() {
+		if ex.idem == nil {
+			ex.idem = map[string]idemRecord{}
+		}
+		ex.idem[key] = rec
+	})
 }
 
 // commit makes the transaction durable and then applies it to memory. On

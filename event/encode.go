@@ -1,0 +1,79 @@
+package event
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// AppendJSON appends the event's JSON to b. It writes exactly what
+// json.Marshal writes for an Event whose Payload is what json.Marshal
+// produced (compact, HTML-escaped), without reflection and without
+// re-validating the payload: events are encoded on the kernel's hottest path.
+func (e *Event) AppendJSON(b []byte) []byte {
+	b = append(b, `{"id":`...)
+	b = appendString(b, e.ID)
+	b = append(b, `,"execution_id":`...)
+	b = appendString(b, e.ExecutionID)
+	if e.StepID != "" {
+		b = append(b, `,"step_id":`...)
+		b = appendString(b, e.StepID)
+	}
+	b = append(b, `,"type":`...)
+	b = appendString(b, e.Type)
+	b = append(b, `,"schema_version":`...)
+	b = strconv.AppendInt(b, int64(e.SchemaVersion), 10)
+	b = append(b, `,"timestamp":"`...)
+	b = e.Timestamp.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","payload":`...)
+	if len(e.Payload) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, e.Payload...)
+	}
+	b = append(b, `,"causation_id":`...)
+	b = appendString(b, e.CausationID)
+	b = append(b, `,"correlation_id":`...)
+	b = appendString(b, e.CorrelationID)
+	b = append(b, `,"idempotency_key":`...)
+	b = appendString(b, e.IdempotencyKey)
+	b = append(b, `,"sequence":`...)
+	b = strconv.AppendUint(b, e.Sequence, 10)
+	b = append(b, `,"event_id":`...)
+	b = appendString(b, e.EventID)
+	b = appendOptional(b, `,"session_id":`, e.SessionID)
+	b = append(b, `,"run_id":`...)
+	b = appendString(b, e.RunID)
+	b = appendOptional(b, `,"tool_call_id":`, e.ToolCallID)
+	b = appendOptional(b, `,"action_id":`, e.ActionID)
+	b = appendOptional(b, `,"trace_id":`, e.TraceID)
+	if len(e.Refs) > 0 {
+		refs, _ := json.Marshal(e.Refs)
+		b = append(b, `,"refs":`...)
+		b = append(b, refs...)
+	}
+	return append(b, '}')
+}
+
+func appendOptional(b []byte, key, v string) []byte {
+	if v == "" {
+		return b
+	}
+	return appendString(append(b, key...), v)
+}
+
+// appendString quotes s as encoding/json does (HTML-safe). Ids and type
+// names take the fast path; anything else goes through encoding/json.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
