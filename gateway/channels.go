@@ -15,7 +15,7 @@ func (s *Server) channelRoutes(r *router) {
 	if s.opts.Channels == nil || s.opts.Bridge == nil {
 		return
 	}
-	r.add("GET", "/v0/channels/stream", false, s.streamChannel)
+	r.add("GET", "/v0/channels/stream", false, s.admit(s.streamChannel))
 	r.add("GET", "/v0/channels", false, s.listChannels)
 	r.add("GET", "/v0/channels/events", false, s.channelEvents)
 	r.add("PUT", "/v0/channels/webhook", false, s.setWebhook)

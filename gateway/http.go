@@ -147,18 +147,7 @@ func (s *Server) writeError(ctx *fasthttp.RequestCtx, err error) {
 
 // decode reads the request body as one JSON value into v.
 func decode(ctx *fasthttp.RequestCtx, v any, max int) error {
-	body := ctx.PostBody()
-	if len(body) > max {
-		return kernelValidation("request body too large")
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return kernelValidation("invalid JSON: empty body")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
-		return kernelValidation("invalid JSON: " + err.Error())
-	}
-	return nil
+	return decodeBody(ctx.PostBody(), v, max)
 }
 
 // kernelValidation makes a validation error that maps like the kernel's.

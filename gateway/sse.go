@@ -184,51 +184,21 @@ func (s *Server) streamExecution(c *call) {
 }
 
 func (s *Server) streamAgent(c *call) {
-	args := c.ctx.QueryArgs()
-	agentID, consumerID := string(args.Peek("agent_id")), string(args.Peek("consumer_id"))
-	if agentID == "" || consumerID == "" {
-		s.writeError(c.ctx, kernelValidation("agent_id and consumer_id query params are required"))
-		return
-	}
-	if err := checkIDs(map[string]string{"agent_id": agentID, "consumer_id": consumerID}); err != nil {
+	key, err := agentParams(c)
+	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	if err := c.principal.MayActAsAgent(agentID); err != nil {
-		s.writeError(c.ctx, err)
-		return
-	}
-	key := peer.Key{Role: kernel.RoleAgent, ID: agentID, Consumer: consumerID}
-	s.streamPeer(c, "agent", key, func() func() { return s.k.AgentConnected(agentID, consumerID) })
+	s.streamPeer(c, "agent", key, func() func() { return s.k.AgentConnected(key.ID, key.Consumer) })
 }
 
 func (s *Server) streamRunner(c *call) {
-	args := c.ctx.QueryArgs()
-	runnerID, consumerID := string(args.Peek("runner_id")), string(args.Peek("consumer_id"))
-	if runnerID == "" || consumerID == "" {
-		s.writeError(c.ctx, kernelValidation("runner_id and consumer_id query params are required"))
-		return
-	}
-	if err := checkIDs(map[string]string{"runner_id": runnerID, "consumer_id": consumerID}); err != nil {
+	key, caps, err := runnerParams(c)
+	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	var caps []string
-	for _, t := range strings.Split(string(args.Peek("capabilities")), ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			caps = append(caps, t)
-		}
-	}
-	if err := validTools(caps); err != nil {
-		s.writeError(c.ctx, err)
-		return
-	}
-	if err := c.principal.MayActAsRunner(runnerID); err != nil {
-		s.writeError(c.ctx, err)
-		return
-	}
-	key := peer.Key{Role: kernel.RoleRunner, ID: runnerID, Consumer: consumerID}
-	s.streamPeer(c, "runner", key, func() func() { return s.k.RunnerConnected(runnerID, consumerID, caps) })
+	s.streamPeer(c, "runner", key, func() func() { return s.k.RunnerConnected(key.ID, key.Consumer, caps) })
 }
 
 func checkIDs(ids map[string]string) error {
@@ -274,7 +244,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 		defer disconnected()
 		w.WriteString("retry: 5000\n\n")
 		if !epochOK {
-			reset = &peer.Reset{Reason: "epoch_changed", ResumeFrom: 1}
+			reset = &peer.Reset{Reason: peer.ResetEpochChanged, ResumeFrom: 1}
 		}
 		if reset != nil {
 			writeFrame(w, 0, "stream.reset", resetBody(epoch, reset))

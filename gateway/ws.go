@@ -492,7 +492,7 @@ func (p *peerSession) attach(cur *uint64, epochOK bool) *peer.Reset {
 	if !epochOK {
 		conn, _ := p.s.hub.Attach(p.ps.key, nil)
 		p.current.Store(conn)
-		return &peer.Reset{Reason: "epoch_changed", ResumeFrom: 1}
+		return &peer.Reset{Reason: peer.ResetEpochChanged, ResumeFrom: 1}
 	}
 	conn, reset := p.s.hub.Attach(p.ps.key, cur)
 	p.current.Store(conn)

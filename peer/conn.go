@@ -29,8 +29,12 @@ type Reset struct {
 
 // Reset reasons.
 const (
+	// ResetCursorAhead: the cursor is past anything this store sent.
 	ResetCursorAhead = "cursor_ahead"
+	// ResetHistoryGone: unacknowledged deliveries before ResumeFrom were dropped.
 	ResetHistoryGone = "history_gone"
+	// ResetEpochChanged: the cursor belongs to another store (wiped or restored).
+	ResetEpochChanged = "epoch_changed"
 )
 
 // Attach makes a new connection the receiver of k's outbox and ends any

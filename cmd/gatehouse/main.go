@@ -20,6 +20,7 @@ Usage:
   gatehouse serve [flags]      run the gateway (default: 127.0.0.1:8080, data in ./gatehouse-data)
   gatehouse bench [flags]      measure end-to-end executions against an in-process gateway
   gatehouse token [flags]      mint a JWT for development (--secret, --role, --agents, --runners)
+  gatehouse runner [flags]     run a runner behind NAT with built-in tools (gatehouse.echo, .time, .sha256, .sleep)
   gatehouse approve [flags]    list pending permission prompts, or answer one: <action-id> allow_once|allow_always|deny
   gatehouse conformance [flags] check a running gateway against the specs (--url, --token, --restart-cmd, --json)
   gatehouse version            print the version
@@ -56,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(ctx, args, stdout, stderr)
 	case "approve":
 		return approveCmd(ctx, args, stdout, stderr)
+	case "runner":
+		return runnerCmd(ctx, args, stdout, stderr)
 	case "conformance":
 		return conformanceCmd(ctx, args, stdout, stderr)
 	case "version":

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/client"
+)
+
+// builtinTools are the tools `gatehouse runner` can serve: small, safe
+// examples of what a runner behind NAT does (no file or network access).
+func builtinTools() map[string]client.ToolFunc {
+	return map[string]client.ToolFunc{
+		"gatehouse.echo": func(_ context.Context, args json.RawMessage) (any, error) {
+			return args, nil
+		},
+		"gatehouse.time": func(context.Context, json.RawMessage) (any, error) {
+			return map[string]string{"now": time.Now().UTC().Format(time.RFC3339Nano)}, nil
+		},
+		"gatehouse.sha256": func(_ context.Context, args json.RawMessage) (any, error) {
+			var in struct {
+				Text *string `json:"text"`
+			}
+			if err := json.Unmarshal(args, &in); err != nil || in.Text == nil {
+				return nil, errors.New(`want arguments {"text": string}`)
+			}
+			sum := sha256.Sum256([]byte(*in.Text))
+			return map[string]string{"sha256": hex.EncodeToString(sum[:])}, nil
+		},
+		"gatehouse.sleep": func(ctx context.Context, args json.RawMessage) (any, error) {
+			var in struct {
+				MS int `json:"ms"`
+			}
+			if err := json.Unmarshal(args, &in); err != nil || in.MS < 0 || in.MS > 600000 {
+				return nil, errors.New(`want arguments {"ms": 0..600000}`)
+			}
+			select {
+			case <-time.After(time.Duration(in.MS) * time.Millisecond):
+				return map[string]int{"slept_ms": in.MS}, nil
+			case <-ctx.Done():
+				return nil, client.Retryable(ctx.Err())
+			}
+		},
+	}
+}
+
+// runnerCmd runs a runner: it dials out to the gateway (no inbound port),
+// holds one stream, runs the jobs it is given one at a time, and reconnects
+// with backoff whenever the connection drops.
+func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	host, _ := os.Hostname()
+	var url, token, runnerID, consumerID, tools, logLevel string
+	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL")
+	fs.StringVar(&token, "token", "", "bearer token (a runner JWT scoped to --runner-id, or the static token)")
+	fs.StringVar(&runnerID, "runner-id", "runner-"+host, "runner id")
+	fs.StringVar(&consumerID, "consumer-id", "", "connection id kept across reconnects (default: runner id + random suffix)")
+	fs.StringVar(&tools, "tools", "", "comma-separated built-in tools to serve (default: all)")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, logLevel, "text")
+	if err != nil {
+		return err
+	}
+	all := builtinTools()
+	served := map[string]client.ToolFunc{}
+	if tools == "" {
+		served = all
+	}
+	for _, name := range list(tools) {
+		f, ok := all[name]
+		if !ok {
+			return fmt.Errorf("runner: unknown tool %q; built-in: %s", name, strings.Join(slices.Sorted(maps.Keys(all)), ", "))
+		}
+		served[name] = f
+	}
+	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log})
+	if err != nil {
+		return err
+	}
+	names := slices.Sorted(maps.Keys(served))
+	fmt.Fprintf(stdout, "runner %s serving %s from %s\n", runnerID, strings.Join(names, ", "), url)
+	log.Info("runner started", slog.String("runner_id", runnerID), slog.Any("tools", names))
+	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: consumerID, Tools: served})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
