@@ -1,8 +1,11 @@
 package gateway_test
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/kernel"
 )
 
 // TestSocketCutsProcessEachJobOnce cuts the runner's stream at random points
@@ -194,4 +198,57 @@ func TestResetOnForeignCursor(t *testing.T) {
 		t.Fatalf("reset: %v", r)
 	}
 	a.fail("GET", "/v0/agents/stream?agent_id=reset-agent&consumer_id=c1&cursor=abc", nil, 400, "VALIDATION_ERROR")
+}
+
+// TestThousandClientsReconnectAtOnce: 1,000 agent consumers, each with an
+// unacknowledged delivery, reconnect at the same moment after a restart
+// and every one resumes it. Admission control must not turn a reconnect
+// storm of this size away (its default allows 2,000/s with bursts of 4,000).
+func TestThousandClientsReconnectAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 1,000 connections")
+	}
+	const clients = 1000
+	s := start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	a := newAPI(t, s)
+	for i := range clients {
+		a.create(fmt.Sprintf("storm-%d", i), nil)
+	}
+	s.Restart()
+	tr := &http.Transport{MaxIdleConnsPerHost: clients}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/v0/agents/stream?agent_id=storm-%d&consumer_id=c", s.URL, i), nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				errs <- fmt.Errorf("client %d: status %d", i, resp.StatusCode)
+				return
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if sc.Text() == "event: execution.assigned" {
+					return
+				}
+			}
+			errs <- fmt.Errorf("client %d: stream ended before its delivery: %v", i, sc.Err())
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }
