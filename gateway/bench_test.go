@@ -111,49 +111,62 @@ func BenchmarkReconnectAfterRestart(b *testing.B) {
 		s := gatewaytest.Start(b, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
 		// Each agent has a pending execution: it gets execution.assigned on connect.
 		for i := range clients {
-			resp, err := http.Post(s.URL+"/v0/executions", "application/json", strings.NewReader(fmt.Sprintf(`{"agent_id":"rc-%d"}`, i)))
+			resp, err := http.Post(s.URL+"/v0/executions", "application/json", strings.NewReader(fmt.Sprintf(`{"agent_id":"storm-%d"}`, i)))
 			if err != nil {
 				b.Fatal(err)
 			}
 			readAll(resp)
 		}
 		s.Restart()
-		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: 0}}
 		b.StartTimer()
 		start := time.Now()
-		var wg sync.WaitGroup
-		errs := make(chan error, clients)
-		for i := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/v0/agents/stream?agent_id=rc-%d&consumer_id=c", s.URL, i), nil)
-				resp, err := client.Do(req)
-				if err != nil {
-					errs <- err
-					return
-				}
-				defer resp.Body.Close()
-				sc := bufio.NewScanner(resp.Body)
-				for sc.Scan() {
-					if sc.Text() == "event: execution.assigned" {
-						return
-					}
-				}
-				errs <- fmt.Errorf("client %d: stream ended: %v", i, sc.Err())
-			}()
-		}
-		wg.Wait()
+		err := reconnectStorm(context.Background(), s.URL, clients)
 		elapsed := time.Since(start)
 		b.StopTimer()
-		close(errs)
-		for err := range errs {
+		if err != nil {
 			b.Fatal(err)
 		}
 		b.ReportMetric(elapsed.Seconds()*1000, "ms/1000-reconnects")
 		s.Close()
 		b.StartTimer()
 	}
+}
+
+// reconnectStorm connects agent consumers rc-0 … rc-(n-1) (agent ids
+// "storm-%d") at once and waits until each got its execution.assigned.
+func reconnectStorm(ctx context.Context, base string, n int) error {
+	tr := &http.Transport{MaxIdleConnsPerHost: n}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/v0/agents/stream?agent_id=storm-%d&consumer_id=c", base, i), nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				errs <- fmt.Errorf("client %d: status %d", i, resp.StatusCode)
+				return
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if sc.Text() == "event: execution.assigned" {
+					return
+				}
+			}
+			errs <- fmt.Errorf("client %d: stream ended before its delivery: %v", i, sc.Err())
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }

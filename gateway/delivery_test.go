@@ -1,11 +1,8 @@
 package gateway_test
 
 import (
-	"bufio"
-	"context"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -215,40 +212,7 @@ func TestThousandClientsReconnectAtOnce(t *testing.T) {
 		a.create(fmt.Sprintf("storm-%d", i), nil)
 	}
 	s.Restart()
-	tr := &http.Transport{MaxIdleConnsPerHost: clients}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-	var wg sync.WaitGroup
-	errs := make(chan error, clients)
-	for i := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/v0/agents/stream?agent_id=storm-%d&consumer_id=c", s.URL, i), nil)
-			resp, err := client.Do(req)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != 200 {
-				errs <- fmt.Errorf("client %d: status %d", i, resp.StatusCode)
-				return
-			}
-			sc := bufio.NewScanner(resp.Body)
-			for sc.Scan() {
-				if sc.Text() == "event: execution.assigned" {
-					return
-				}
-			}
-			errs <- fmt.Errorf("client %d: stream ended before its delivery: %v", i, sc.Err())
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := reconnectStorm(t.Context(), s.URL, clients); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -162,21 +162,7 @@ func (s *Server) streamExecution(c *call) {
 				_ = sc.flush(w)
 				return
 			}
-			select {
-			case <-watch.C():
-			case <-beat.C:
-				w.WriteString(":heartbeat\n\n")
-				if sc.flush(w) != nil {
-					return
-				}
-			case <-watch.Done():
-				return
-			case <-sc.gone:
-				return
-			case <-expired:
-				sc.writeExpired(w)
-				return
-			case <-s.closing:
+			if !s.await(sc, w, watch.C(), watch.Done(), beat.C, expired) {
 				return
 			}
 		}
@@ -274,21 +260,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 					conn.Delivered(last)
 				}
 			}
-			select {
-			case <-conn.Ready():
-			case <-beat.C:
-				w.WriteString(":heartbeat\n\n")
-				if sc.flush(w) != nil {
-					return
-				}
-			case <-conn.Done():
-				return
-			case <-sc.gone:
-				return
-			case <-expired:
-				sc.writeExpired(w)
-				return
-			case <-s.closing:
+			if !s.await(sc, w, conn.Ready(), conn.Done(), beat.C, expired) {
 				return
 			}
 		}
@@ -371,4 +343,23 @@ func expiryTimer(at time.Time) (<-chan time.Time, func()) {
 func (c *sseConn) writeExpired(w *bufio.Writer) {
 	writeFrame(w, 0, "stream.expired", []byte(`{"reason":"token expired","code":"UNAUTHORIZED"}`))
 	_ = c.flush(w)
+}
+
+// await blocks until a stream may have more to send (true) or must end
+// (false): its source ended, the client left, its token expired or the
+// server is shutting down. Heartbeats are written while it waits.
+func (s *Server) await(sc *sseConn, w *bufio.Writer, ready, done <-chan struct{}, beat, expired <-chan time.Time) bool {
+	select {
+	case <-ready:
+		return true
+	case <-beat:
+		w.WriteString(":heartbeat\n\n")
+		return sc.flush(w) == nil
+	case <-done:
+	case <-sc.gone:
+	case <-expired:
+		sc.writeExpired(w)
+	case <-s.closing:
+	}
+	return false
 }
