@@ -62,6 +62,7 @@ const (
 	frameAck      = "ack"
 	frameResume   = "resume"
 	frameCommand  = "command"
+	frameRefresh  = "refresh"
 )
 
 // maxFrameID bounds the id a client gives a frame; it comes back in the
@@ -83,6 +84,7 @@ type inFrame struct {
 	Epoch   string          `json:"epoch"`
 	Command string          `json:"command"`
 	Body    json.RawMessage `json:"body"`
+	Token   string          `json:"token"`
 }
 
 // frameError is a client frame that cannot be used. When the frame carried a
@@ -129,6 +131,13 @@ func decodeFrame(f wireFormat, data []byte) (inFrame, error) {
 		}
 		if fr.Command == "" {
 			return inFrame{}, &frameError{id: fr.ID, msg: "a command needs a command name"}
+		}
+	case frameRefresh:
+		if fr.ID == "" {
+			return inFrame{}, &frameError{msg: "a refresh needs an id"}
+		}
+		if fr.Token == "" {
+			return inFrame{}, &frameError{id: fr.ID, msg: "a refresh needs a token"}
 		}
 	case "":
 		return inFrame{}, &frameError{id: fr.ID, msg: "missing frame type"}

@@ -136,7 +136,12 @@ func New(o Options) (*Server, error) {
 		// no goroutine outlives a stopped server for long.
 		MaxIdleWorkerDuration: time.Second,
 		ConnState:             s.trackConn,
+		// WebSocket connections are left to the tracker, so that fasthttp
+		// frees their request state at the upgrade rather than holding it
+		// for the life of the socket.
+		KeepHijackedConns: true,
 	}
+	s.ws.KeepHijackedConns = true
 	return s, nil
 }
 

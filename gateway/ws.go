@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -235,9 +236,10 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		defer s.metrics.streams.WithLabelValues(kind).Dec()
 		ws.SetReadLimit(s.opts.MaxFrameBytes)
 		w := &wsConn{
-			s: s, ws: ws, ctx: ctx, format: formatOf(ws.Subprotocol()), principal: principal,
+			s: s, ws: ws, ctx: ctx, format: formatOf(ws.Subprotocol()),
 			stop: make(chan struct{}), closed: make(chan struct{}),
 		}
+		w.principal.Store(principal)
 		serve(w)
 	})
 	if err == nil {
@@ -263,13 +265,17 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 // wsConn is one accepted socket: its encoding, the single close it gets and
 // the bounded writes.
 type wsConn struct {
-	s      *Server
-	ws     *websocket.Conn
-	ctx    context.Context // cancelled by the Tracker once the socket is done
+	s  *Server
+	ws *websocket.Conn
+	// ctx is cancelled by the Tracker once the socket is done. Reads, writes
+	// and pings do not use it: every end of the socket closes it, which ends
+	// them as well, and each use would leave an idle socket holding the
+	// context.AfterFunc bookkeeping it costs.
+	ctx    context.Context
 	format wireFormat
-	// principal opened the socket; its commands run with its rights, and
-	// the socket ends when its credential expires.
-	principal *auth.Principal
+	// principal opened the socket, or refreshed its credential since: its
+	// commands run with its rights, and the socket ends when it expires.
+	principal atomic.Pointer[auth.Principal]
 
 	// stop is closed by the first end; every loop of the socket then stops
 	// and no new frame is written, so the close frame gets through next.
@@ -282,9 +288,12 @@ type wsConn struct {
 	// that may wait seconds for a peer that is gone or stuck.
 	onEnd func()
 
-	pingMu  sync.Mutex
-	pings   *time.Timer
-	pingEnd bool
+	// timerMu guards the ping and expiry timers, which stop with the
+	// socket.
+	timerMu   sync.Mutex
+	pings     *time.Timer
+	expiry    *time.Timer
+	timersOff bool
 }
 
 // errEnded reports a write refused because the socket is closing.
@@ -308,22 +317,24 @@ func (w *wsConn) end(code websocket.StatusCode, reason string) {
 	})
 }
 
-// finish ends the socket if nothing else did, waits for its close
-// handshake (or for the Tracker to give up on it), then for its reader,
-// which returns once the socket is closed.
-func (w *wsConn) finish(readerDone <-chan struct{}) {
+// finish ends the socket if nothing else did, stops its timers, which would
+// otherwise keep it in memory until they fire, and waits for its close
+// handshake or for the Tracker to give up on it.
+func (w *wsConn) finish() {
 	w.end(websocket.StatusNormalClosure, "")
-	w.pingMu.Lock()
-	w.pingEnd = true
+	w.timerMu.Lock()
+	w.timersOff = true
 	if w.pings != nil {
 		w.pings.Stop()
 	}
-	w.pingMu.Unlock()
+	if w.expiry != nil {
+		w.expiry.Stop()
+	}
+	w.timerMu.Unlock()
 	select {
 	case <-w.closed:
 	case <-w.ctx.Done():
 	}
-	<-readerDone
 }
 
 // closeReason fits a reason into a close frame (123 bytes) on a rune
@@ -357,7 +368,7 @@ func (w *wsConn) send(frame []byte) error {
 		return err
 	}
 	t := time.AfterFunc(w.s.opts.WriteTimeout, func() { w.end(CloseSlowConsumer, "slow consumer") })
-	err = w.ws.Write(w.ctx, w.format.messageType(), data)
+	err = w.ws.Write(context.Background(), w.format.messageType(), data)
 	t.Stop()
 	return err
 }
@@ -386,26 +397,93 @@ func (w *wsConn) replyError(id string, err error) error {
 // startPings pings the peer every Options.PingInterval. A timer, not a
 // goroutine, waits between pings, so an idle socket costs no stack for it.
 func (w *wsConn) startPings() {
-	w.pingMu.Lock()
-	defer w.pingMu.Unlock()
-	w.pings = time.AfterFunc(w.s.opts.PingInterval, w.ping)
+	w.timerMu.Lock()
+	defer w.timerMu.Unlock()
+	if !w.timersOff {
+		w.pings = time.AfterFunc(w.s.opts.PingInterval, w.ping)
+	}
 }
 
 // ping runs on the timer. The pong is read by the socket's reader, which
 // every socket runs.
 func (w *wsConn) ping() {
-	ctx, cancel := context.WithTimeout(w.ctx, w.s.opts.PingInterval)
+	ctx, cancel := context.WithTimeout(context.Background(), w.s.opts.PingInterval)
 	err := w.ws.Ping(ctx)
 	cancel()
 	if err != nil {
 		w.end(ClosePingTimeout, "ping timeout")
 		return
 	}
-	w.pingMu.Lock()
-	defer w.pingMu.Unlock()
-	if !w.pingEnd {
+	w.timerMu.Lock()
+	defer w.timerMu.Unlock()
+	if !w.timersOff {
 		w.pings.Reset(w.s.opts.PingInterval)
 	}
+}
+
+// expireAt ends the socket with CloseTokenExpired at t, in place of any
+// earlier expiry; a zero t never expires. A timer, like the pings, so that
+// no goroutine waits for it. It reports false when the earlier expiry has
+// fired already: the socket is closing.
+func (w *wsConn) expireAt(t time.Time) bool {
+	w.timerMu.Lock()
+	defer w.timerMu.Unlock()
+	if w.timersOff || w.expiry != nil && !w.expiry.Stop() {
+		return false
+	}
+	w.expiry = nil
+	if !t.IsZero() {
+		w.expiry = time.AfterFunc(time.Until(t), func() { w.end(CloseTokenExpired, "token expired") })
+	}
+	return true
+}
+
+// refreshAnswer is the body of the reply to a refresh frame.
+type refreshAnswer struct {
+	// ExpiresAt is null for a credential that does not expire.
+	ExpiresAt *time.Time `json:"expires_at"`
+}
+
+// refresh moves the socket to the credential of a refresh frame, so that a
+// long-lived socket can outlive the token that opened it. The new
+// credential must be valid now, stand for the same caller (subject and
+// role) and still grant the socket's ids (scope); the socket then runs with
+// its rights and expires with it.
+func (w *wsConn) refresh(fr inFrame, scope func(*auth.Principal) error) {
+	now := time.Now()
+	p, err := w.s.auth.Authenticate([]byte("Bearer "+fr.Token), now)
+	if err == nil {
+		err = sameCaller(w.principal.Load(), p, now)
+	}
+	if err == nil {
+		err = scope(p)
+	}
+	if err != nil {
+		_ = w.replyError(fr.ID, err)
+		return
+	}
+	if !w.expireAt(p.ExpiresAt) {
+		return
+	}
+	w.principal.Store(p)
+	var ans refreshAnswer
+	if !p.ExpiresAt.IsZero() {
+		ans.ExpiresAt = &p.ExpiresAt
+	}
+	_ = w.reply(fr.ID, fasthttp.StatusOK, ans)
+}
+
+// sameCaller checks a refreshed credential against the one it replaces. One
+// past its exp is refused although the authenticator's leeway accepts it:
+// the socket would close at once.
+func sameCaller(old, p *auth.Principal, now time.Time) error {
+	if !p.ExpiresAt.IsZero() && !p.ExpiresAt.After(now) {
+		return fmt.Errorf("%w: the new token expired at %s", auth.ErrExpiredToken, p.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	if p.Subject != old.Subject || p.Role != old.Role {
+		return fmt.Errorf("%w: the socket belongs to %s %q, the new token is for %s %q", auth.ErrForbidden, old.Role, old.Subject, p.Role, p.Subject)
+	}
+	return nil
 }
 
 // readFrames reads client frames until the socket ends and hands each valid
@@ -414,7 +492,7 @@ func (w *wsConn) ping() {
 func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 	first := true
 	for {
-		_, data, err := w.ws.Read(w.ctx)
+		_, data, err := w.ws.Read(context.Background())
 		if err != nil {
 			// The peer closed, went away, or sent a frame past the read
 			// limit (coder/websocket has answered that with 1009).
@@ -437,14 +515,10 @@ func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 	}
 }
 
-// resumeRequest hands a resume frame from the reader to the delivery loop,
-// which owns the outbox connection.
-type resumeRequest struct {
-	fr   inFrame
-	done chan struct{}
-}
-
-// peerSession is an agent or runner socket while it runs.
+// peerSession is an agent or runner socket while it runs. The handler's
+// goroutine reads the client's frames; deliveries are written by a pump
+// goroutine that runs only while the outbox has something to send, so an
+// idle socket costs one goroutine, not two.
 type peerSession struct {
 	s     *Server
 	w     *wsConn
@@ -453,37 +527,41 @@ type peerSession struct {
 	// current is the outbox connection that acks go to; a resume frame
 	// replaces it.
 	current atomic.Pointer[peer.Conn]
-	resumes chan resumeRequest
+	// pump is pumpIdle, pumpRunning or pumpAgain.
+	pump atomic.Int32
+	// mu orders writes from the outbox: a pump's deliveries, and a resume's
+	// switch of connection with its reset.
+	mu sync.Mutex
 }
+
+const (
+	pumpIdle    int32 = iota
+	pumpRunning       // a pump goroutine runs
+	pumpAgain         // woken while running: the pump looks once more before it stops
+)
 
 // servePeer serves an agent's or runner's outbox on a socket. Unlike legacy
 // SSE, a delivery is not acknowledged by writing it: the client acks, and
 // what it has not acked comes again on its next connection.
 func (s *Server) servePeer(w *wsConn, ps *peerSocket) {
-	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch(), resumes: make(chan resumeRequest)}
+	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch()}
 	reset := p.attach(ps.cursor, ps.epochOK)
 	disconnected := ps.connect()
 	w.onEnd = sync.OnceFunc(func() {
 		p.current.Load().Detach()
 		disconnected()
 	})
-
-	readerDone := make(chan struct{})
 	hello := appendHello(nil, p.epoch, ps.role, ps.key.ID, ps.key.Consumer, s.opts.PingInterval)
 	if w.send(hello) == nil && p.sendReset(reset) == nil {
-		go func() {
-			defer close(readerDone)
-			w.readFrames(p.frame)
-		}()
+		w.expireAt(w.principal.Load().ExpiresAt)
+		p.listen()
 		w.startPings()
-		p.deliver()
-	} else {
-		close(readerDone)
+		w.readFrames(p.frame)
 	}
 	w.end(websocket.StatusNormalClosure, "")
 	// A resume may have attached after onEnd detached the previous one.
 	p.current.Load().Detach()
-	w.finish(readerDone)
+	w.finish()
 }
 
 // attach takes over the consumer's outbox from a cursor; the reset, if
@@ -506,57 +584,104 @@ func (p *peerSession) sendReset(r *peer.Reset) error {
 	return p.w.send(appendReset(nil, resetBody(p.epoch, r)))
 }
 
-// deliver writes the outbox to the socket until the socket ends, the
-// consumer is superseded or forgotten, or the credential expires.
-func (p *peerSession) deliver() {
-	w := p.w
-	expired, stopExpiry := expiryTimer(w.principal.ExpiresAt)
-	defer stopExpiry()
-	conn := p.current.Load()
-	var frame []byte
+// listen has the current outbox connection wake the pump, and pumps once
+// for what is waiting already.
+func (p *peerSession) listen() {
+	p.current.Load().OnWake(p.kick)
+	p.kick()
+}
+
+// kick makes sure that a pump runs after it. The hub calls it with its
+// locks held (peer.Conn.OnWake), so it only starts a goroutine or tells the
+// running one.
+func (p *peerSession) kick() {
 	for {
-		for {
-			d, ok := conn.Next()
-			if !ok {
-				break
-			}
-			frame = appendPush(frame[:0], frameDelivery, d.Seq, d.Type, d.Data)
-			if w.send(frame) != nil {
+		switch p.pump.Load() {
+		case pumpIdle:
+			if p.pump.CompareAndSwap(pumpIdle, pumpRunning) {
+				go p.runPump()
 				return
 			}
-		}
-		select {
-		case <-conn.Ready():
-		case req := <-p.resumes:
-			cur := req.fr.Cursor
-			reset := p.attach(&cur, req.fr.Epoch == "" || req.fr.Epoch == p.epoch)
-			conn = p.current.Load()
-			close(req.done)
-			if p.sendReset(reset) != nil {
+		case pumpRunning:
+			if p.pump.CompareAndSwap(pumpRunning, pumpAgain) {
 				return
 			}
-		case <-conn.Done():
-			// A nil error is our own detach: the socket is closing already.
-			switch err := conn.Err(); {
-			case errors.Is(err, peer.ErrForgotten):
-				w.end(CloseForgotten, "forgotten: the gateway gave up on this consumer")
-			case errors.Is(err, peer.ErrSuperseded):
-				w.end(CloseSuperseded, "superseded by a newer connection")
-			}
-			return
-		case <-expired:
-			w.end(CloseTokenExpired, "token expired")
-			return
-		case <-w.stop:
-			return
-		case <-w.ctx.Done():
+		default:
 			return
 		}
 	}
 }
 
-// frame handles one client frame, in the reader goroutine: commands run one
-// at a time, in the order sent.
+// runPump drains the outbox until it stays empty. Once the socket ends it
+// stops for good: the state stays running, so no kick starts another.
+func (p *peerSession) runPump() {
+	for {
+		p.pump.Store(pumpRunning)
+		if !p.drain() || p.pump.CompareAndSwap(pumpRunning, pumpIdle) {
+			return
+		}
+	}
+}
+
+// drain writes what the outbox holds for the current connection. It
+// reports false when the socket is ending: it ended already, a write
+// failed, or the consumer was superseded or forgotten.
+func (p *peerSession) drain() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.drainLocked()
+}
+
+// drainLocked is drain with mu held.
+func (p *peerSession) drainLocked() bool {
+	w := p.w
+	conn := p.current.Load()
+	select {
+	case <-w.stop:
+		return false
+	case <-conn.Done():
+		// A nil error is our own detach: the socket is closing already.
+		switch err := conn.Err(); {
+		case errors.Is(err, peer.ErrForgotten):
+			w.end(CloseForgotten, "forgotten: the gateway gave up on this consumer")
+		case errors.Is(err, peer.ErrSuperseded):
+			w.end(CloseSuperseded, "superseded by a newer connection")
+		}
+		return false
+	default:
+	}
+	var frame []byte
+	for {
+		d, ok := conn.Next()
+		if !ok {
+			return true
+		}
+		frame = appendPush(frame[:0], frameDelivery, d.Seq, d.Type, d.Data)
+		if w.send(frame) != nil {
+			return false
+		}
+	}
+}
+
+// resume restarts delivery from the cursor of a resume frame. Holding mu,
+// it waits for a pump's writes from the old connection, which thus come
+// before the reset, if any, and before the deliveries from the new one.
+// It writes those itself before the next frame is read: the client may
+// already ack a delivery that the old connection wrote, and an ack is
+// capped at what the current connection has handed out.
+func (p *peerSession) resume(fr inFrame) {
+	p.mu.Lock()
+	cur := fr.Cursor
+	reset := p.attach(&cur, fr.Epoch == "" || fr.Epoch == p.epoch)
+	ok := p.sendReset(reset) == nil && p.drainLocked()
+	p.mu.Unlock()
+	if ok {
+		p.listen()
+	}
+}
+
+// frame handles one client frame, in the handler's goroutine, which reads
+// them: commands run one at a time, in the order sent.
 func (p *peerSession) frame(fr inFrame, first bool) {
 	w := p.w
 	switch fr.Type {
@@ -567,14 +692,9 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 			w.frameRefused(fr, "resume must be the first frame")
 			return
 		}
-		// The delivery loop owns the outbox connection; the reader waits
-		// until it has switched, so later acks reach the new one.
-		req := resumeRequest{fr: fr, done: make(chan struct{})}
-		select {
-		case p.resumes <- req:
-			<-req.done
-		case <-w.stop:
-		}
+		p.resume(fr)
+	case frameRefresh:
+		w.refresh(fr, p.scope)
 	case frameCommand:
 		status, resp, after := p.s.peerCommand(w, p.ps, fr)
 		_ = w.reply(fr.ID, status, resp)
@@ -582,6 +702,14 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 		// cannot overtake it.
 		after.Run()
 	}
+}
+
+// scope checks that a refreshed credential still grants the socket's id.
+func (p *peerSession) scope(pr *auth.Principal) error {
+	if p.ps.role == kernel.RoleRunner {
+		return pr.MayActAsRunner(p.ps.key.ID)
+	}
+	return pr.MayActAsAgent(p.ps.key.ID)
 }
 
 // frameRefused answers a well-formed frame that this socket cannot take: an
@@ -623,7 +751,7 @@ func (s *Server) peerCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any, k
 		}
 		return commandError(kernelValidation("the " + ps.role + " socket takes the commands " + want + ", not " + strconv.Quote(fr.Command)))
 	}
-	return s.command(w.ctx, w.principal, name, pathID, fr.Body, kernel.Meta{})
+	return s.command(w.ctx, w.principal.Load(), name, pathID, fr.Body, kernel.Meta{})
 }
 
 func commandError(err error) (int, any, kernel.After) {
@@ -637,32 +765,35 @@ func commandError(err error) (int, any, kernel.After) {
 func (s *Server) serveExecution(w *wsConn, id string, last uint64) {
 	watch := s.k.Watch(id)
 	defer watch.Stop()
-	readerDone := make(chan struct{})
 	if w.send(appendHello(nil, s.k.Epoch(), "execution", id, "", s.opts.PingInterval)) != nil {
-		close(readerDone)
-		w.finish(readerDone)
+		w.finish()
 		return
 	}
+	w.expireAt(w.principal.Load().ExpiresAt)
+	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
 		w.readFrames(func(fr inFrame, _ bool) {
 			// Acks and resumes mean nothing here: the client's position is
 			// the sequence it reconnects with.
-			if fr.Type == frameCommand {
+			switch fr.Type {
+			case frameCommand:
 				w.frameRefused(fr, "the execution socket takes no commands")
+			case frameRefresh:
+				w.refresh(fr, (*auth.Principal).MayAdminister)
 			}
 		})
 	}()
 	w.startPings()
 	s.streamEvents(w, watch, id, last)
-	w.finish(readerDone)
+	w.finish()
+	// The reader returns once the socket is closed.
+	<-readerDone
 }
 
 // streamEvents writes the events of id after last until the terminal one,
 // or until the socket ends.
 func (s *Server) streamEvents(w *wsConn, watch *kernel.Watch, id string, last uint64) {
-	expired, stopExpiry := expiryTimer(w.principal.ExpiresAt)
-	defer stopExpiry()
 	for {
 		terminal, err := s.sendEvents(w, id, &last)
 		if err == nil && !terminal && !s.k.Live(id) {
@@ -685,9 +816,6 @@ func (s *Server) streamEvents(w *wsConn, watch *kernel.Watch, id string, last ui
 		case <-watch.C():
 		case <-watch.Done():
 			w.end(websocket.StatusGoingAway, "server shutting down")
-			return
-		case <-expired:
-			w.end(CloseTokenExpired, "token expired")
 			return
 		case <-w.stop:
 			return

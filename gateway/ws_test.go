@@ -257,6 +257,15 @@ func (w *wsClient) command(name string, body any) wsFrame {
 	return w.replyTo(id)
 }
 
+// refresh sends a refresh frame with token and returns its reply.
+func (w *wsClient) refresh(token string) wsFrame {
+	w.t.Helper()
+	w.ids++
+	id := fmt.Sprintf("refresh-%d", w.ids)
+	w.send(obj{"type": "refresh", "id": id, "token": token})
+	return w.replyTo(id)
+}
+
 func (w *wsClient) replyTo(id string) wsFrame {
 	w.t.Helper()
 	var held []wsFrame
@@ -562,6 +571,104 @@ func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
 	ag.expect("hello")
 	if reason := ag.expectClose(gateway.CloseTokenExpired); reason != "token expired" {
 		t.Fatalf("reason %q", reason)
+	}
+}
+
+// TestWSTokenRefresh: a refresh frame moves a socket to a new token of the
+// same caller, and the socket outlives the token that opened it.
+func TestWSTokenRefresh(t *testing.T) {
+	s := start(t, gateway.Config{Auth: auth.Options{
+		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
+	}})
+	adminClaims := auth.Claims{Subject: "ops", Role: auth.RoleAdmin}
+	agentClaims := auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"fresh-a"}}
+	short := func(c auth.Claims) *api {
+		a := newAPI(t, s)
+		c.TTL = 2 * time.Second
+		a.token = mint(t, c)
+		return a
+	}
+	admin := newAPI(t, s)
+	admin.token = mint(t, adminClaims)
+	id := admin.create("other-agent", nil)["id"].(string)
+
+	// An agent socket and an execution socket, opened with tokens that
+	// expire within two seconds.
+	ag := short(agentClaims).dialWS("/v0/agents/ws?agent_id=fresh-a&consumer_id=c1", gateway.SubprotocolMsgpack)
+	ag.expect("hello")
+	ex := short(adminClaims).dialWS("/v0/executions/"+id+"/ws", gateway.SubprotocolJSON)
+	ex.expect("hello")
+	firstExpiry := time.Now().Add(2 * time.Second)
+
+	for _, c := range []struct {
+		w      *wsClient
+		claims auth.Claims
+	}{{ag, agentClaims}, {ex, adminClaims}} {
+		c.claims.TTL = time.Hour
+		body := c.w.ok(c.w.refresh(mint(t, c.claims)))
+		at, err := time.Parse(time.RFC3339, fmt.Sprint(body["expires_at"]))
+		if err != nil || at.Before(time.Now().Add(59*time.Minute)) {
+			t.Fatalf("refresh reply %v: expires_at %v, %v", body, at, err)
+		}
+	}
+
+	// Past the first tokens' expiry, both sockets still answer.
+	time.Sleep(time.Until(firstExpiry) + 500*time.Millisecond)
+	if f := ag.command("intent", obj{}); f.obj["status"] != 400.0 {
+		t.Fatalf("agent socket after the first expiry: %v", f.obj)
+	}
+	claims := adminClaims
+	claims.TTL = time.Hour
+	ex.ok(ex.refresh(mint(t, claims)))
+}
+
+// TestWSTokenRefreshRefused: a refresh with a token of another caller, a
+// narrower scope, or no valid token gets the HTTP error, and the socket still
+// closes when the token that opened it expires.
+func TestWSTokenRefreshRefused(t *testing.T) {
+	s := start(t, gateway.Config{Auth: auth.Options{
+		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
+	}})
+	a := newAPI(t, s)
+	// exp counts whole seconds: the token expires 1 to 2 s from minted.
+	minted := time.Now()
+	a.token = mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"fresh-b"}, TTL: 2 * time.Second})
+	ag := a.dialWS("/v0/agents/ws?agent_id=fresh-b&consumer_id=c1", gateway.SubprotocolJSON)
+	ag.expect("hello")
+
+	// Signed 10 s ago and expired 5 s ago: within the authenticator's leeway,
+	// yet no use to a socket.
+	stale, err := auth.MintHS256([]byte(testSecret), auth.Claims{
+		Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"fresh-b"},
+		TTL: 5 * time.Second, Issuer: testIss, Audience: testAud,
+	}, time.Now().Add(-10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		token  string
+		status float64
+		code   string
+	}{
+		{"another subject", mint(t, auth.Claims{Subject: "agent-b", Role: auth.RoleAgent, Agents: []string{"fresh-b"}}), 403, "FORBIDDEN"},
+		{"another role", mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAdmin}), 403, "FORBIDDEN"},
+		{"narrower scope", mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"other"}}), 403, "FORBIDDEN"},
+		{"another key", mintOther(t), 401, "UNAUTHORIZED"},
+		{"expired", stale, 401, "UNAUTHORIZED"},
+		{"not a token", "x y", 401, "UNAUTHORIZED"},
+	} {
+		f := ag.refresh(c.token)
+		body, _ := f.obj["body"].(obj)
+		if f.obj["status"] != c.status || body["code"] != c.code {
+			t.Fatalf("%s: reply %v, want %v %s", c.name, f.obj, c.status, c.code)
+		}
+	}
+	if reason := ag.expectClose(gateway.CloseTokenExpired); reason != "token expired" {
+		t.Fatalf("reason %q", reason)
+	}
+	if d := time.Since(minted); d < time.Second {
+		t.Fatalf("closed %v after the token was minted, before it expired", d)
 	}
 }
 
@@ -1050,6 +1157,7 @@ func TestWSMalformedFrames(t *testing.T) {
 			{obj{"type": "ack", "id": "b4"}, "seq of at least 1"},
 			{obj{"type": "command", "id": "b5"}, "needs a command name"},
 			{obj{"type": "command", "id": "b6", "command": "result", "body": obj{}}, `not "result"`},
+			{obj{"type": "refresh", "id": "b7"}, "needs a token"},
 		} {
 			ag.send(c.frame)
 			f := ag.replyTo(c.frame["id"].(string))
@@ -1074,6 +1182,7 @@ func TestWSMalformedFrames(t *testing.T) {
 		{gateway.SubprotocolJSON, websocket.MessageText, `{"type":"bogus"}`},
 		{gateway.SubprotocolJSON, websocket.MessageText, `[1,2]`},
 		{gateway.SubprotocolJSON, websocket.MessageText, `{"type":"command","command":"intent"}`},
+		{gateway.SubprotocolJSON, websocket.MessageText, `{"type":"refresh","token":"t"}`},
 		{gateway.SubprotocolJSON, websocket.MessageText, `{"type":"ack","seq":1,"id":"` + strings.Repeat("i", 129) + `"}`},
 		{gateway.SubprotocolMsgpack, websocket.MessageBinary, "\xc1"},
 		{gateway.SubprotocolMsgpack, websocket.MessageBinary, "\x81\x01\x02"},                     // an integer map key

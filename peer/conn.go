@@ -15,6 +15,8 @@ type Conn struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	err    error
+	// onWake is set under both locks and read under either.
+	onWake func()
 }
 
 // Reset tells a consumer that it cannot resume where it asked to: its cursor
@@ -91,6 +93,21 @@ func (c *Conn) wake() {
 	case c.signal <- struct{}{}:
 	default:
 	}
+	if c.onWake != nil {
+		c.onWake()
+	}
+}
+
+// OnWake makes f run each time a value is sent on Ready and once when Done
+// is closed, so that a connection can be served without a goroutine blocked
+// on those channels. f runs with the hub's or the connection's lock held: it
+// must return quickly and must not call into the Hub or the Conn.
+func (c *Conn) OnWake(f func()) {
+	c.h.mu.Lock()
+	c.mu.Lock()
+	c.onWake = f
+	c.mu.Unlock()
+	c.h.mu.Unlock()
 }
 
 // end closes the connection's done channel once.
@@ -102,6 +119,9 @@ func (c *Conn) end(err error) {
 	default:
 		c.err = err
 		close(c.done)
+		if c.onWake != nil {
+			c.onWake()
+		}
 	}
 }
 

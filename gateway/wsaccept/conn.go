@@ -13,7 +13,8 @@ import (
 //
 // It reads through the hijacked conn rather than the socket underneath,
 // because fasthttp's buffered reader may already hold bytes the client
-// pipelined behind the handshake.
+// pipelined behind the handshake; with Tracker.KeepHijackedConns, unbuffer
+// takes those bytes out first and then reads the socket directly.
 //
 // Its Close has to interrupt the socket itself: fasthttp's hijacked conn
 // ignores Close unless Server.KeepHijackedConns is set, yet websocket.Conn
@@ -23,6 +24,10 @@ type conn struct {
 	// cleared by release.
 	hc  net.Conn
 	raw net.Conn
+	// head holds what unbuffer took out of fasthttp's reader, to be read
+	// before the socket. Only reads touch it, and websocket.Conn never
+	// reads from two goroutines at once.
+	head []byte
 
 	laddr, raddr net.Addr
 
@@ -64,11 +69,43 @@ func (c *conn) bind(hc net.Conn) {
 	c.laddr, c.raddr = hc.LocalAddr(), hc.RemoteAddr()
 }
 
+// unbuffer moves reads from fasthttp's buffered reader to the socket
+// underneath. With KeepHijackedConns fasthttp leaves that reader, 4 KiB by
+// default, to the hijacked conn for as long as it lives; once nothing reads
+// through the hijacked conn, the reader is garbage. It must run before the
+// conn is used, and only with KeepHijackedConns, where hc's other methods
+// are raw's own.
+func (c *conn) unbuffer() {
+	if c.raw == c.hc || c.raw.SetReadDeadline(aLongTimeAgo) != nil {
+		return
+	}
+	// With the deadline past, the reader hands out what it holds and then
+	// fails with the socket's timeout, without taking anything from it.
+	var buf [512]byte
+	for {
+		n, err := c.hc.Read(buf[:])
+		c.head = append(c.head, buf[:n]...)
+		if err != nil || n == 0 {
+			break
+		}
+	}
+	if c.raw.SetReadDeadline(time.Time{}) == nil {
+		c.hc = c.raw
+	}
+}
+
 func (c *conn) Read(p []byte) (int, error) {
 	c.inUse.RLock()
 	defer c.inUse.RUnlock()
 	if c.closed.Load() {
 		return 0, net.ErrClosed
+	}
+	if len(c.head) > 0 {
+		n := copy(p, c.head)
+		if c.head = c.head[n:]; len(c.head) == 0 {
+			c.head = nil
+		}
+		return n, nil
 	}
 	return c.hc.Read(p)
 }
@@ -92,7 +129,8 @@ func (c *conn) Write(p []byte) (int, error) {
 // a pooled wrapper that its first Close returns to the pool, so a second
 // Close could cut whichever connection picked it up next. hc.Close is the
 // close fasthttp expects from a hijack handler: a no-op by default, the real
-// close under KeepHijackedConns.
+// close under KeepHijackedConns, where fasthttp never closes raw itself and
+// unbuffer may have made hc raw.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)

@@ -123,12 +123,22 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 	return w.body.Write(p)
 }
 
+// Sizes of the buffers websocket.Conn reads and writes through. They live
+// as long as the socket, idle or not, so they are kept small: reads go
+// through fasthttp's own buffered reader already, and a frame larger than
+// the write buffer only costs one more write.
+const (
+	readBufferSize  = 256
+	writeBufferSize = 1024
+)
+
 // Hijack hands out a conn that is not attached to a socket yet: fasthttp
 // releases the socket only after the request handler has returned, and
 // websocket.Accept does no I/O on the conn before then.
 func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	w.nc = &conn{}
-	return w.nc, bufio.NewReadWriter(bufio.NewReader(w.nc), bufio.NewWriter(w.nc)), nil
+	rw := bufio.NewReadWriter(bufio.NewReaderSize(w.nc, readBufferSize), bufio.NewWriterSize(w.nc, writeBufferSize))
+	return w.nc, rw, nil
 }
 
 // head returns the recorded status line and header block.

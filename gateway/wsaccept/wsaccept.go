@@ -46,6 +46,14 @@ var (
 // on shutdown. The zero value is ready to use. A Tracker must not be copied
 // after first use.
 type Tracker struct {
+	// KeepHijackedConns must be set exactly when the fasthttp.Server has
+	// KeepHijackedConns. fasthttp then leaves each hijacked connection to
+	// the Tracker, which runs its handler in a goroutine of its own and
+	// reads the socket directly: fasthttp frees the request's RequestCtx
+	// and read buffer at once instead of holding them, some 7 KiB, for as
+	// long as the connection lives.
+	KeepHijackedConns bool
+
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closed   bool
@@ -63,8 +71,9 @@ type session struct {
 }
 
 // Accept upgrades the request in ctx to a WebSocket connection and arranges
-// for handler to run on it in the goroutine fasthttp starts for the hijacked
-// connection, once the request handler has returned. The handler's context is
+// for handler to run on it once the request handler has returned: in the
+// goroutine fasthttp starts for the hijacked connection, or with
+// KeepHijackedConns in one of the Tracker's own. The handler's context is
 // cancelled when the Tracker shuts down; the socket is closed when handler
 // returns, without a close handshake unless handler performed one.
 //
@@ -96,7 +105,7 @@ func (t *Tracker) Accept(ctx *fasthttp.RequestCtx, opts *websocket.AcceptOptions
 		return fmt.Errorf("%w: %w", ErrRejected, err)
 	}
 	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(hc net.Conn) { t.serve(hc, rw, ws, handler) })
+	ctx.Hijack(func(hc net.Conn) { t.hijacked(hc, rw, ws, handler) })
 	return nil
 }
 
@@ -164,11 +173,24 @@ func (t *Tracker) Shutdown(ctx context.Context, reason string) error {
 	return fmt.Errorf("wsaccept: shutdown left %d websocket handlers running: %w", len(sessions), ctx.Err())
 }
 
-// serve runs in fasthttp's hijack goroutine. fasthttp recycles hc once it
-// returns, so everything that can reach hc is stopped before that.
-func (t *Tracker) serve(hc net.Conn, rw *responseWriter, ws *websocket.Conn, handler func(context.Context, *websocket.Conn)) {
+// hijacked runs in fasthttp's hijack goroutine. Without KeepHijackedConns
+// fasthttp closes hc and recycles it once this returns, so the connection is
+// served here; with it, this returns as soon as nothing refers to fasthttp's
+// buffers any more.
+func (t *Tracker) hijacked(hc net.Conn, rw *responseWriter, ws *websocket.Conn, handler func(context.Context, *websocket.Conn)) {
+	rw.nc.bind(hc)
+	if !t.KeepHijackedConns {
+		t.serve(rw, ws, handler)
+		return
+	}
+	rw.nc.unbuffer()
+	go t.serve(rw, ws, handler)
+}
+
+// serve runs the handler and stops everything that can reach the hijacked
+// conn before it returns.
+func (t *Tracker) serve(rw *responseWriter, ws *websocket.Conn, handler func(context.Context, *websocket.Conn)) {
 	nc := rw.nc
-	nc.bind(hc)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &session{ws: ws, nc: nc, cancel: cancel}
 	if !t.add(s) {

@@ -54,6 +54,7 @@ func serverConfigs() []serverConfig {
 		{name: "KeepHijackedConns+MaxConnsPerIP", configure: both, earlyEOF: true},
 		{name: "TLS", tls: true, earlyEOF: true},
 		{name: "TLS+MaxConnsPerIP", configure: perIP, tls: true, earlyEOF: true},
+		{name: "TLS+KeepHijackedConns", configure: keep, tls: true, earlyEOF: true},
 	}
 }
 
@@ -79,6 +80,7 @@ func startServer(t *testing.T, cfg serverConfig, handler func(tr *wsaccept.Track
 	if cfg.configure != nil {
 		cfg.configure(srv)
 	}
+	tr.KeepHijackedConns = srv.KeepHijackedConns
 	transport := &http.Transport{}
 	ts := &testServer{addr: ln.Addr().String(), tr: tr, client: &http.Client{Transport: transport}}
 	if cfg.tls {
