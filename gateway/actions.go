@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"strconv"
 
@@ -102,7 +103,7 @@ func (s *Server) respondAction(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	status, body, after, err := s.respond(c, c.params[0], req)
+	status, body, after, err := s.respond(c.ctx, c.principal, c.params[0], req, meta(c.ctx))
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -111,7 +112,7 @@ func (s *Server) respondAction(c *call) {
 }
 
 // respond is the shared answer path of HTTP and channel sockets.
-func (s *Server) respond(c *call, actionID string, req RespondRequest) (int, any, kernel.After, error) {
+func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string, req RespondRequest, m kernel.Meta) (int, any, kernel.After, error) {
 	if len(req.Reason) > 4096 || len(req.ChannelID) > 256 || len(req.NativePeerID) > 256 {
 		return 0, nil, nil, kernelValidation("reason is limited to 4096 bytes, channel_id and native_peer_id to 256")
 	}
@@ -123,20 +124,20 @@ func (s *Server) respond(c *call, actionID string, req RespondRequest) (int, any
 	if err != nil {
 		return 0, nil, nil, actionError(err)
 	}
-	if c.principal.Role == auth.RoleAgent || c.principal.Role == auth.RoleRunner {
+	if p.Role == auth.RoleAgent || p.Role == auth.RoleRunner {
 		// An agent must never approve its own tool calls, nor a runner.
-		return 0, nil, nil, &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: an " + string(c.principal.Role) + " may not answer permission prompts"}
+		return 0, nil, nil, &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: an " + string(p.Role) + " may not answer permission prompts"}
 	}
-	if err := mayRead(c.principal, rec.Owner); err != nil {
+	if err := mayRead(p, rec.Owner); err != nil {
 		return 0, nil, nil, err
 	}
 	if rec.State != bridge.StatePending {
 		return 0, nil, nil, recordedConflict(rec)
 	}
 	d := kernel.Decision{Outcome: outcome, Scope: scope, Reason: req.Reason, DecidedBy: &kernel.DecidedBy{
-		Principal: c.principal.Subject, ChannelID: req.ChannelID, NativePeerID: req.NativePeerID,
+		Principal: p.Subject, ChannelID: req.ChannelID, NativePeerID: req.NativePeerID,
 	}}
-	after, err := s.k.ResolveApproval(c.ctx, rec.ExecutionID, actionID, d, meta(c.ctx))
+	after, err := s.k.ResolveApproval(ctx, rec.ExecutionID, actionID, d, m)
 	if err != nil {
 		if errors.Is(err, kernel.ErrConflict) {
 			// Someone answered first (or the execution ended): say what won.

@@ -9,6 +9,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/peer"
 )
 
 func (s *Server) channelRoutes(r *router) {
@@ -16,6 +17,7 @@ func (s *Server) channelRoutes(r *router) {
 		return
 	}
 	r.add("GET", "/v0/channels/stream", false, s.admit(s.streamChannel))
+	r.add("GET", "/v0/channels/ws", false, s.admit(s.channelWS))
 	r.add("GET", "/v0/channels", false, s.listChannels)
 	r.add("GET", "/v0/channels/events", false, s.channelEvents)
 	r.add("PUT", "/v0/channels/webhook", false, s.setWebhook)
@@ -55,32 +57,96 @@ func channelError(err error) error {
 // from the channel's durable outbox. A channel registering for the first
 // time first receives every prompt still pending.
 func (s *Server) streamChannel(c *call) {
-	args := c.ctx.QueryArgs()
-	channelID, peerID := string(args.Peek("channel_id")), string(args.Peek("peer_id"))
-	if channelID == "" || peerID == "" {
-		s.writeError(c.ctx, kernelValidation("channel_id and peer_id query params are required"))
-		return
-	}
-	owner, err := person(c.principal)
+	owner, key, err := s.connectChannel(c)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
+	s.streamPeer(c, "channel", key, func() func() {
+		return func() { s.opts.Channels.Disconnected(owner, key.ID, key.Consumer) }
+	})
+}
+
+// channelWS serves a human channel over WebSocket: the same deliveries as
+// the SSE stream, plus the commands respond (answer a prompt) and message.
+func (s *Server) channelWS(c *call) {
+	owner, key, err := s.connectChannel(c)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	ps := &peerSocket{role: roleChannel, key: key, connect: func() func() {
+		return func() { s.opts.Channels.Disconnected(owner, key.ID, key.Consumer) }
+	}}
+	s.upgradePeer(c, ps)
+}
+
+// roleChannel is the peer role of human channels.
+const roleChannel = "channel"
+
+// connectChannel reads a channel's query, registers it for the caller and,
+// the first time, forwards the prompts already pending.
+func (s *Server) connectChannel(c *call) (owner string, key peer.Key, err error) {
+	args := c.ctx.QueryArgs()
+	channelID, peerID := string(args.Peek("channel_id")), string(args.Peek("peer_id"))
+	if channelID == "" || peerID == "" {
+		return "", peer.Key{}, kernelValidation("channel_id and peer_id query params are required")
+	}
+	if owner, err = person(c.principal); err != nil {
+		return "", peer.Key{}, err
+	}
 	ch, fresh, err := s.opts.Channels.Connect(c.ctx, owner, channelID, peerID)
 	if err != nil {
-		s.writeError(c.ctx, channelError(err))
-		return
+		return "", peer.Key{}, channelError(err)
 	}
 	if fresh {
 		if err := s.opts.Channels.Backfill(c.ctx, ch, s.opts.Bridge.Pending(owner)); err != nil {
-			s.writeError(c.ctx, channelError(err))
-			return
+			return "", peer.Key{}, channelError(err)
 		}
 	}
-	s.streamPeer(c, "channel", channel.Key(channelID, peerID), func() func() {
-		return func() { s.opts.Channels.Disconnected(owner, channelID, peerID) }
-	})
+	return owner, channel.Key(channelID, peerID), nil
 }
+
+// channelCommand runs a command of a channel socket: respond answers a
+// prompt through this channel, message records a free-form message.
+func (s *Server) channelCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any, kernel.After) {
+	p := w.principal.Load()
+	switch fr.Command {
+	case cmdRespond:
+		var req struct {
+			ActionID string `json:"action_id"`
+			RespondRequest
+		}
+		if err := decodeBody(fr.Body, &req, s.opts.MaxBodyBytes); err != nil {
+			return commandError(err)
+		}
+		if req.ActionID == "" {
+			return commandError(kernelValidation("action_id is required"))
+		}
+		req.ChannelID, req.NativePeerID = ps.key.ID, ps.key.Consumer
+		status, body, after, err := s.respond(w.ctx, p, req.ActionID, req.RespondRequest, kernel.Meta{Principal: p.Subject})
+		if err != nil {
+			return commandError(err)
+		}
+		return status, body, after
+	case cmdMessage:
+		owner, err := person(p)
+		if err == nil {
+			err = s.opts.Channels.Message(owner, ps.key.ID, ps.key.Consumer, fr.Body)
+		}
+		if err != nil {
+			return commandError(channelError(err))
+		}
+		return fasthttp.StatusOK, statusOK, nil
+	}
+	return commandError(kernelValidation("the channel socket takes the commands respond and message, not " + strconv.Quote(fr.Command)))
+}
+
+// Commands of channel sockets.
+const (
+	cmdRespond = "respond"
+	cmdMessage = "message"
+)
 
 func (s *Server) listChannels(c *call) {
 	owner, err := person(c.principal)

@@ -167,3 +167,53 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 		t.Fatalf("bot retraction: %+v", got[1])
 	}
 }
+
+// TestChannelWebSocketAnswersAndMessages: a phone on the channel socket
+// receives the prompt, answers it with a respond command (in both
+// encodings), another device on SSE gets the retraction, and a message is
+// recorded in the channel log.
+func TestChannelWebSocketAnswersAndMessages(t *testing.T) {
+	for _, proto := range wsProtos() {
+		t.Run(proto, func(t *testing.T) {
+			a := bridgeServer(t, gateway.Config{})
+			phone := a.dialWS("/v0/channels/ws?channel_id=phone&peer_id=u1", proto)
+			if hello := phone.expect("hello"); hello["role"] != "channel" || hello["id"] != "phone" || hello["consumer_id"] != "u1" {
+				t.Fatalf("hello: %v", hello)
+			}
+			tablet := a.channel("tablet", "u1")
+			ag := a.agent("chws-agent", "c1")
+			_, _, step, action := pendingAction(t, a, ag, "deploy.ws")
+			seq, prompt := phone.delivery("permission.requested")
+			if prompt["action_id"] != action || prompt["step_id"] != step {
+				t.Fatalf("prompt: %v", prompt)
+			}
+			phone.ack(seq)
+			tablet.expect("permission.requested")
+			rec := phone.ok(phone.command("respond", obj{"action_id": action, "decision": "allow_once", "reason": "looks fine"}))
+			if rec["state"] != "approved" || rec["decided_by"].(obj)["channel_id"] != "phone" || rec["decided_by"].(obj)["native_peer_id"] != "u1" {
+				t.Fatalf("respond reply: %v", rec)
+			}
+			if r := tablet.expect("permission.resolved"); r["state"] != "approved" {
+				t.Fatalf("retraction on the other device: %v", r)
+			}
+			ag.expect("approval.resolved")
+			late := phone.command("respond", obj{"action_id": action, "decision": "deny"})
+			if late.obj["status"] != 409.0 || late.obj["body"].(obj)["code"] != "CONFLICT" {
+				t.Fatalf("late answer: %v", late.obj)
+			}
+			bad := phone.command("intent", obj{})
+			if bad.obj["status"] != 400.0 {
+				t.Fatalf("agent command on a channel socket: %v", bad.obj)
+			}
+			phone.ok(phone.command("message", obj{"text": "on my way"}))
+			evs := a.json("GET", "/v0/channels/events?limit=100", nil, 200)["events"].([]any)
+			types := map[string]int{}
+			for _, e := range evs {
+				types[e.(obj)["type"].(string)]++
+			}
+			if types[channel.TypeMessage] != 1 || types[channel.TypePermissionReturned] != 1 {
+				t.Fatalf("channel log: %v", types)
+			}
+		})
+	}
+}

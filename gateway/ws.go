@@ -706,8 +706,12 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 
 // scope checks that a refreshed credential still grants the socket's id.
 func (p *peerSession) scope(pr *auth.Principal) error {
-	if p.ps.role == kernel.RoleRunner {
+	switch p.ps.role {
+	case kernel.RoleRunner:
 		return pr.MayActAsRunner(p.ps.key.ID)
+	case roleChannel:
+		_, err := person(pr) // the refresh already requires the same subject
+		return err
 	}
 	return pr.MayActAsAgent(p.ps.key.ID)
 }
@@ -727,6 +731,9 @@ func (w *wsConn) frameRefused(fr inFrame, msg string) {
 // commands name the socket's runner; started names its step in the body,
 // since the frame has no path to carry it.
 func (s *Server) peerCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any, kernel.After) {
+	if ps.role == roleChannel {
+		return s.channelCommand(w, ps, fr)
+	}
 	var name, pathID string
 	switch {
 	case ps.role == kernel.RoleAgent && (fr.Command == cmdIntent || fr.Command == cmdStepResult):
