@@ -89,9 +89,10 @@ type Bridge struct {
 
 // Record kinds in the store.
 const (
-	kindAction  = "action"
-	kindPending = "action_pending"
-	kindAllow   = "allow_always"
+	kindAction    = "action"
+	kindPending   = "action_pending"
+	kindForwarded = "action_forwarded" // the prompt reached the channels' outboxes
+	kindAllow     = "allow_always"
 )
 
 // New loads pending prompts and allow-always rules from the store.
@@ -125,7 +126,34 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("bridge: load allow rules: %w", err)
 	}
+	b.forwardUnsent(ctx)
 	return b, nil
+}
+
+// forwardUnsent forwards the pending prompts whose fan-out was not recorded:
+// the gateway stopped between a prompt's commit and its fan-out. A prompt
+// may reach a channel twice that way; channels dedupe by action_id.
+func (b *Bridge) forwardUnsent(ctx context.Context) {
+	if b.n == nil {
+		return
+	}
+	for _, r := range b.Pending("") {
+		var sent bool
+		if err := b.st.Get(kindForwarded, r.ActionID, &sent); err == nil {
+			continue
+		}
+		b.forward(ctx, r)
+	}
+}
+
+// forward hands a prompt to the channels and records that it did.
+func (b *Bridge) forward(ctx context.Context, r Record) {
+	b.n.Prompt(r)
+	var batch store.Batch
+	_ = batch.Put(kindForwarded, r.ActionID, true)
+	if err := b.st.Write(ctx, &batch); err != nil {
+		b.log.Warn("record prompt fan-out", "action", r.ActionID, "err", err)
+	}
 }
 
 // Requested implements kernel.Approvals.
@@ -145,7 +173,7 @@ func (b *Bridge) Requested(batch *store.Batch, a kernel.Approval) (apply, publis
 		_, still := b.pending[a.ActionID]
 		b.mu.Unlock()
 		if still && b.n != nil {
-			b.n.Prompt(r)
+			b.forward(context.Background(), r)
 		}
 	}
 	return apply, publish
@@ -161,6 +189,7 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	r.settle(d)
 	_ = batch.Put(kindAction, actionID, &r)
 	batch.Delete(kindPending, actionID)
+	batch.Delete(kindForwarded, actionID)
 	allowKey := ""
 	if r.State == StateApproved && d.Scope == kernel.ScopeSession {
 		allowKey = r.SessionID + "/" + r.ToolID

@@ -118,3 +118,44 @@ func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 		t.Fatalf("list page 2: %+v %q %v", all, next, err)
 	}
 }
+
+// TestUnforwardedPromptIsForwardedAtStart: a prompt committed but never
+// handed to the channels (a crash between the two) reaches them when the
+// bridge starts again; a forwarded one is not sent again.
+func TestUnforwardedPromptIsForwardedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(context.Background(), Options{Store: st, Notifier: &notes{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"sent", "lost"} {
+		var batch store.Batch
+		apply, publish := b.Requested(&batch, kernel.Approval{ActionID: id, Owner: "alice", RequestedAt: time.Now()})
+		if err := st.Write(context.Background(), &batch); err != nil {
+			t.Fatal(err)
+		}
+		apply()
+		if i == 0 {
+			publish() // the crash comes before the second prompt's fan-out
+		}
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = store.Open(store.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	n := &notes{}
+	if _, err := New(context.Background(), Options{Store: st, Notifier: n}); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.prompts) != 1 || n.prompts[0] != "lost" {
+		t.Fatalf("forwarded at start: %v, want [lost]", n.prompts)
+	}
+}
