@@ -47,7 +47,7 @@ func WriteTable(w io.Writer, results []Result) error {
 		return err
 	}
 	s := Summarize(results)
-	_, err := fmt.Fprintf(w, "\n%d checks: %d passed, %d failed, %d skipped\n", len(results), s.Pass, s.Fail, s.Skip)
+	_, err := fmt.Fprintf(w, "\n%d checks\nconformance: %d passed, %d failed, %d skipped\n", len(results), s.Pass, s.Fail, s.Skip)
 	return err
 }
 
