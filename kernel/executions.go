@@ -106,7 +106,8 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	if lease == nil {
 		// A consumer may have connected after we looked and before the
 		// execution joined the line: give it the chance to take it.
-		defer func() { go k.assignPending(ex.AgentID) }()
+		agentID := ex.AgentID
+		defer k.spawn(func() { k.assignPending(agentID) })
 	}
 	k.armExecutionTimer(ex)
 	if publish := t.publish(); publish != nil {

@@ -175,10 +175,9 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 func (k *Kernel) Close() {
 	k.mu.Lock()
 	k.closed = true
+	live := make([]*Execution, 0, len(k.live))
 	for _, ex := range k.live {
-		ex.mu.Lock()
-		ex.stopTimers()
-		ex.mu.Unlock()
+		live = append(live, ex)
 	}
 	for _, as := range k.agents {
 		for _, c := range as.consumers {
@@ -191,6 +190,13 @@ func (k *Kernel) Close() {
 		}
 	}
 	k.mu.Unlock()
+	// Execution locks are taken before k.mu everywhere else, so never
+	// while holding it.
+	for _, ex := range live {
+		ex.mu.Lock()
+		ex.stopTimers()
+		ex.mu.Unlock()
+	}
 	k.wg.Wait()
 	k.watchMu.Lock()
 	for _, ws := range k.watchers {

@@ -35,7 +35,7 @@ func (k *Kernel) executionTimedOut(id string) {
 		return
 	}
 	k.finish(ex)
-	go k.runNow(fx) // effects take locks of their own; ex.mu is held here
+	k.spawn(func() { k.runNow(fx) }) // effects take locks of their own; ex.mu is held here
 }
 
 // armStepTimers (re)arms the deadline timer of every active step. Deadlines
@@ -90,5 +90,5 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
 	fx.add(t.publish())
 	fx.add(k.dispatch)
 	// Effects take execution locks themselves, and ex.mu is held here.
-	go k.runNow(fx)
+	k.spawn(func() { k.runNow(fx) })
 }
