@@ -65,6 +65,11 @@ func TestJWTScopes(t *testing.T) {
 	other := admin.create("scoped-b", nil)["id"].(string)
 	agentA.fail("POST", "/v0/agents/intent", obj{"execution_id": other, "session_id": "x", "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
 	runner1.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
+	client := newAPI(t, s)
+	client.token = mint(t, auth.Claims{Subject: "dashboard", Role: auth.RoleClient})
+	client.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
+	client.fail("POST", "/v0/agents/step-result", obj{"execution_id": id, "session_id": lease, "step_id": step, "success": true}, 403, "FORBIDDEN")
+	client.json("GET", "/v0/executions/"+id, nil, 200)
 	agentA.intent(id, lease, obj{"type": "complete"}, 200)
 
 	for name, tok := range map[string]string{
