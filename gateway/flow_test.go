@@ -658,3 +658,16 @@ func TestKernelOptionsDefaultsAreUsable(t *testing.T) {
 	a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "t"}, 200)
 	a.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "invoke_tool", "tool_id": "t"}}, 409, "CONFLICT")
 }
+
+func TestIdempotencyKeyHeaderIsRecordedOnResults(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	ag := a.agent("hdr-agent", "c1")
+	id, lease := a.assigned(ag, nil)
+	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "t"}, 200)["step_id"]
+	a.json("POST", "/v0/agents/step-result", obj{"execution_id": id, "session_id": lease, "step_id": step, "success": true}, 200, "Idempotency-Key", "res-1")
+	evs := a.events(id)
+	if last := evs[len(evs)-1]; last["type"] != "step.completed" || last["idempotency_key"] != "res-1" {
+		t.Fatalf("step.completed: %v", last)
+	}
+}

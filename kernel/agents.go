@@ -625,7 +625,9 @@ func (k *Kernel) StepResult(ctx context.Context, req StepResultRequest, meta Met
 	if st.Approval {
 		return nil, conflict("conflict: step %s is waiting for approval", st.ID)
 	}
-	meta.IdempotencyKey = req.IdempotencyKey
+	if req.IdempotencyKey != "" {
+		meta.IdempotencyKey = req.IdempotencyKey // the body's key wins over the header's
+	}
 	t := k.begin(ex, meta)
 	var push toolResultPush
 	if req.Success {

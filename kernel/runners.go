@@ -438,7 +438,9 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	// so that its next job's dispatch shares this result's group commit.
 	k.releaseJob(req.JobID)
 	k.spawn(k.dispatch)
-	meta.IdempotencyKey = req.IdempotencyKey
+	if req.IdempotencyKey != "" {
+		meta.IdempotencyKey = req.IdempotencyKey // the body's key wins over the header's
+	}
 	var fx effects
 	t := k.begin(ex, meta)
 	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, req.JobID)
