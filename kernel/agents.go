@@ -63,6 +63,19 @@ func (as *agentSet) consumer(id string) *agentConsumer {
 	return c
 }
 
+// bindLeaseLocked records that consumerID holds execID. The consumer may
+// have been declared lost since it was picked; it then comes back as an
+// offline consumer with a fresh grace period, so the lease is released like
+// any other and never outlives its holder.
+func (k *Kernel) bindLeaseLocked(agentID, consumerID, execID, leaseID string) {
+	c := k.agentSetLocked(agentID).consumer(consumerID)
+	c.leases[execID] = leaseID
+	if !c.online && c.grace == nil && !k.closed {
+		gen := c.gen
+		c.grace = time.AfterFunc(k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
+	}
+}
+
 // pickAgentConsumer chooses an online consumer round-robin, in name order.
 func (k *Kernel) pickAgentConsumer(agentID string) string {
 	k.mu.Lock()
@@ -219,7 +232,7 @@ func (k *Kernel) assign(id, consumer string) {
 		return
 	}
 	k.mu.Lock()
-	k.agentSetLocked(ex.AgentID).consumer(consumer).leases[ex.ID] = lease.ID
+	k.bindLeaseLocked(ex.AgentID, consumer, ex.ID, lease.ID)
 	k.mu.Unlock()
 	if publish := t.publish(); publish != nil {
 		publish()

@@ -98,7 +98,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	k.live[ex.ID] = ex
 	as := k.agentSetLocked(ex.AgentID)
 	if lease != nil {
-		as.consumer(lease.ConsumerID).leases[ex.ID] = lease.ID
+		k.bindLeaseLocked(ex.AgentID, lease.ConsumerID, ex.ID, lease.ID)
 	} else {
 		as.pending = append(as.pending, ex.ID)
 	}

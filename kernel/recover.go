@@ -46,12 +46,8 @@ func (k *Kernel) recover(ctx context.Context) error {
 				as.pending = append(as.pending, ex.ID)
 			}
 		} else {
-			c := as.consumer(ex.Lease.ConsumerID)
-			c.leases[ex.ID] = ex.Lease.ID
-			if c.grace == nil {
-				agentID, consumerID, gen := ex.AgentID, c.id, c.gen
-				c.grace = time.AfterFunc(k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
-			}
+			// Its agent gets the grace period to come back after the restart.
+			k.bindLeaseLocked(ex.AgentID, ex.Lease.ConsumerID, ex.ID, ex.Lease.ID)
 		}
 		for _, sid := range ex.StepOrder {
 			st := ex.Steps[sid]
