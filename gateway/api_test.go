@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -207,4 +208,38 @@ func TestListFiltersAndPagination(t *testing.T) {
 	a.fail("GET", "/v0/executions?label=:v", nil, 400, "VALIDATION_ERROR")
 	a.fail("GET", "/v0/executions?cursor=%%%", nil, 400, "VALIDATION_ERROR")
 	a.fail("GET", "/v0/executions?cursor="+base64.StdEncoding.EncodeToString([]byte("garbage")), nil, 400, "VALIDATION_ERROR")
+}
+
+func TestCORS(t *testing.T) {
+	s := start(t, gateway.Config{Server: gateway.Options{CORSOrigins: []string{"https://app.example"}}})
+	a := newAPI(t, s)
+	status, _, hdr := a.do("OPTIONS", "/v0/executions", nil, "Origin", "https://app.example", "Access-Control-Request-Method", "POST")
+	if status != 204 || hdr.Get("Access-Control-Allow-Origin") != "https://app.example" || !strings.Contains(hdr.Get("Access-Control-Allow-Headers"), "Authorization") {
+		t.Fatalf("preflight: %d %v", status, hdr)
+	}
+	_, _, hdr = a.do("GET", "/v0/health", nil, "Origin", "https://evil.example")
+	if hdr.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("a foreign origin was allowed: %v", hdr)
+	}
+	plain := start(t, gateway.Config{})
+	_, _, hdr = newAPI(t, plain).do("GET", "/v0/health", nil, "Origin", "https://app.example")
+	if hdr.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatal("CORS headers without configured origins")
+	}
+}
+
+func TestTraceparentIsKept(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	status, body, _ := a.do("POST", "/v0/executions", obj{"agent_id": "traced"}, "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	if status != 201 {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	var ex obj
+	if err := json.Unmarshal(body, &ex); err != nil {
+		t.Fatal(err)
+	}
+	if evs := a.events(ex["id"].(string)); evs[0]["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Fatalf("trace id: %v", evs[0])
+	}
 }

@@ -162,10 +162,12 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once", "channel_id": "webhook", "native_peer_id": "bot"}, 200)
 	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
 	mu.Lock()
-	defer mu.Unlock()
 	if got[1].Type != "permission.resolved" {
 		t.Fatalf("bot retraction: %+v", got[1])
 	}
+	mu.Unlock()
+	a.json("DELETE", "/v0/channels/webhook", nil, 200)
+	a.fail("DELETE", "/v0/channels/webhook", nil, 404, "NOT_FOUND")
 }
 
 // TestChannelWebSocketAnswersAndMessages: a phone on the channel socket

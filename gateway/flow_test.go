@@ -671,3 +671,30 @@ func TestIdempotencyKeyHeaderIsRecordedOnResults(t *testing.T) {
 		t.Fatalf("step.completed: %v", last)
 	}
 }
+
+// TestBlockedExecutionOutlivesItsAgent: an execution blocked on a signal
+// stays blocked when its agent is lost; when the signal comes it goes back
+// to pending and the next agent consumer takes it over, with its history.
+func TestBlockedExecutionOutlivesItsAgent(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	ag := a.agent("lone-agent", "c1")
+	id, lease := a.assigned(ag, nil)
+	a.intent(id, lease, obj{"type": "wait", "signal_type": "go"}, 200)
+	a.waitStatus(id, "blocked")
+	ag.close()
+	time.Sleep(600 * time.Millisecond) // past the 300ms grace
+	if ex := a.json("GET", "/v0/executions/"+id, nil, 200); ex["status"] != "blocked" {
+		t.Fatalf("a blocked execution must wait for its signal, not its agent: %v", ex["status"])
+	}
+	a.json("POST", "/v0/executions/"+id+"/signal", obj{"signal_type": "go"}, 200)
+	a.waitStatus(id, "pending")
+	next := a.agent("lone-agent", "c2")
+	if p := next.expect("execution.assigned"); p["execution_id"] != id || p["session_id"] == lease {
+		t.Fatalf("takeover: %v", p)
+	}
+	types := strings.Join(a.eventTypes(id), ",")
+	if !strings.Contains(types, "agent.timeout") || !strings.Contains(types, "execution.resumed,execution.reset,execution.started") {
+		t.Fatalf("events: %s", types)
+	}
+}
