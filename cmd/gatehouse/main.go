@@ -21,6 +21,7 @@ Usage:
   gatehouse bench [flags]      measure end-to-end executions against an in-process gateway
   gatehouse token [flags]      mint a JWT for development (--secret, --role, --agents, --runners)
   gatehouse runner [flags]     run a runner behind NAT with built-in tools (gatehouse.echo, .time, .sha256, .sleep)
+  gatehouse tail [flags] <id>  follow an execution's events until it ends (resumes across disconnects)
   gatehouse approve [flags]    list pending permission prompts, or answer one: <action-id> allow_once|allow_always|deny
   gatehouse conformance [flags] check a running gateway against the specs (--url, --token, --restart-cmd, --json)
   gatehouse version            print the version
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return approveCmd(ctx, args, stdout, stderr)
 	case "runner":
 		return runnerCmd(ctx, args, stdout, stderr)
+	case "tail":
+		return tailCmd(ctx, args, stdout, stderr)
 	case "conformance":
 		return conformanceCmd(ctx, args, stdout, stderr)
 	case "version":
