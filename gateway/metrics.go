@@ -55,6 +55,14 @@ func newMetrics(reg *prometheus.Registry, k *kernel.Kernel) *metrics {
 		counter("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", func(s kernel.Stats) float64 { return float64(s.Jobs) }),
 		counter("gatehouse_job_retries_total", "Remote job attempts retried.", func(s kernel.Stats) float64 { return float64(s.Retries) }),
 		counter("gatehouse_events_total", "Events written.", func(s kernel.Stats) float64 { return float64(s.Events) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gatehouse_store_commits_total", Help: "Group commits (batches) written to the store."},
+			func() float64 { return float64(k.StoreStats().Commits) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gatehouse_store_writes_total", Help: "Writes committed; writes/commits is the group-commit batch size."},
+			func() float64 { return float64(k.StoreStats().Writes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gatehouse_store_syncs_total", Help: "fsyncs of the store (one per batch under --sync always)."},
+			func() float64 { return float64(k.StoreStats().Syncs) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gatehouse_store_last_commit_seconds", Help: "Duration of the last group commit, its fsync included."},
+			func() float64 { return k.StoreStats().LastCommit.Seconds() }),
 	)
 	return m
 }
