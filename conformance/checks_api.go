@@ -772,11 +772,15 @@ func checkHeartbeat(t *tc) {
 	}
 }
 
-func checkAgentStreamParams(t *tc) {
-	for _, q := range []string{"", "?agent_id=a", "?consumer_id=c", "?agent_id=&consumer_id=c"} {
-		s, r := t.openStream("/v0/agents/stream" + q)
+func checkAgentStreamParams(t *tc) { checkStreamParams(t, "agent") }
+
+// checkStreamParams: a role stream without both ids is a JSON 400, before
+// any stream bytes.
+func checkStreamParams(t *tc, role string) {
+	for _, q := range []string{"", "?" + role + "_id=x", "?consumer_id=c", "?" + role + "_id=&consumer_id=c"} {
+		s, r := t.openStream("/v0/" + role + "s/stream" + q)
 		if s != nil {
-			t.fatalf("agent stream %q opened; want a JSON 400", q)
+			t.fatalf("%s stream %q opened; want a JSON 400", role, q)
 		}
 		t.expectError(r, http.StatusBadRequest, "VALIDATION_ERROR")
 	}
@@ -1217,15 +1221,7 @@ func (t *tc) wantRecorded(r *response, status string, result any) {
 	}
 }
 
-func checkRunnerStreamParams(t *tc) {
-	for _, q := range []string{"", "?runner_id=r", "?consumer_id=c", "?runner_id=&consumer_id=c"} {
-		s, r := t.openStream("/v0/runners/stream" + q)
-		if s != nil {
-			t.fatalf("runner stream %q opened; want a JSON 400", q)
-		}
-		t.expectError(r, http.StatusBadRequest, "VALIDATION_ERROR")
-	}
-}
+func checkRunnerStreamParams(t *tc) { checkStreamParams(t, "runner") }
 
 func checkRunnerStarted(t *tc) {
 	tool := newID("conformance.remote.")

@@ -648,8 +648,8 @@ func TestConcurrentExecutions(t *testing.T) {
 	}
 }
 
-func TestKernelOptionsDefaultsAreUsable(t *testing.T) {
-	// The zero kernel.Options (defaults) serves a full flow too.
+// TestStepLimit: an execution takes no more steps than Options.MaxSteps.
+func TestStepLimit(t *testing.T) {
 	s := start(t, gateway.Config{Kernel: kernel.Options{MaxSteps: 2}})
 	a := newAPI(t, s)
 	ag := a.agent("limit-agent", "c1")

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 type metrics struct {
@@ -32,38 +33,9 @@ func newMetrics(reg *prometheus.Registry, k *kernel.Kernel) *metrics {
 			Name: "gatehouse_streams_open", Help: "Open long-lived streams by kind.",
 		}, []string{"kind"}),
 	}
-	gauge := func(name, help string, f func(kernel.Stats) float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(k.Stats()) })
-	}
-	counter := func(name, help string, f func(kernel.Stats) float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return f(k.Stats()) })
-	}
 	reg.MustRegister(m.requests, m.latency, m.streams,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		gauge("gatehouse_executions_live", "Executions not yet terminal.", func(s kernel.Stats) float64 { return float64(s.Live) }),
-		gauge("gatehouse_jobs_queued", "Remote jobs waiting for a runner.", func(s kernel.Stats) float64 { return float64(s.QueuedJobs) }),
-		gauge("gatehouse_agents_online", "Agent consumers with a live connection.", func(s kernel.Stats) float64 { return float64(s.AgentsOnline) }),
-		gauge("gatehouse_runners_online", "Runner consumers with a live connection.", func(s kernel.Stats) float64 { return float64(s.RunnersOnline) }),
-		gauge("gatehouse_runners_busy", "Runner consumers holding a job.", func(s kernel.Stats) float64 { return float64(s.RunnersBusy) }),
-		counter("gatehouse_executions_created_total", "Executions created.", func(s kernel.Stats) float64 { return float64(s.Created) }),
-		counter("gatehouse_executions_completed_total", "Executions completed.", func(s kernel.Stats) float64 { return float64(s.Completed) }),
-		counter("gatehouse_executions_failed_total", "Executions failed.", func(s kernel.Stats) float64 { return float64(s.Failed) }),
-		counter("gatehouse_executions_cancelled_total", "Executions cancelled.", func(s kernel.Stats) float64 { return float64(s.Cancelled) }),
-		counter("gatehouse_intents_total", "Intents handled.", func(s kernel.Stats) float64 { return float64(s.Intents) }),
-		counter("gatehouse_intents_denied_total", "Tool intents denied by policy.", func(s kernel.Stats) float64 { return float64(s.Denied) }),
-		counter("gatehouse_steps_total", "Steps created.", func(s kernel.Stats) float64 { return float64(s.Steps) }),
-		counter("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", func(s kernel.Stats) float64 { return float64(s.Jobs) }),
-		counter("gatehouse_job_retries_total", "Remote job attempts retried.", func(s kernel.Stats) float64 { return float64(s.Retries) }),
-		counter("gatehouse_events_total", "Events written.", func(s kernel.Stats) float64 { return float64(s.Events) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gatehouse_store_commits_total", Help: "Group commits (batches) written to the store."},
-			func() float64 { return float64(k.StoreStats().Commits) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gatehouse_store_writes_total", Help: "Writes committed; writes/commits is the group-commit batch size."},
-			func() float64 { return float64(k.StoreStats().Writes) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gatehouse_store_syncs_total", Help: "fsyncs of the store (one per batch under --sync always)."},
-			func() float64 { return float64(k.StoreStats().Syncs) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gatehouse_store_last_commit_seconds", Help: "Duration of the last group commit, its fsync included."},
-			func() float64 { return k.StoreStats().LastCommit.Seconds() }),
-	)
+		newKernelCollector(k))
 	return m
 }
 
@@ -88,5 +60,63 @@ func (s *Server) serveMetrics(c *call) {
 			s.log.Warn("encode metrics", "err", err)
 			return
 		}
+	}
+}
+
+// kernelSeries is one series of kernelCollector, read from one snapshot.
+type kernelSeries struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(kernel.Stats, store.Stats) float64
+}
+
+// kernelCollector exports the kernel's and the store's figures. It takes
+// one snapshot per scrape: each snapshot takes the kernel lock and walks
+// every consumer, which per series would be repeated a score of times.
+type kernelCollector struct {
+	k      *kernel.Kernel
+	series []kernelSeries
+}
+
+func newKernelCollector(k *kernel.Kernel) *kernelCollector {
+	c := &kernelCollector{k: k}
+	add := func(name, help string, kind prometheus.ValueType, v func(kernel.Stats, store.Stats) float64) {
+		c.series = append(c.series, kernelSeries{prometheus.NewDesc(name, help, nil, nil), kind, v})
+	}
+	gauge, counter := prometheus.GaugeValue, prometheus.CounterValue
+	add("gatehouse_executions_live", "Executions not yet terminal.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Live) })
+	add("gatehouse_jobs_queued", "Remote jobs waiting for a runner.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.QueuedJobs) })
+	add("gatehouse_agents_online", "Agent consumers with a live connection.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.AgentsOnline) })
+	add("gatehouse_runners_online", "Runner consumers with a live connection.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.RunnersOnline) })
+	add("gatehouse_runners_busy", "Runner consumers holding a job.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.RunnersBusy) })
+	add("gatehouse_executions_created_total", "Executions created.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Created) })
+	add("gatehouse_executions_completed_total", "Executions completed.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Completed) })
+	add("gatehouse_executions_failed_total", "Executions failed.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Failed) })
+	add("gatehouse_executions_cancelled_total", "Executions cancelled.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Cancelled) })
+	add("gatehouse_intents_total", "Intents handled.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Intents) })
+	add("gatehouse_intents_denied_total", "Tool intents denied by policy.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Denied) })
+	add("gatehouse_steps_total", "Steps created.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Steps) })
+	add("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Jobs) })
+	add("gatehouse_job_retries_total", "Remote job attempts retried.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Retries) })
+	add("gatehouse_events_total", "Events written.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Events) })
+	add("gatehouse_store_commits_total", "Group commits (batches) written to the store.", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Commits) })
+	add("gatehouse_store_writes_total", "Writes committed; writes/commits is the group-commit batch size.", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Writes) })
+	add("gatehouse_store_syncs_total", "fsyncs of the store (one per batch under --sync always).", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Syncs) })
+	add("gatehouse_store_last_commit_seconds", "Duration of the last group commit, its fsync included.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return s.LastCommit.Seconds() })
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, s := range c.series {
+		ch <- s.desc
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
+	ks, ss := c.k.Stats(), c.k.StoreStats()
+	for _, s := range c.series {
+		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(ks, ss))
 	}
 }
