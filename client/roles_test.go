@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -500,5 +501,62 @@ default:
 				t.Errorf("got %s %s, want completed %s", ex.Status, ex.Output, want)
 			}
 		})
+	}
+}
+
+// TestStartReportedOnlyForSlowTools: a tool that returns at once is not
+// reported started (its result says when it ran); one still running after
+// the report delay is, before its result.
+func TestStartReportedOnlyForSlowTools(t *testing.T) {
+	g := startGateway(t, gwOptions{})
+	c := g.newClient(t, client.Options{})
+	background(t, func(ctx context.Context) error {
+		return c.RunRunner(ctx, &client.Runner{RunnerID: "r1", Tools: map[string]client.ToolFunc{
+			"quick": func(context.Context, json.RawMessage) (any, error) { return "ok", nil },
+			"slow": func(ctx context.Context, _ json.RawMessage) (any, error) {
+				select {
+				case <-time.After(300 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				return "ok", nil
+			},
+		}})
+	})
+	background(t, func(ctx context.Context) error {
+		return c.RunAgent(ctx, &client.Agent{AgentID: "a", Handle: func(ctx context.Context, task *client.Task) (any, error) {
+			var tool string
+			if err := json.Unmarshal(task.Input(), &tool); err != nil {
+				return nil, err
+			}
+			return task.Invoke(ctx, tool, nil, true)
+		}})
+	})
+	g.waitOnline(t, 1, 1)
+	for _, tc := range []struct {
+		tool    string
+		started bool
+	}{{"quick", false}, {"slow", true}} {
+		ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a", Input: tc.tool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitFinished(t, c, ex.ID); got.Status != client.StatusCompleted {
+			t.Fatalf("%s: status %s", tc.tool, got.Status)
+		}
+		page, err := c.Events(t.Context(), ex.ID, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var types []string
+		for _, ev := range page.Events {
+			types = append(types, ev.Type)
+		}
+		started := slices.Index(types, "step.started")
+		if (started >= 0) != tc.started {
+			t.Errorf("%s: events %v: step.started present = %v, want %v", tc.tool, types, started >= 0, tc.started)
+		}
+		if started >= 0 && started > slices.Index(types, "step.completed") {
+			t.Errorf("%s: step.started after step.completed: %v", tc.tool, types)
+		}
 	}
 }

@@ -43,6 +43,10 @@ type Runner struct {
 // running a tool twice when the kernel delivers a job again.
 const maxSeenJobs = 4096
 
+// startReportDelay is how long a tool runs before the runner reports the
+// step started.
+const startReportDelay = 100 * time.Millisecond
+
 // resultTimeout bounds posting a finished job's result once the runner is
 // shutting down.
 const resultTimeout = 10 * time.Second
@@ -187,14 +191,25 @@ func (rr *runnerRun) take(ctx context.Context, j *job) {
 // run executes one job and reports it.
 func (rr *runnerRun) run(ctx context.Context, j *job) {
 	log := rr.log.With("job", j.ID, "tool", j.ToolID, "execution", j.ExecutionID, "step", j.StepID)
-	// Reporting the start is best effort and runs alongside the tool and,
-	// usually, the result: the kernel ignores a start that arrives after
-	// the step finished. Only a retryable failure waits for it, because the
-	// step then becomes pending again and a late start would be taken for
-	// the next attempt's.
+	// Reporting the start is best effort, and only for a tool still running
+	// after startReportDelay: a quick tool's result says when it started,
+	// and skipping the call spares the gateway a request and a durable
+	// write per job. The report runs alongside the tool and, sometimes, the
+	// result: the kernel ignores a start that arrives after the step
+	// finished. Only a retryable failure waits for it, because the step then
+	// becomes pending again and a late start would be taken for the next
+	// attempt's.
+	toolDone := make(chan struct{})
 	started := make(chan struct{})
 	rr.jobs.Go(func() {
 		defer close(started)
+		t := time.NewTimer(startReportDelay)
+		defer t.Stop()
+		select {
+		case <-toolDone:
+			return
+		case <-t.C:
+		}
 		body := map[string]string{"execution_id": j.ExecutionID, "runner_id": rr.r.RunnerID}
 		err := rr.c.do(ctx, call{method: http.MethodPost, path: "/v0/runners/steps/" + url.PathEscape(j.StepID) + "/started", body: body, retry: true}, nil)
 		if err != nil && ctx.Err() == nil {
@@ -203,6 +218,7 @@ func (rr *runnerRun) run(ctx context.Context, j *job) {
 	})
 	res := &jobResult{JobID: j.ID, ExecutionID: j.ExecutionID, StepID: j.StepID, ConsumerID: rr.consumer, StartedAt: time.Now().UTC()}
 	out, err := runTool(ctx, rr.r.Tools[j.ToolID], j.ToolID, j.Arguments)
+	close(toolDone)
 	res.CompletedAt = time.Now().UTC()
 	if err != nil && ctx.Err() != nil {
 		// Shutting down: the tool was interrupted, not failed. Reporting

@@ -4,8 +4,10 @@
 //
 // Every write goes through one committer goroutine that batches whatever
 // arrived while the previous batch was being synced (group commit), so many
-// concurrent writers share one fsync. Write returns only when its batch is as
-// durable as the sync mode promises.
+// concurrent writers share one fsync. A group is made durable in the store's
+// own journal (see journal.go) and then applied to Badger, while the next
+// group is already being journaled. Write returns only when its batch is as
+// durable as the sync mode promises and visible to readers.
 package store
 
 import (
@@ -14,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,18 +93,39 @@ type Options struct {
 	QueueLength int
 	// Logger receives Badger's warnings and the store's own; nil discards.
 	Logger *slog.Logger
+
+	// segmentSize overrides the journal's segment size, for tests.
+	segmentSize int64
 }
+
+// maxGroupBytes bounds the keys and values one commit groups, so that a
+// group's journal record and Badger transactions stay small.
+const maxGroupBytes = 8 << 20
+
+// checkpointInterval is how often the store lets Badger discard old
+// versions and deletes journal segments Badger's tables have made redundant.
+const checkpointInterval = 2 * time.Second
 
 // Store is an open database. It is safe for concurrent use.
 type Store struct {
-	db     *badger.DB
-	opts   Options
-	log    *slog.Logger
-	epoch  string
-	reqs   chan *request
-	stop   chan struct{}
-	done   chan struct{}
-	failed atomic.Pointer[error]
+	db      *badger.DB
+	journal *journal // nil in memory
+	opts    Options
+	log     *slog.Logger
+	epoch   string
+	reqs    chan *request
+	applyq  chan *group
+	stop    chan struct{}
+	done    chan struct{} // closed when both commit stages have ended
+	// checkpointed is closed when checkpointLoop has ended.
+	checkpointed chan struct{}
+	failed       atomic.Pointer[error]
+
+	// next is the version the next group is written at; only the journal
+	// stage touches it. applied is the newest version Badger holds, the
+	// one readers read at.
+	next    uint64
+	applied atomic.Uint64
 
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
@@ -131,6 +155,16 @@ type request struct {
 	done  chan error
 }
 
+// group is one commit: the requests it answers and their writes, each key
+// once, at one version.
+type group struct {
+	reqs []*request
+	ops  []op
+	ts    uint64
+	start time.Time
+	err   error // set by the journal stage
+}
+
 // Open opens (creating if needed) the database described by o.
 func Open(o Options) (*Store, error) {
 	if !o.InMemory && o.Dir == "" {
@@ -151,7 +185,7 @@ func Open(o Options) (*Store, error) {
 	}
 	bo := badger.DefaultOptions(o.Dir).
 		WithInMemory(o.InMemory).
-		WithSyncWrites(false). // the committer syncs once per batch instead
+		WithSyncWrites(false). // the journal makes writes durable instead
 		WithLogger(badgerLogger{log}).
 		WithNumVersionsToKeep(1).
 		WithMemTableSize(16 << 20).
@@ -163,23 +197,44 @@ func Open(o Options) (*Store, error) {
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
 	}
-	db, err := badger.Open(bo)
+	// Managed mode: the store picks each write's version, so a journal
+	// record replays at the version it was first applied at.
+	db, err := badger.OpenManaged(bo)
 	if err != nil {
 		return nil, fmt.Errorf("store: open %q: %w", o.Dir, err)
 	}
 	s := &Store{
-		db:   db,
-		opts: o,
-		log:  log,
-		reqs: make(chan *request, o.QueueLength),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		db:     db,
+		opts:   o,
+		log:    log,
+		reqs:   make(chan *request, o.QueueLength),
+		applyq: make(chan *group, 4),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+
+		checkpointed: make(chan struct{}),
 	}
+	last := db.MaxVersion()
+	if !o.InMemory {
+		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), o.segmentSize, log); err == nil {
+			var replayed uint64
+			replayed, err = s.journal.replay(func(ts uint64, ops []op) error { return s.apply(ts, ops) })
+			last = max(last, replayed)
+		}
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
+	s.next = last + 1
+	s.applied.Store(last)
+	db.SetDiscardTs(last)
+	go s.commitLoop()
+	go s.checkpointLoop()
 	if s.epoch, err = s.loadEpoch(); err != nil {
-		_ = db.Close()
+		_ = s.Close()
 		return nil, err
 	}
-	go s.commitLoop()
 	return s, nil
 }
 
@@ -190,7 +245,7 @@ var epochKey = []byte("m/epoch")
 // is known to point into history that no longer exists.
 func (s *Store) loadEpoch() (string, error) {
 	var epoch string
-	err := s.db.View(func(txn *badger.Txn) error {
+	err := s.view(func(txn *badger.Txn) error {
 		item, err := txn.Get(epochKey)
 		if err != nil {
 			return err
@@ -204,14 +259,18 @@ func (s *Store) loadEpoch() (string, error) {
 		return "", fmt.Errorf("store: read epoch: %w", err)
 	}
 	epoch = fmt.Sprintf("%x", time.Now().UnixNano())
-	err = s.db.Update(func(txn *badger.Txn) error { return txn.Set(epochKey, []byte(epoch)) })
-	if err == nil && !s.opts.InMemory {
-		err = s.db.Sync()
-	}
-	if err != nil {
+	b := &Batch{ops: []op{{key: epochKey, val: []byte(epoch)}}}
+	if err := s.Write(context.Background(), b); err != nil {
 		return "", fmt.Errorf("store: write epoch: %w", err)
 	}
 	return epoch, nil
+}
+
+// view runs fn in a read transaction that sees every applied group.
+func (s *Store) view(fn func(txn *badger.Txn) error) error {
+	txn := s.db.NewTransactionAt(s.applied.Load(), false)
+	defer txn.Discard()
+	return fn(txn)
 }
 
 // Epoch identifies this database's lifetime; it changes when the data folder
@@ -241,7 +300,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
-	return s.db.View(func(txn *badger.Txn) error {
+	return s.view(func(txn *badger.Txn) error {
 		_, err := txn.Get(epochKey)
 		return err
 	})
@@ -272,49 +331,47 @@ func (s *Store) Write(ctx context.Context, b *Batch) error {
 	return <-r.done
 }
 
+// commitLoop is the first commit stage: it gathers a group from the queue,
+// journals it (and syncs, per the mode) and hands it to applyLoop, then
+// gathers the next group while that one is applied.
 func (s *Store) commitLoop() {
-	defer close(s.done)
-	var ticker *time.Ticker
+	applied := make(chan struct{})
+	go func() {
+		defer close(applied)
+		s.applyLoop()
+	}()
+	defer func() {
+		close(s.applyq)
+		<-applied
+		close(s.done)
+	}()
 	var tick <-chan time.Time
-	if s.opts.Sync == SyncBatch && !s.opts.InMemory {
-		ticker = time.NewTicker(s.opts.SyncInterval)
+	if s.opts.Sync == SyncBatch && s.journal != nil {
+		ticker := time.NewTicker(s.opts.SyncInterval)
 		defer ticker.Stop()
 		tick = ticker.C
 	}
 	dirty := false
-	group := make([]*request, 0, s.opts.MaxBatch)
 	for {
 		select {
 		case r := <-s.reqs:
-			group = append(group[:0], r)
-		drain:
-			for len(group) < s.opts.MaxBatch {
-				select {
-				case r := <-s.reqs:
-					group = append(group, r)
-				default:
-					break drain
-				}
-			}
-			err := s.commit(group)
-			if err == nil {
-				dirty = true
-			}
-			for _, r := range group {
-				r.done <- err
-			}
-			clear(group)
+			g := s.gather(r)
+			g.err = s.journalGroup(g)
+			dirty = dirty || g.err == nil
+			s.applyq <- g
 		case <-tick:
 			if dirty {
-				if err := s.db.Sync(); err != nil {
-					s.fail(fmt.Errorf("store: periodic sync: %w", err))
+				if err := s.journal.sync(); err != nil {
+					s.fail(err)
+				} else {
+					s.countSync()
 				}
 				dirty = false
 			}
 		case <-s.stop:
 			// Close holds the gate, so no writer is waiting or can enter.
-			if dirty && !s.opts.InMemory {
-				if err := s.db.Sync(); err != nil {
+			if dirty && s.opts.Sync != SyncAlways {
+				if err := s.journal.sync(); err != nil {
 					s.log.Error("final sync failed", "err", err)
 				}
 			}
@@ -323,65 +380,171 @@ func (s *Store) commitLoop() {
 	}
 }
 
-// commit writes a group of batches in as few Badger transactions as their
-// size allows, then syncs per the mode.
-func (s *Store) commit(group []*request) error {
+// gather takes r and whatever else is queued, within the group bounds, and
+// merges their writes: a key written twice keeps its last write, so the
+// group can be split over several Badger transactions at one version.
+func (s *Store) gather(r *request) *group {
+	g := &group{reqs: []*request{r}, start: time.Now()}
+	size := r.batch.size
+	for len(g.reqs) < s.opts.MaxBatch && size < maxGroupBytes {
+		var more *request
+		select {
+		case more = <-s.reqs:
+		default:
+		}
+		if more == nil {
+			break
+		}
+		g.reqs = append(g.reqs, more)
+		size += more.batch.size
+	}
+	if len(g.reqs) == 1 {
+		g.ops = r.batch.ops
+		return g
+	}
+	n := 0
+	for _, r := range g.reqs {
+		n += len(r.batch.ops)
+	}
+	last := make(map[string]int, n)
+	g.ops = make([]op, 0, n)
+	for _, r := range g.reqs {
+		for _, o := range r.batch.ops {
+			if i, ok := last[string(o.key)]; ok {
+				g.ops[i] = o
+				continue
+			}
+			last[string(o.key)] = len(g.ops)
+			g.ops = append(g.ops, o)
+		}
+	}
+	return g
+}
+
+// journalGroup gives g its version and makes it durable per the mode.
+func (s *Store) journalGroup(g *group) error {
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
-	start := time.Now()
-	txn := s.db.NewTransaction(true)
-	defer func() { txn.Discard() }()
-	for _, r := range group {
-		for _, op := range r.batch.ops {
-			err := s.apply(txn, op)
-			if errors.Is(err, badger.ErrTxnTooBig) {
-				if err = txn.Commit(); err != nil {
-					return s.fail(fmt.Errorf("store: commit: %w", err))
-				}
-				// Badger may switch memtables before the next transaction,
-				// and Sync covers only the current one's log: sync now so
-				// this part of the group is not left unsynced in the old one.
-				if s.opts.Sync == SyncAlways && !s.opts.InMemory {
-					if err := s.db.Sync(); err != nil {
-						return s.fail(fmt.Errorf("store: sync: %w", err))
-					}
-				}
-				txn = s.db.NewTransaction(true)
-				err = s.apply(txn, op)
-			}
-			if err != nil {
-				return s.fail(fmt.Errorf("store: write: %w", err))
-			}
+	g.ts = s.next
+	s.next++
+	if s.journal == nil {
+		return nil
+	}
+	if err := s.journal.append(g.ts, g.ops); err != nil {
+		return s.fail(err)
+	}
+	if s.opts.Sync == SyncAlways {
+		if err := s.journal.sync(); err != nil {
+			return s.fail(err)
 		}
+		s.countSync()
 	}
-	if err := txn.Commit(); err != nil {
-		return s.fail(fmt.Errorf("store: commit: %w", err))
-	}
-	synced := false
-	if s.opts.Sync == SyncAlways && !s.opts.InMemory {
-		if err := s.db.Sync(); err != nil {
-			return s.fail(fmt.Errorf("store: sync: %w", err))
-		}
-		synced = true
-	}
-	s.statsMu.Lock()
-	s.stats.Commits++
-	s.stats.Writes += uint64(len(group))
-	if synced {
-		s.stats.Syncs++
-	}
-	s.stats.LastBatch = len(group)
-	s.stats.LastCommit = time.Since(start)
-	s.statsMu.Unlock()
 	return nil
 }
 
-func (s *Store) apply(txn *badger.Txn, op op) error {
-	if op.del {
-		return txn.Delete(op.key)
+// applyLoop is the second commit stage: it applies journaled groups to
+// Badger in order, makes them visible to readers and answers their writers.
+func (s *Store) applyLoop() {
+	for g := range s.applyq {
+		err := g.err
+		if err == nil {
+			if err = s.apply(g.ts, g.ops); err != nil {
+				err = s.fail(err)
+			} else {
+				s.applied.Store(g.ts)
+			}
+		}
+		for _, r := range g.reqs {
+			r.done <- err
+		}
+		if err != nil {
+			continue
+		}
+		s.statsMu.Lock()
+		s.stats.Commits++
+		s.stats.Writes += uint64(len(g.reqs))
+		s.stats.LastBatch = len(g.reqs)
+		s.stats.LastCommit = time.Since(g.start)
+		s.statsMu.Unlock()
 	}
-	return txn.Set(op.key, op.val)
+}
+
+// apply writes ops to Badger at version ts, in as many transactions as their
+// size needs. Readers see none of it until applied moves to ts.
+func (s *Store) apply(ts uint64, ops []op) error {
+	txn := s.db.NewTransactionAt(ts, true)
+	defer func() { txn.Discard() }()
+	for _, o := range ops {
+		err := setOp(txn, o)
+		if errors.Is(err, badger.ErrTxnTooBig) {
+			if err = txn.CommitAt(ts, nil); err != nil {
+				return fmt.Errorf("store: commit: %w", err)
+			}
+			txn = s.db.NewTransactionAt(ts, true)
+			err = setOp(txn, o)
+		}
+		if err != nil {
+			return fmt.Errorf("store: write: %w", err)
+		}
+	}
+	if err := txn.CommitAt(ts, nil); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+func setOp(txn *badger.Txn, o op) error {
+	if o.del {
+		return txn.Delete(o.key)
+	}
+	return txn.Set(o.key, o.val)
+}
+
+func (s *Store) countSync() {
+	s.statsMu.Lock()
+	s.stats.Syncs++
+	s.statsMu.Unlock()
+}
+
+// checkpointLoop runs checkpoints until the store closes. It runs beside
+// the commit stages, so Badger's sync in it never delays a commit.
+func (s *Store) checkpointLoop() {
+	defer close(s.checkpointed)
+	ticker := time.NewTicker(checkpointInterval)
+	defer ticker.Stop()
+	discard := s.applied.Load()
+	for {
+		select {
+		case <-ticker.C:
+			discard = s.checkpoint(discard)
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+// checkpoint lets Badger discard versions older than the previous
+// checkpoint's, which no reader still uses: a read transaction lives far
+// shorter than checkpointInterval. It then deletes the journal segments
+// whose every version Badger's tables hold, and returns the version to
+// discard below next time.
+func (s *Store) checkpoint(discard uint64) uint64 {
+	s.db.SetDiscardTs(discard)
+	if s.journal != nil && s.journal.pending() > 1 {
+		var durable uint64
+		for _, t := range s.db.Tables() {
+			durable = max(durable, t.MaxVersion)
+		}
+		// Tables are synced when written, but values too large for the
+		// tree live in the value log, which only Sync makes durable.
+		if err := s.db.Sync(); err != nil {
+			s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+		} else if _, err := s.journal.release(durable); err != nil {
+			s.log.Warn("checkpoint: journal segments kept", "err", err)
+		}
+	}
+	return s.applied.Load()
 }
 
 // fail poisons the store: after a failed commit or fsync, what reached the
@@ -395,7 +558,9 @@ func (s *Store) fail(err error) error {
 	return wrapped
 }
 
-// Close drains queued writes, syncs and closes the database.
+// Close drains queued writes, syncs and closes the database. Closing Badger
+// writes its memory tables out as synced tables, after which the journal is
+// deleted; if that fails, the journal is kept and replayed at the next Open.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
@@ -404,7 +569,24 @@ func (s *Store) Close() error {
 		s.gate.Unlock()
 		close(s.stop)
 		<-s.done
-		err = s.db.Close()
+		<-s.checkpointed
+		clean := s.failed.Load() == nil
+		if s.journal != nil && clean {
+			if err = s.db.Sync(); err != nil {
+				clean = false
+			}
+		}
+		if cerr := s.db.Close(); cerr != nil {
+			clean = false
+			if err == nil {
+				err = cerr
+			}
+		}
+		if s.journal != nil {
+			if jerr := s.journal.close(clean); jerr != nil && err == nil {
+				err = jerr
+			}
+		}
 	})
 	return err
 }
@@ -421,7 +603,8 @@ func (s *Store) RunGC() {
 // Batch is a set of writes applied atomically by Write. The zero value is an
 // empty batch.
 type Batch struct {
-	ops []op
+	ops  []op
+	size int // bytes of keys and values
 }
 
 type op struct {
@@ -435,12 +618,17 @@ func (b *Batch) Len() int { return len(b.ops) }
 
 // Append adds entry seq of the log named stream.
 func (b *Batch) Append(stream string, seq uint64, data []byte) {
-	b.ops = append(b.ops, op{key: logKey(stream, seq), val: data})
+	b.add(op{key: logKey(stream, seq), val: data})
+}
+
+func (b *Batch) add(o op) {
+	b.ops = append(b.ops, o)
+	b.size += len(o.key) + len(o.val)
 }
 
 // DeleteEntry removes entry seq of the log named stream.
 func (b *Batch) DeleteEntry(stream string, seq uint64) {
-	b.ops = append(b.ops, op{key: logKey(stream, seq), del: true})
+	b.add(op{key: logKey(stream, seq), del: true})
 }
 
 // Put stores v, msgpack-encoded, as record id of kind.
@@ -449,13 +637,13 @@ func (b *Batch) Put(kind, id string, v any) error {
 	if err != nil {
 		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
 	}
-	b.ops = append(b.ops, op{key: recordKey(kind, id), val: data})
+	b.add(op{key: recordKey(kind, id), val: data})
 	return nil
 }
 
 // Delete removes record id of kind.
 func (b *Batch) Delete(kind, id string) {
-	b.ops = append(b.ops, op{key: recordKey(kind, id), del: true})
+	b.add(op{key: recordKey(kind, id), del: true})
 }
 
 // Key layout. Logs: "l/" stream 0x00 seq(8 bytes, big endian), so one
@@ -485,7 +673,7 @@ func recordKey(kind, id string) []byte {
 
 // Get decodes record id of kind into v.
 func (s *Store) Get(kind, id string, v any) error {
-	err := s.db.View(func(txn *badger.Txn) error {
+	err := s.view(func(txn *badger.Txn) error {
 		item, err := txn.Get(recordKey(kind, id))
 		if err != nil {
 			return err
@@ -511,7 +699,7 @@ func (s *Store) Records(kind string, fn func(id string, decode func(v any) error
 func (s *Store) RecordsWithPrefix(kind, idPrefix string, fn func(id string, decode func(v any) error) bool) error {
 	base := recordPrefix(kind)
 	prefix := append(append([]byte(nil), base...), idPrefix...)
-	return s.db.View(func(txn *badger.Txn) error {
+	return s.view(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 64})
 		defer it.Close()
 		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
@@ -557,7 +745,7 @@ func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
 // is valid only during the call. fn returns false to stop.
 func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
 	prefix := logPrefix(stream)
-	return s.db.View(func(txn *badger.Txn) error {
+	return s.view(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
 		for it.Seek(logKey(stream, after+1)); it.ValidForPrefix(prefix); it.Next() {
@@ -578,7 +766,7 @@ func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byt
 // Entry returns entry seq of stream, or ErrNotFound.
 func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
 	var out []byte
-	err := s.db.View(func(txn *badger.Txn) error {
+	err := s.view(func(txn *badger.Txn) error {
 		item, err := txn.Get(logKey(stream, seq))
 		if err != nil {
 			return err
@@ -596,7 +784,7 @@ func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
 func (s *Store) Last(stream string) (uint64, error) {
 	prefix := logPrefix(stream)
 	var last uint64
-	err := s.db.View(func(txn *badger.Txn) error {
+	err := s.view(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, Reverse: true})
 		defer it.Close()
 		it.Seek(append(append([]byte(nil), prefix...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))

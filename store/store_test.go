@@ -100,6 +100,7 @@ func TestFreshFolderGetsNewEpoch(t *testing.T) {
 func TestGroupCommitSharesSyncs(t *testing.T) {
 	s := open(t, t.TempDir(), SyncAlways)
 	defer s.Close()
+	before := s.Stats() // the epoch's write
 	const writers, each = 32, 50
 	var wg sync.WaitGroup
 	for w := range writers {
@@ -118,6 +119,8 @@ func TestGroupCommitSharesSyncs(t *testing.T) {
 	}
 	wg.Wait()
 	st := s.Stats()
+	st.Writes -= before.Writes
+	st.Syncs -= before.Syncs
 	if st.Writes != writers*each {
 		t.Fatalf("writes = %d", st.Writes)
 	}
@@ -191,10 +194,11 @@ func TestEmptyBatchIsNoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	before := s.Stats().Commits
 	if err := s.Write(context.Background(), &Batch{}); err != nil {
 		t.Fatal(err)
 	}
-	if s.Stats().Commits != 0 {
+	if s.Stats().Commits != before {
 		t.Fatal("empty batch committed")
 	}
 }

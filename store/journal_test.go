@@ -1,0 +1,226 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// copyJournal copies a live store's journal into a fresh data folder, as a
+// power cut would leave it if Badger's unsynced files were lost entirely.
+func copyJournal(t *testing.T, from string) string {
+	t.Helper()
+	to := t.TempDir()
+	src, dst := filepath.Join(from, "journal"), filepath.Join(to, "journal")
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return to
+}
+
+func write(t *testing.T, s *Store, f func(b *Batch)) {
+	t.Helper()
+	var b Batch
+	f(&b)
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestJournalAloneRestoresEverything: the journal by itself rebuilds every
+// acknowledged write, deletes included, across segments, with the epoch.
+func TestJournalAloneRestoresEverything(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, segmentSize: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 200; i++ {
+		write(t, s, func(b *Batch) {
+			b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 100))
+			if err := b.Put("rec", fmt.Sprint(i%10), map[string]uint64{"i": i}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	write(t, s, func(b *Batch) { b.DeleteEntry("ev", 7); b.Delete("rec", "3") })
+	if n := s.journal.pending(); n < 3 {
+		t.Fatalf("%d segments: the test wants several", n)
+	}
+	copied := copyJournal(t, dir)
+	epoch := s.Epoch()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(dir, "journal")); len(left) != 0 {
+		t.Errorf("a clean close left %d journal segments", len(left))
+	}
+
+	r, err := Open(Options{Dir: copied})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Epoch() != epoch {
+		t.Errorf("epoch %q, want %q", r.Epoch(), epoch)
+	}
+	got, err := r.Read("ev", 0, 0)
+	if err != nil || len(got) != 199 {
+		t.Fatalf("read %d entries (%v), want 199", len(got), err)
+	}
+	if _, err := r.Entry("ev", 7); err == nil {
+		t.Error("deleted entry 7 came back")
+	}
+	var rec map[string]uint64
+	if err := r.Get("rec", "9", &rec); err != nil || rec["i"] != 199 {
+		t.Errorf("rec 9 = %v, %v; want the last write, i=199", rec, err)
+	}
+	if err := r.Get("rec", "3", &rec); err == nil {
+		t.Error("deleted record came back")
+	}
+	// The replayed store keeps working, and later writes win.
+	write(t, r, func(b *Batch) { b.Append("ev", 201, []byte("after")) })
+	if last, _ := r.Last("ev"); last != 201 {
+		t.Errorf("last = %d after a new write", last)
+	}
+}
+
+// TestJournalTornTail: a record cut short by a crash ends the history;
+// everything before it is kept and the store opens.
+func TestJournalTornTail(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, SyncAlways)
+	for i := uint64(1); i <= 5; i++ {
+		write(t, s, func(b *Batch) { b.Append("ev", i, fmt.Appendf(nil, "entry-%d", i)) })
+	}
+	copied := copyJournal(t, dir)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(copied, "journal", "*"+segmentExt))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v", segs)
+	}
+	data, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(data, []byte("entry-5"))
+	if at < 0 {
+		t.Fatal("last entry not found in the segment")
+	}
+	data[at] ^= 0xff // the last record's checksum no longer matches
+	if err := os.WriteFile(segs[0], data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := open(t, copied, SyncAlways)
+	defer r.Close()
+	if last, _ := r.Last("ev"); last != 4 {
+		t.Fatalf("last = %d, want 4: the torn fifth write is dropped, the rest kept", last)
+	}
+}
+
+// TestJournalRelease: segments go once Badger's tables hold their versions,
+// oldest first, and never the one being written.
+func TestJournalRelease(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openJournal(dir, 256, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.replay(func(uint64, []op) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for ts := uint64(1); ts <= 20; ts++ {
+		if err := j.append(ts, []op{{key: []byte("k"), val: bytes.Repeat([]byte("v"), 100)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := j.pending()
+	n, err := j.release(6)
+	if err != nil || n == 0 || j.pending() != before-n {
+		t.Fatalf("release(6) = %d, %v; pending %d -> %d", n, err, before, j.pending())
+	}
+	if err := j.close(false); err != nil {
+		t.Fatal(err)
+	}
+	j, err = openJournal(dir, 256, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first, last uint64
+	if _, err := j.replay(func(ts uint64, _ []op) error {
+		if first == 0 {
+			first = ts
+		}
+		if ts != last+1 && last != 0 {
+			t.Errorf("replay jumped from %d to %d", last, ts)
+		}
+		last = ts
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if first == 0 || first > 7 || last != 20 {
+		t.Fatalf("replayed %d..%d, want a suffix from at most 7 through 20", first, last)
+	}
+	if _, err := j.release(1 << 40); err != nil || j.pending() != 1 {
+		t.Fatalf("releasing everything left %d segments (%v); the one written stays", j.pending(), err)
+	}
+	_ = j.close(true)
+}
+
+func TestDecodeRecordRejectsDamage(t *testing.T) {
+	good := encodeRecord(nil, 9, []op{{key: []byte("a"), val: []byte("b")}, {key: []byte("c"), del: true}})[recordHeader:]
+	ts, ops, err := decodeRecord(good)
+	if err != nil || ts != 9 || len(ops) != 2 || string(ops[0].val) != "b" || !ops[1].del {
+		t.Fatalf("round trip: %d %+v %v", ts, ops, err)
+	}
+	for name, p := range map[string][]byte{
+		"empty":         nil,
+		"short":         good[:5],
+		"cut in a key":  good[:len(good)-3],
+		"trailing":      append(append([]byte(nil), good...), 0),
+		"bad flag":      append(append([]byte(nil), good[:9]...), 7),
+		"huge op count": append(append([]byte(nil), good[:8]...), 0xff, 0xff, 0xff, 0xff, 0x0f),
+	} {
+		if _, _, err := decodeRecord(p); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	f.Add(encodeRecord(nil, 1, []op{{key: []byte("k"), val: []byte("v")}})[recordHeader:])
+	f.Fuzz(func(t *testing.T, p []byte) {
+		ts, ops, err := decodeRecord(p)
+		if err != nil {
+			return
+		}
+		ts2, ops2, err := decodeRecord(encodeRecord(nil, ts, ops)[recordHeader:])
+		if err != nil || ts2 != ts || len(ops2) != len(ops) {
+			t.Fatalf("re-encoded record decodes to %d %d ops (%v), want %d %d ops", ts2, len(ops2), err, ts, len(ops))
+		}
+		for i := range ops {
+			if !bytes.Equal(ops[i].key, ops2[i].key) || !bytes.Equal(ops[i].val, ops2[i].val) || ops[i].del != ops2[i].del {
+				t.Fatalf("op %d changed: %+v -> %+v", i, ops[i], ops2[i])
+			}
+		}
+	})
+}
