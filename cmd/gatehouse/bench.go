@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 )
 
@@ -90,10 +89,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // benchRig is a gateway (in-process unless --url) with agents and runners
-// connected to it over loopback HTTP and SSE.
+// connected to it over loopback HTTP and SSE, driven by the lean load
+// driver of benchload.go so that the CPU goes to the gateway.
 type benchRig struct {
 	where   string
-	cl      *client.Client
+	drv     *loadDriver
 	node    *gateway.Node // nil with --url
 	dir     string
 	tracker *tracker
@@ -125,46 +125,25 @@ func newBenchRig(ctx context.Context, c benchConfig, stderr io.Writer) (*benchRi
 	} else {
 		r.where = url + " (external)"
 	}
-	r.cl, err = client.New(client.Options{BaseURL: url, Token: c.token, Logger: log})
-	if err != nil {
+	if r.drv, err = newLoadDriver(url, c.token, log, r.tracker); err != nil {
 		_ = r.close()
 		return nil, err
 	}
 	roleCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stop = stop
+	// Consumer ids are fresh each run, so that an external gateway does not
+	// hand this run what an earlier one left behind.
 	consumers := map[string]bool{}
 	for i := range c.runners {
-		run := &client.Runner{
-			RunnerID:   fmt.Sprintf("bench-runner-%d", i+1),
-			ConsumerID: fmt.Sprintf("bench-runner-%d-%d", i+1, time.Now().UnixNano()),
-			Tools: map[string]client.ToolFunc{
-				benchTool: func(_ context.Context, args json.RawMessage) (any, error) { return args, nil },
-			},
-		}
-		consumers["runner/"+run.RunnerID+"/"+run.ConsumerID] = true
-		r.role(func() error { return r.cl.RunRunner(roleCtx, run) })
+		id := fmt.Sprintf("bench-runner-%d", i+1)
+		consumer := fmt.Sprintf("bench-runner-%d-%d", i+1, time.Now().UnixNano())
+		consumers["runner/"+id+"/"+consumer] = true
+		r.role(func() error { return r.drv.runRunner(roleCtx, id, consumer) })
 	}
 	for i := range c.agents {
-		a := &client.Agent{
-			AgentID:    benchAgent,
-			ConsumerID: fmt.Sprintf("%s-%d-%d", benchAgent, i+1, time.Now().UnixNano()),
-			Handle: func(ctx context.Context, t *client.Task) (any, error) {
-				out, err := t.Invoke(ctx, benchTool, t.Input(), true)
-				if err != nil {
-					r.tracker.get(t.ID()).failed = err
-				}
-				return out, err
-			},
-			Finished: func(t *client.Task, err error) {
-				e := r.tracker.get(t.ID())
-				if e.failed != nil {
-					err = e.failed
-				}
-				e.done <- err
-			},
-		}
-		consumers["agent/"+a.AgentID+"/"+a.ConsumerID] = true
-		r.role(func() error { return r.cl.RunAgent(roleCtx, a) })
+		consumer := fmt.Sprintf("%s-%d-%d", benchAgent, i+1, time.Now().UnixNano())
+		consumers["agent/"+benchAgent+"/"+consumer] = true
+		r.role(func() error { return r.drv.runAgent(roleCtx, benchAgent, consumer) })
 	}
 	if err := r.waitOnline(ctx, url, c.token, consumers); err != nil {
 		_ = r.close()
@@ -288,20 +267,21 @@ func (r *benchRig) one(ctx context.Context, i int) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, execTimeout)
 	defer cancel()
 	start := time.Now()
-	ex, err := r.cl.CreateExecution(ctx, client.CreateRequest{AgentID: benchAgent, Input: map[string]int{"n": i}})
+	deadline, _ := ctx.Deadline()
+	id, err := r.drv.createExecution(i, deadline)
 	if err != nil {
 		return 0, err
 	}
-	e := r.tracker.get(ex.ID)
-	defer r.tracker.drop(ex.ID)
+	e := r.tracker.get(id)
+	defer r.tracker.drop(id)
 	select {
 	case err := <-e.done:
 		if err != nil {
-			return 0, fmt.Errorf("execution %s: %w", ex.ID, err)
+			return 0, fmt.Errorf("execution %s: %w", id, err)
 		}
 		return time.Since(start), nil
 	case <-ctx.Done():
-		return 0, fmt.Errorf("execution %s: %w", ex.ID, ctx.Err())
+		return 0, fmt.Errorf("execution %s: %w", id, ctx.Err())
 	}
 }
 
@@ -322,10 +302,9 @@ func (r *benchRig) close() error {
 		r.stop()
 	}
 	r.roles.Wait()
-	if r.cl != nil {
-		// The gateway's shutdown waits for connections that never sent a
-		// request, such as spare ones net/http dialed under load.
-		r.cl.CloseIdleConnections()
+	if r.drv != nil {
+		// The gateway's shutdown waits for kept-alive connections.
+		r.drv.close()
 	}
 	var err error
 	if r.node != nil {
@@ -367,16 +346,17 @@ func (b *benchResult) print(w io.Writer) {
 		ms(b.percentile(50)), ms(b.percentile(90)), ms(b.percentile(99)), ms(b.percentile(100)))
 }
 
-// tracker pairs each execution's create with the agent's report of its end,
-// which may come first.
+// tracker pairs each execution's create with the report of its end, which
+// may come first.
 type tracker struct {
 	mu sync.Mutex
 	m  map[string]*tracked
 }
 
+// tracked is one execution's end: nil when its complete intent was
+// accepted, else why it failed.
 type tracked struct {
-	done   chan error
-	failed error // set by the agent's Handle, read by Finished on the same goroutine
+	done chan error // holds the first report
 }
 
 func newTracker() *tracker { return &tracker{m: map[string]*tracked{}} }
@@ -390,6 +370,16 @@ func (t *tracker) get(id string) *tracked {
 		t.m[id] = e
 	}
 	return e
+}
+
+// report records the end of execution id. Only the first report counts: a
+// runner that failed to post a result and the agent that then gave up
+// waiting both report the same execution.
+func (t *tracker) report(id string, err error) {
+	select {
+	case t.get(id).done <- err:
+	default:
+	}
 }
 
 func (t *tracker) drop(id string) {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,7 @@ import (
 // bench` does.
 func BenchmarkEndToEnd(b *testing.B) {
 	ctx := context.Background()
-	rig, err := newBenchRig(ctx, benchConfig{agents: 4, runners: 4, sync: "always"}, testWriter{b})
+	rig, err := newBenchRig(ctx, benchConfig{agents: 4, runners: 4, sync: benchSync()}, testWriter{b})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -45,6 +47,34 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
+	// Nothing of the load driver outlives the rig. fasthttp's connection
+	// cleaner ends at its next sweep, within benchIdleConn.
+	deadline := time.Now().Add(benchIdleConn + 5*time.Second)
+	for left := driverGoroutines(); left != ""; left = driverGoroutines() {
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines left after the bench:\n%s", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// driverGoroutines returns the stacks of the goroutines that belong to the
+// bench's load driver: its roles, the client connection pool, the streams.
+func driverGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var left []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		// Package main's functions are named by its import path in a test.
+		for _, mark := range []string{"gatehouse.(*loadDriver)", "gatehouse.(*agentConn)", "gatehouse.(*acker)", "gatehouse.(*benchRig)",
+			"fasthttp.(*HostClient)", "net/http.(*persistConn)"} {
+			if strings.Contains(g, mark) {
+				left = append(left, g)
+				break
+			}
+		}
+	}
+	return strings.Join(left, "\n\n")
 }
 
 // TestBenchFlags checks that bad figures are refused before anything starts.
@@ -67,4 +97,13 @@ type testWriter struct{ tb testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.tb.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// benchSync is the durability BenchmarkEndToEnd runs with: $BENCH_SYNC, else
+// always, so that one benchmark can profile both ends of the scale.
+func benchSync() string {
+	if s := os.Getenv("BENCH_SYNC"); s != "" {
+		return s
+	}
+	return "always"
 }
