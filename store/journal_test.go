@@ -136,58 +136,77 @@ func TestJournalTornTail(t *testing.T) {
 	}
 }
 
-// TestJournalRelease: segments go once Badger's tables hold their versions,
-// oldest first, and never the one being written.
-func TestJournalRelease(t *testing.T) {
+// TestJournalReleaseAndRecycle: segments go once Badger's tables hold
+// their versions, oldest first, and never the one being written; released
+// files are reused, and what they held before never comes back.
+func TestJournalReleaseAndRecycle(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openJournal(dir, 256, nil)
+	j, err := openJournal(dir, 8<<10, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := j.replay(func(uint64, []op) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	for ts := uint64(1); ts <= 20; ts++ {
-		if err := j.append(ts, []op{{key: []byte("k"), val: bytes.Repeat([]byte("v"), 100)}}); err != nil {
-			t.Fatal(err)
+	appendN := func(from, to uint64) {
+		for ts := from; ts <= to; ts++ {
+			if err := j.append(ts, []op{{key: fmt.Appendf(nil, "k%d", ts), val: bytes.Repeat([]byte("v"), int(ts*37%700))}}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	appendN(1, 60)
 	before := j.pending()
-	n, err := j.release(6)
+	n, err := j.release(30)
 	if err != nil || n == 0 || j.pending() != before-n {
-		t.Fatalf("release(6) = %d, %v; pending %d -> %d", n, err, before, j.pending())
+		t.Fatalf("release(30) = %d, %v; pending %d -> %d", n, err, before, j.pending())
+	}
+	if len(j.recycled) == 0 {
+		t.Fatal("released segments were not kept for reuse")
+	}
+	appendN(61, 120) // rotates into the recycled files
+	if free, _ := filepath.Glob(filepath.Join(dir, "*"+recycleExt)); len(free) == len(j.recycled)+n {
+		t.Fatal("no recycled file was reused")
 	}
 	if err := j.close(false); err != nil {
 		t.Fatal(err)
 	}
-	j, err = openJournal(dir, 256, nil)
+
+	j, err = openJournal(dir, 8<<10, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var first, last uint64
-	if _, err := j.replay(func(ts uint64, _ []op) error {
+	if _, err := j.replay(func(ts uint64, ops []op) error {
 		if first == 0 {
 			first = ts
-		}
-		if ts != last+1 && last != 0 {
+		} else if ts != last+1 {
 			t.Errorf("replay jumped from %d to %d", last, ts)
+		}
+		if len(ops) != 1 || string(ops[0].key) != fmt.Sprintf("k%d", ts) || len(ops[0].val) != int(ts*37%700) {
+			t.Errorf("record %d replayed wrong: %d ops", ts, len(ops))
 		}
 		last = ts
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if first == 0 || first > 7 || last != 20 {
-		t.Fatalf("replayed %d..%d, want a suffix from at most 7 through 20", first, last)
+	if first == 0 || first > 31 || last != 120 {
+		t.Fatalf("replayed %d..%d, want a suffix from at most 31 through 120", first, last)
 	}
 	if _, err := j.release(1 << 40); err != nil || j.pending() != 1 {
 		t.Fatalf("releasing everything left %d segments (%v); the one written stays", j.pending(), err)
 	}
-	_ = j.close(true)
+	if err := j.close(true); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("a clean close left %d files", len(left))
+	}
 }
 
 func TestDecodeRecordRejectsDamage(t *testing.T) {
-	good := encodeRecord(nil, 9, []op{{key: []byte("a"), val: []byte("b")}, {key: []byte("c"), del: true}})[recordHeader:]
+	good := encodeRecord(nil, 0, 9, []op{{key: []byte("a"), val: []byte("b")}, {key: []byte("c"), del: true}})[recordHeader:]
 	ts, ops, err := decodeRecord(good)
 	if err != nil || ts != 9 || len(ops) != 2 || string(ops[0].val) != "b" || !ops[1].del {
 		t.Fatalf("round trip: %d %+v %v", ts, ops, err)
@@ -207,13 +226,13 @@ func TestDecodeRecordRejectsDamage(t *testing.T) {
 }
 
 func FuzzDecodeRecord(f *testing.F) {
-	f.Add(encodeRecord(nil, 1, []op{{key: []byte("k"), val: []byte("v")}})[recordHeader:])
+	f.Add(encodeRecord(nil, 0, 1, []op{{key: []byte("k"), val: []byte("v")}})[recordHeader:])
 	f.Fuzz(func(t *testing.T, p []byte) {
 		ts, ops, err := decodeRecord(p)
 		if err != nil {
 			return
 		}
-		ts2, ops2, err := decodeRecord(encodeRecord(nil, ts, ops)[recordHeader:])
+		ts2, ops2, err := decodeRecord(encodeRecord(nil, 0, ts, ops)[recordHeader:])
 		if err != nil || ts2 != ts || len(ops2) != len(ops) {
 			t.Fatalf("re-encoded record decodes to %d %d ops (%v), want %d %d ops", ts2, len(ops2), err, ts, len(ops))
 		}

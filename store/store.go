@@ -5,9 +5,10 @@
 // Every write goes through one committer goroutine that batches whatever
 // arrived while the previous batch was being synced (group commit), so many
 // concurrent writers share one fsync. A group is made durable in the store's
-// own journal (see journal.go) and then applied to Badger, while the next
-// group is already being journaled. Write returns only when its batch is as
-// durable as the sync mode promises and visible to readers.
+// own journal (see journal.go), acknowledged, and applied to Badger while
+// the next group is already being journaled. Write returns when its batch is
+// as durable as the sync mode promises; a read waits until every
+// acknowledged write is applied, so it never misses one.
 package store
 
 import (
@@ -102,6 +103,12 @@ type Options struct {
 // group's journal record and Badger transactions stay small.
 const maxGroupBytes = 8 << 20
 
+// maxApplyBacklog bounds the acknowledged groups waiting to be applied to
+// Badger. Badger stalls now and then (a memory table switch, a flush); a
+// backlog lets acknowledgements go on meanwhile, since they need only the
+// journal, while reads wait for the backlog to drain.
+const maxApplyBacklog = 64
+
 // checkpointInterval is how often the store lets Badger discard old
 // versions and deletes journal segments Badger's tables have made redundant.
 const checkpointInterval = 2 * time.Second
@@ -122,10 +129,16 @@ type Store struct {
 	failed       atomic.Pointer[error]
 
 	// next is the version the next group is written at; only the journal
-	// stage touches it. applied is the newest version Badger holds, the
-	// one readers read at.
-	next    uint64
-	applied atomic.Uint64
+	// stage touches it. acked is the newest version acknowledged to its
+	// writers, applied the newest Badger holds; readers wait for applied to
+	// reach the acked they saw (applyCond, under applyMu), or for stuck:
+	// Badger failed and applied will not move again.
+	next      uint64
+	acked     atomic.Uint64
+	applied   atomic.Uint64
+	applyMu   sync.Mutex
+	applyCond *sync.Cond
+	stuck     bool
 
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
@@ -158,11 +171,10 @@ type request struct {
 // group is one commit: the requests it answers and their writes, each key
 // once, at one version.
 type group struct {
-	reqs []*request
-	ops  []op
+	reqs  []*request
+	ops   []op
 	ts    uint64
 	start time.Time
-	err   error // set by the journal stage
 }
 
 // Open opens (creating if needed) the database described by o.
@@ -208,7 +220,7 @@ func Open(o Options) (*Store, error) {
 		opts:   o,
 		log:    log,
 		reqs:   make(chan *request, o.QueueLength),
-		applyq: make(chan *group, 4),
+		applyq: make(chan *group, maxApplyBacklog),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 
@@ -216,7 +228,7 @@ func Open(o Options) (*Store, error) {
 	}
 	last := db.MaxVersion()
 	if !o.InMemory {
-		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), o.segmentSize, log); err == nil {
+		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), o.segmentSize, o.Sync == SyncAlways, log); err == nil {
 			var replayed uint64
 			replayed, err = s.journal.replay(func(ts uint64, ops []op) error { return s.apply(ts, ops) })
 			last = max(last, replayed)
@@ -227,7 +239,9 @@ func Open(o Options) (*Store, error) {
 		}
 	}
 	s.next = last + 1
+	s.acked.Store(last)
 	s.applied.Store(last)
+	s.applyCond = sync.NewCond(&s.applyMu)
 	db.SetDiscardTs(last)
 	go s.commitLoop()
 	go s.checkpointLoop()
@@ -266,11 +280,29 @@ func (s *Store) loadEpoch() (string, error) {
 	return epoch, nil
 }
 
-// view runs fn in a read transaction that sees every applied group.
+// view runs fn in a read transaction that sees every write acknowledged
+// before the call.
 func (s *Store) view(fn func(txn *badger.Txn) error) error {
-	txn := s.db.NewTransactionAt(s.applied.Load(), false)
+	txn := s.db.NewTransactionAt(s.awaitApplied(), false)
 	defer txn.Discard()
 	return fn(txn)
+}
+
+// awaitApplied waits until Badger holds every write acknowledged so far and
+// returns the version to read at. The wait is at most the apply of a few
+// groups, except when Badger failed: then it returns at once, and reads
+// see what Badger has.
+func (s *Store) awaitApplied() uint64 {
+	want := s.acked.Load()
+	if v := s.applied.Load(); v >= want {
+		return v
+	}
+	s.applyMu.Lock()
+	for s.applied.Load() < want && !s.stuck {
+		s.applyCond.Wait()
+	}
+	s.applyMu.Unlock()
+	return s.applied.Load()
 }
 
 // Epoch identifies this database's lifetime; it changes when the data folder
@@ -310,6 +342,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // sync mode, or with an error, in which case none of b was applied. ctx bounds
 // only the wait to enter the commit queue: once queued, Write waits for the
 // outcome, so a caller never mistakes a committed write for a failed one.
+// The store goes on using b's bytes after Write returns (it applies them to
+// Badger in the background), so neither b nor the slices given to it may be
+// changed afterwards.
 func (s *Store) Write(ctx context.Context, b *Batch) error {
 	if b == nil || len(b.ops) == 0 {
 		return nil
@@ -332,8 +367,8 @@ func (s *Store) Write(ctx context.Context, b *Batch) error {
 }
 
 // commitLoop is the first commit stage: it gathers a group from the queue,
-// journals it (and syncs, per the mode) and hands it to applyLoop, then
-// gathers the next group while that one is applied.
+// journals it (and syncs, per the mode), answers its writers and hands it to
+// applyLoop, then gathers the next group while that one is applied.
 func (s *Store) commitLoop() {
 	applied := make(chan struct{})
 	go func() {
@@ -356,9 +391,18 @@ func (s *Store) commitLoop() {
 		select {
 		case r := <-s.reqs:
 			g := s.gather(r)
-			g.err = s.journalGroup(g)
-			dirty = dirty || g.err == nil
-			s.applyq <- g
+			err := s.journalGroup(g)
+			if err == nil {
+				dirty = true
+				s.acked.Store(g.ts)
+				s.countCommit(g)
+			}
+			for _, r := range g.reqs {
+				r.done <- err
+			}
+			if err == nil {
+				s.applyq <- g
+			}
 		case <-tick:
 			if dirty {
 				if err := s.journal.sync(); err != nil {
@@ -443,31 +487,42 @@ func (s *Store) journalGroup(g *group) error {
 	return nil
 }
 
-// applyLoop is the second commit stage: it applies journaled groups to
-// Badger in order, makes them visible to readers and answers their writers.
+// applyLoop is the second commit stage: it applies acknowledged groups to
+// Badger in order and lets the readers waiting for them go. A failure here
+// poisons the store: the group is in the journal, so a restart applies it.
 func (s *Store) applyLoop() {
 	for g := range s.applyq {
-		err := g.err
+		err := s.failedErr()
 		if err == nil {
 			if err = s.apply(g.ts, g.ops); err != nil {
-				err = s.fail(err)
-			} else {
-				s.applied.Store(g.ts)
+				s.fail(err)
 			}
 		}
-		for _, r := range g.reqs {
-			r.done <- err
+		s.applyMu.Lock()
+		if err == nil {
+			s.applied.Store(g.ts)
+		} else {
+			s.stuck = true
 		}
-		if err != nil {
-			continue
-		}
-		s.statsMu.Lock()
-		s.stats.Commits++
-		s.stats.Writes += uint64(len(g.reqs))
-		s.stats.LastBatch = len(g.reqs)
-		s.stats.LastCommit = time.Since(g.start)
-		s.statsMu.Unlock()
+		s.applyCond.Broadcast()
+		s.applyMu.Unlock()
 	}
+}
+
+func (s *Store) failedErr() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *Store) countCommit(g *group) {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	s.stats.Commits++
+	s.stats.Writes += uint64(len(g.reqs))
+	s.stats.LastBatch = len(g.reqs)
+	s.stats.LastCommit = time.Since(g.start)
 }
 
 // apply writes ops to Badger at version ts, in as many transactions as their
