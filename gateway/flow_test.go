@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -696,5 +697,47 @@ func TestBlockedExecutionOutlivesItsAgent(t *testing.T) {
 	types := strings.Join(a.eventTypes(id), ",")
 	if !strings.Contains(types, "agent.timeout") || !strings.Contains(types, "execution.resumed,execution.reset,execution.started") {
 		t.Fatalf("events: %s", types)
+	}
+}
+
+// TestQueuedJobRidesOnResultCommit: while the only runner is busy, jobs
+// queue; its result frees it, and the next queued job is dispatched to it
+// in the same store write as the result, oldest job first.
+func TestQueuedJobRidesOnResultCommit(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	ag := a.agent("q-agent", "c1")
+	r := a.runner("q-runner", "c1", "work")
+	var steps []any
+	var ids []string
+	for range 3 {
+		id, lease := a.assigned(ag, nil)
+		ids = append(ids, id)
+		steps = append(steps, a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "work", "remote": true}, 200)["step_id"])
+	}
+	job := r.expect("job.assigned")
+	for i := range 3 {
+		if job["step_id"] != steps[i] {
+			t.Fatalf("job %d is for step %v, want %v (oldest first)", i, job["step_id"], steps[i])
+		}
+		before := s.Node.Store.Stats().Writes
+		a.json("POST", "/v0/runners/q-runner/results", obj{"job_id": job["id"], "execution_id": ids[i], "step_id": steps[i], "success": true, "data": i}, 200)
+		ag.expect("tool.result")
+		if i == 2 {
+			break
+		}
+		job = r.expect("job.assigned")
+		if got := s.Node.Store.Stats().Writes - before; got != 1 {
+			t.Errorf("result %d and the next job's dispatch took %d store writes, want 1", i, got)
+		}
+	}
+	for i, id := range ids {
+		var types []string
+		for _, ev := range a.events(id) {
+			types = append(types, ev["type"].(string))
+		}
+		if !slices.Contains(types, "step.dispatched") || !slices.Contains(types, "step.completed") {
+			t.Errorf("execution %d: events %v", i, types)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package kernel
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
@@ -319,12 +320,31 @@ func (k *Kernel) sendJob(c *runnerConsumer, j *job) {
 		k.dispatch()
 		return
 	}
-	st := ex.Steps[j.stepID]
-	if st == nil || st.Status != StepPending || st.Approval {
+	t := k.jobTx(ex, c, j)
+	if t == nil {
 		ex.mu.Unlock()
 		k.release(c, j.jobID)
 		k.dispatch()
 		return
+	}
+	if err := t.commit(context.Background()); err != nil {
+		ex.mu.Unlock()
+		k.unsend(c, j)
+		return
+	}
+	k.sent(ex)
+	ex.mu.Unlock()
+	if publish := t.publish(); publish != nil {
+		publish()
+	}
+}
+
+// jobTx builds the dispatch of j to c, or returns nil when its step no
+// longer waits for a runner. The caller holds ex.mu.
+func (k *Kernel) jobTx(ex *Execution, c *runnerConsumer, j *job) *tx {
+	st := ex.Steps[j.stepID]
+	if st == nil || st.Status != StepPending || st.Approval {
+		return nil
 	}
 	timeout := k.opts.StepTimeout
 	if st.Timeout > 0 {
@@ -339,20 +359,54 @@ func (k *Kernel) sendJob(c *runnerConsumer, j *job) {
 		ID: j.jobID, ExecutionID: ex.ID, StepID: st.ID, Attempt: st.Attempt, ToolID: st.ToolID,
 		Arguments: orNull(st.Arguments), Deadline: deadline, NotBefore: st.NotBefore,
 	}, j.jobID)
-	if err := t.commit(context.Background()); err != nil {
-		ex.mu.Unlock()
-		k.release(c, j.jobID)
-		k.mu.Lock()
-		k.queue = append(k.queue, &job{execID: j.execID, stepID: j.stepID, toolID: j.toolID})
-		k.mu.Unlock()
-		return
-	}
+	return t
+}
+
+// sent finishes a committed dispatch. The caller holds ex.mu.
+func (k *Kernel) sent(ex *Execution) {
 	k.counters.jobs.Add(1)
 	k.armStepTimers(ex)
-	ex.mu.Unlock()
-	if publish := t.publish(); publish != nil {
-		publish()
+}
+
+// unsend frees c and queues j again after its dispatch failed to commit.
+func (k *Kernel) unsend(c *runnerConsumer, j *job) {
+	k.release(c, j.jobID)
+	k.mu.Lock()
+	k.queue = append(k.queue, &job{execID: j.execID, stepID: j.stepID, toolID: j.toolID})
+	k.mu.Unlock()
+}
+
+// claimNext takes, for c, which just finished a job of execution held, the
+// oldest queued job c can run, so that its dispatch rides on the commit of
+// that job's result rather than waiting for a commit of its own. The caller
+// holds held's lock, so the job's execution must be lockable without
+// waiting (waiting could deadlock); a job whose execution is busy is left
+// to the ordinary dispatch. It returns the job's execution locked, or nil.
+func (k *Kernel) claimNext(c *runnerConsumer, held string) (*Execution, *job) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed || c == nil || !c.online || c.job != nil {
+		return nil, nil
 	}
+	now := time.Now()
+	for i, j := range k.queue {
+		if j.execID == held || j.notBefore.After(now) || !c.caps[j.toolID] {
+			continue
+		}
+		ex := k.live[j.execID]
+		if ex == nil || !ex.mu.TryLock() {
+			continue
+		}
+		if ex.Status.Terminal() {
+			ex.mu.Unlock()
+			continue
+		}
+		j.jobID = event.NewID()
+		c.job = j
+		k.queue = slices.Delete(k.queue, i, i+1)
+		return ex, j
+	}
+	return nil, nil
 }
 
 // release frees the consumer holding jobID, if any.
@@ -364,10 +418,10 @@ func (k *Kernel) release(c *runnerConsumer, jobID string) {
 	k.mu.Unlock()
 }
 
-// releaseJob frees whichever consumer holds jobID.
-func (k *Kernel) releaseJob(jobID string) {
+// releaseJob frees whichever consumer holds jobID and returns it, or nil.
+func (k *Kernel) releaseJob(jobID string) *runnerConsumer {
 	if jobID == "" {
-		return
+		return nil
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -375,10 +429,11 @@ func (k *Kernel) releaseJob(jobID string) {
 		for _, c := range rs.consumers {
 			if c.job != nil && c.job.jobID == jobID {
 				c.job = nil
-				return
+				return c
 			}
 		}
 	}
+	return nil
 }
 
 // RunnerResultRequest is the body of POST /v0/runners/{id}/results.
@@ -435,9 +490,21 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 		return nil, nil // an earlier attempt's failure, already handled
 	}
 	// The runner is done with the job whatever is written next: free it now
-	// so that its next job's dispatch shares this result's group commit.
-	k.releaseJob(req.JobID)
-	k.spawn(k.dispatch)
+	// and write its next job's dispatch in this result's commit, or, when
+	// that job's execution is busy, let the ordinary dispatch find it.
+	c := k.releaseJob(req.JobID)
+	nextEx, next := k.claimNext(c, ex.ID)
+	var nt *tx
+	if next != nil {
+		if nt = k.jobTx(nextEx, c, next); nt == nil {
+			nextEx.mu.Unlock()
+			k.release(c, next.jobID)
+			next = nil
+		}
+	}
+	if next == nil {
+		k.spawn(k.dispatch)
+	}
 	if req.IdempotencyKey != "" {
 		meta.IdempotencyKey = req.IdempotencyKey // the body's key wins over the header's
 	}
@@ -452,7 +519,19 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	} else {
 		k.failAttempt(t, &fx, st, req.Error, req.Retryable, req.Data)
 	}
-	if err := t.commit(ctx); err != nil {
+	err = t.commitWith(ctx, nt)
+	if next != nil {
+		if err == nil {
+			k.sent(nextEx)
+		}
+		nextEx.mu.Unlock()
+		if err != nil {
+			k.unsend(c, next)
+		} else if publish := nt.publish(); publish != nil {
+			publish() // the runner's next job need not wait for this answer
+		}
+	}
+	if err != nil {
 		return nil, err
 	}
 	fx.add(t.publish())

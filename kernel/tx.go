@@ -179,12 +179,61 @@ func (t *tx) remember(key string, rec idemRecord) {
 // commit makes the transaction durable and then applies it to memory. On
 // error nothing was applied and, as far as the store can tell, nothing written.
 func (t *tx) commit(ctx context.Context) error {
+	return t.commitWith(ctx, nil)
+}
+
+// commitWith commits t and, when other is not nil, other (a change to
+// another execution, whose lock the caller also holds) in one store write:
+// both are durable, and applied, or neither is.
+func (t *tx) commitWith(ctx context.Context, other *tx) error {
+	txs := []*tx{t}
+	if other != nil {
+		txs = append(txs, other)
+	}
+	var batch *store.Batch
+	for _, x := range txs {
+		empty, err := x.prepare()
+		if err != nil {
+			for _, y := range txs {
+				y.abort()
+			}
+			return err
+		}
+		switch {
+		case empty:
+		case batch == nil:
+			batch = &x.batch
+		default:
+			batch.Merge(&x.batch)
+		}
+	}
+	if batch == nil {
+		return nil
+	}
+	if err := t.k.store.Write(ctx, batch); err != nil {
+		for _, x := range txs {
+			x.abort()
+		}
+		t.k.log.Error("commit failed", "execution", t.ex.ID, "err", err)
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return newErr(ErrUnavailable, "service unavailable: %v", err)
+		}
+		return newErr(ErrUnavailable, "service unavailable: store write failed")
+	}
+	for _, x := range txs {
+		x.finish()
+	}
+	return nil
+}
+
+// prepare adds the execution's list records to the batch. It reports a
+// transaction with nothing to write as empty.
+func (t *tx) prepare() (empty bool, err error) {
 	if t.err != nil {
-		t.abort()
-		return t.err
+		return false, t.err
 	}
 	if len(t.facts) == 0 && t.batch.Len() == 0 {
-		return nil
+		return true, nil
 	}
 	ex := t.ex
 	// Fold into a scratch copy of the header first to learn the new summary.
@@ -203,38 +252,36 @@ func (t *tx) commit(ctx context.Context) error {
 		}
 		key := summaryKey(sum.CreatedAt, ex.ID)
 		if err := t.batch.Put(kindIndex, ex.ID, key); err != nil {
-			return err
+			return false, err
 		}
 		if err := t.batch.Put(kindLive, ex.ID, true); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if sum.Labels == nil {
 		sum.Labels = map[string]string{}
 	}
 	if err := t.batch.Put(kindSummary, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
-		return err
+		return false, err
 	}
 	if status.Terminal() && !ex.Status.Terminal() {
 		t.batch.Delete(kindLive, ex.ID)
 	}
-	if err := t.k.store.Write(ctx, &t.batch); err != nil {
-		t.abort()
-		t.k.log.Error("commit failed", "execution", ex.ID, "err", err)
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return newErr(ErrUnavailable, "service unavailable: %v", err)
-		}
-		return newErr(ErrUnavailable, "service unavailable: store write failed")
-	}
+	return false, nil
+}
+
+// finish applies a committed transaction to memory.
+func (t *tx) finish() {
 	for _, f := range t.facts {
-		ex.apply(f)
+		t.ex.apply(f)
 	}
 	for _, apply := range t.applied {
 		apply()
 	}
-	t.k.notify(ex.ID, t.seq)
-	t.k.counters.events.Add(uint64(len(t.facts)))
-	return nil
+	if len(t.facts) > 0 {
+		t.k.notify(t.ex.ID, t.seq)
+		t.k.counters.events.Add(uint64(len(t.facts)))
+	}
 }
 
 // nextStatus is the status a fact moves an execution to.

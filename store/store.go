@@ -668,6 +668,12 @@ type op struct {
 	del bool
 }
 
+// Merge appends o's writes to b, after b's own.
+func (b *Batch) Merge(o *Batch) {
+	b.ops = append(b.ops, o.ops...)
+	b.size += o.size
+}
+
 // Len returns the number of writes in the batch.
 func (b *Batch) Len() int { return len(b.ops) }
 
