@@ -61,9 +61,23 @@ type journal struct {
 	blk    []byte // block-aligned; its first off%blockSize bytes are the last block's
 	rec    []byte // scratch for encoding one record
 
+	// next delivers the segment after the current one, prepared in the
+	// background so that moving to it costs no file-system work. prev is
+	// the previous segment's background sync when writes are not direct.
+	next chan prepared
+	prev chan error
+
 	mu       sync.Mutex
 	full     []segment // written segments, oldest first
 	recycled []string  // released segment files kept for reuse
+}
+
+// prepared is a segment file ready to be written.
+type prepared struct {
+	num    uint64
+	f      *os.File
+	direct bool
+	err    error
 }
 
 // segment is one journal file.
@@ -207,10 +221,28 @@ func (j *journal) replaySegment(num uint64, apply func(ts uint64, ops []op) erro
 	}
 }
 
-// openSegment makes segment num the one written: a recycled file if one is
-// kept, else a new preallocated one. The folder is synced so the file's
-// name survives a power cut along with what is written to it.
+// openSegment makes segment num the one written and starts preparing the
+// one after it.
 func (j *journal) openSegment(num uint64) error {
+	p := j.prepare(num)
+	if p.err != nil {
+		return p.err
+	}
+	j.use(p)
+	return nil
+}
+
+// use makes p the segment written and starts preparing the next.
+func (j *journal) use(p prepared) {
+	j.f, j.cur, j.off, j.direct = p.f, segment{num: p.num}, 0, p.direct
+	j.next = make(chan prepared, 1)
+	go func(next chan<- prepared, num uint64) { next <- j.prepare(num) }(j.next, p.num+1)
+}
+
+// prepare readies segment num: a recycled file if one is kept, else a new
+// preallocated one. The folder is synced so the file's name survives a
+// power cut along with what is written to it.
+func (j *journal) prepare(num uint64) prepared {
 	path := j.path(num)
 	j.mu.Lock()
 	var reuse string
@@ -221,12 +253,12 @@ func (j *journal) openSegment(num uint64) error {
 	fresh := reuse == ""
 	if !fresh {
 		if err := os.Rename(reuse, path); err != nil {
-			return fmt.Errorf("store: journal: %w", err)
+			return prepared{err: fmt.Errorf("store: journal: %w", err)}
 		}
 	}
 	f, direct, err := openSegmentFile(path, fresh, j.durable)
 	if err != nil {
-		return fmt.Errorf("store: journal: %w", err)
+		return prepared{err: fmt.Errorf("store: journal: %w", err)}
 	}
 	if fresh {
 		err = preallocate(f, j.segSize)
@@ -239,10 +271,9 @@ func (j *journal) openSegment(num uint64) error {
 	}
 	if err != nil {
 		_ = f.Close()
-		return fmt.Errorf("store: journal: segment %s: %w", path, err)
+		return prepared{err: fmt.Errorf("store: journal: segment %s: %w", path, err)}
 	}
-	j.f, j.cur, j.off, j.direct = f, segment{num: num}, 0, direct
-	return nil
+	return prepared{num: num, f: f, direct: direct}
 }
 
 // append writes one record holding ops at version ts. Under SyncAlways the
@@ -281,6 +312,9 @@ func (j *journal) append(ts uint64, ops []op) error {
 
 // sync makes every appended record durable.
 func (j *journal) sync() error {
+	if err := j.waitPrev(); err != nil {
+		return err
+	}
 	if j.direct {
 		return nil
 	}
@@ -290,20 +324,52 @@ func (j *journal) sync() error {
 	return nil
 }
 
-// rotate finishes the current segment, synced whatever the mode so that a
-// record cut short can only ever be in the newest segment, and starts the
-// next.
+// waitPrev waits for the previous segment's background sync, so that a
+// sync of the current segment never leaves an earlier one behind.
+func (j *journal) waitPrev() error {
+	if j.prev == nil {
+		return nil
+	}
+	err := <-j.prev
+	j.prev = nil
+	return err
+}
+
+// rotate finishes the current segment and moves to the prepared next one.
+// Records written directly are durable already; otherwise the finished
+// segment is synced in the background, and the next sync waits for it, so
+// that a record cut short can only ever be in the newest segment.
 func (j *journal) rotate() error {
-	if err := j.sync(); err != nil {
+	if err := j.waitPrev(); err != nil {
 		return err
 	}
-	if err := j.f.Close(); err != nil {
-		return fmt.Errorf("store: journal: %w", err)
+	old := j.f
+	done := make(chan error, 1)
+	if j.direct {
+		done <- old.Close()
+	} else {
+		go func() {
+			err := fdatasync(old)
+			if cerr := old.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				err = fmt.Errorf("store: journal: sync %s: %w", old.Name(), err)
+			}
+			done <- err
+		}()
 	}
+	j.prev = done
 	j.mu.Lock()
 	j.full = append(j.full, j.cur)
 	j.mu.Unlock()
-	return j.openSegment(j.cur.num + 1)
+	p := <-j.next
+	if p.err != nil {
+		j.next = nil
+		return p.err
+	}
+	j.use(p)
+	return nil
 }
 
 // release retires the written segments whose every version is at or below
@@ -343,10 +409,21 @@ func (j *journal) pending() int {
 	return len(j.full) + 1
 }
 
-// close closes the segment being written. With clean set, Badger holds
-// everything durably, and every journal file is deleted.
+// close closes the segment being written, and the prepared next one.
+// With clean set, Badger holds everything durably, and every journal file
+// is deleted.
 func (j *journal) close(clean bool) error {
-	err := j.f.Close()
+	err := j.waitPrev()
+	if cerr := j.f.Close(); err == nil {
+		err = cerr
+	}
+	var spare string
+	if j.next != nil {
+		if p := <-j.next; p.err == nil {
+			spare = p.f.Name()
+			_ = p.f.Close()
+		}
+	}
 	if !clean {
 		return err
 	}
@@ -354,6 +431,9 @@ func (j *journal) close(clean bool) error {
 	paths := slices.Clone(j.recycled)
 	for _, seg := range append(j.full, j.cur) {
 		paths = append(paths, j.path(seg.num))
+	}
+	if spare != "" {
+		paths = append(paths, spare)
 	}
 	j.full, j.recycled = nil, nil
 	j.mu.Unlock()

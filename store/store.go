@@ -200,7 +200,7 @@ func Open(o Options) (*Store, error) {
 		WithSyncWrites(false). // the journal makes writes durable instead
 		WithLogger(badgerLogger{log}).
 		WithNumVersionsToKeep(1).
-		WithMemTableSize(16 << 20).
+		WithMemTableSize(32 << 20).
 		WithBlockCacheSize(32 << 20).
 		WithIndexCacheSize(16 << 20).
 		WithValueLogFileSize(64 << 20).
