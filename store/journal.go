@@ -27,10 +27,12 @@ import (
 // synchronous write of the same bytes, and covers only the current memtable,
 // so a group that straddles a memtable switch needs two.
 //
-// Under SyncAlways the journal writes whole 4 KiB blocks with O_DIRECT and
-// O_DSYNC, rewriting the partly filled last block with each record: one
-// system call makes a record durable, with no page-cache copy and no
-// separate flush. Segments are recycled rather than deleted, because writing
+// Under SyncAlways the journal writes each record as whole 4 KiB blocks with
+// O_DIRECT and O_DSYNC: one system call makes a record durable, with no
+// page-cache copy and no separate flush. Each record starts at a block
+// boundary, at the price of padding, so that no write ever rewrites a
+// block holding an acknowledged record: a power cut in the middle of a
+// write can tear only the record being written. Segments are recycled rather than deleted, because writing
 // over blocks a file already has is a pure data write, while the first write
 // to a preallocated block also commits file-system metadata, which costs
 // the kernel about half as much again.
@@ -57,8 +59,7 @@ type journal struct {
 	// direct is set when f was opened with O_DIRECT|O_DSYNC: writes must be
 	// aligned, whole blocks, and each is durable when it returns.
 	direct bool
-	off    int64  // end of the records in f
-	blk    []byte // block-aligned; its first off%blockSize bytes are the last block's
+	off    int64  // end of the records in f, a multiple of blockSize
 	rec    []byte // scratch for encoding one record
 
 	// next delivers the segment after the current one, prepared in the
@@ -218,6 +219,12 @@ func (j *journal) replaySegment(num uint64, apply func(ts uint64, ops []op) erro
 			return seg, fmt.Errorf("store: journal replay: %w", err)
 		}
 		seg.lastTs = ts
+		// The next record starts at the next block boundary.
+		if pad := (blockSize - (recordHeader+int(n))%blockSize) % blockSize; pad > 0 {
+			if _, err := r.Discard(pad); err != nil {
+				return seg, nil
+			}
+		}
 	}
 }
 
@@ -276,38 +283,60 @@ func (j *journal) prepare(num uint64) prepared {
 	return prepared{num: num, f: f, direct: direct}
 }
 
-// append writes one record holding ops at version ts. Under SyncAlways the
-// record is durable when append returns (or after sync, where the file
-// system cannot write directly); otherwise once sync returns.
-func (j *journal) append(ts uint64, ops []op) error {
-	j.rec = encodeRecord(j.rec[:0], j.cur.num, ts, ops)
-	if j.off > 0 && j.off+int64(len(j.rec)) > j.segSize {
-		if err := j.rotate(); err != nil {
-			return err
-		}
-		binary.LittleEndian.PutUint32(j.rec[4:8], checksum(j.cur.num, j.rec[recordHeader:]))
-	}
-	// Write from the start of the last, partly written block through the
-	// record's end, padded with zeros to whole blocks. The zeros read as
-	// the end of the segment until the next record overwrites them.
-	tail := int(j.off % blockSize)
-	end := tail + len(j.rec)
-	size := (end + blockSize - 1) / blockSize * blockSize
-	if len(j.blk) < size {
-		grown := alignedBlock(max(size, 2*len(j.blk), 64<<10))
-		copy(grown, j.blk[:tail])
-		j.blk = grown
-	}
-	copy(j.blk[tail:], j.rec)
-	clear(j.blk[end:size])
-	if _, err := j.f.WriteAt(j.blk[:size], j.off-int64(tail)); err != nil {
+// segWrite is one record's write: whole blocks at a block boundary, so that
+// it shares no block with the records before it.
+type segWrite struct {
+	f    *os.File
+	off  int64
+	buf  []byte
+	sync bool // fdatasync after writing: durability asked for, writes not direct
+}
+
+// do performs w. Under SyncAlways the record is durable when do returns.
+func (w segWrite) do() error {
+	if _, err := w.f.WriteAt(w.buf, w.off); err != nil {
 		return fmt.Errorf("store: journal: write: %w", err)
 	}
-	j.off += int64(len(j.rec))
-	last := end / blockSize * blockSize
-	copy(j.blk, j.blk[last:end])
-	j.cur.lastTs = ts
+	if w.sync {
+		if err := fdatasync(w.f); err != nil {
+			return fmt.Errorf("store: journal: sync: %w", err)
+		}
+	}
 	return nil
+}
+
+// encode returns the record holding ops at version ts, padded with zeros
+// to whole blocks, in buf (block-aligned; a larger one replaces it if it is
+// too small). Its checksum is set by place.
+func (j *journal) encode(buf []byte, ts uint64, ops []op) []byte {
+	j.rec = encodeRecord(j.rec[:0], j.cur.num, ts, ops)
+	size := (len(j.rec) + blockSize - 1) / blockSize * blockSize
+	if cap(buf) < size {
+		buf = alignedBlock(max(size, 64<<10))
+	}
+	buf = buf[:size]
+	copy(buf, j.rec)
+	clear(buf[len(j.rec):])
+	return buf
+}
+
+// fits reports whether rec fits in the current segment; when it does not,
+// the caller rotates first. A record larger than a segment goes alone into
+// a fresh one.
+func (j *journal) fits(rec []byte) bool {
+	return j.off == 0 || j.off+int64(len(rec)) <= j.segSize
+}
+
+// place assigns rec, holding version ts, the next place in the current
+// segment and returns its write. Writes must be performed in the order
+// placed.
+func (j *journal) place(rec []byte, ts uint64) segWrite {
+	n := binary.LittleEndian.Uint32(rec[0:4])
+	binary.LittleEndian.PutUint32(rec[4:8], checksum(j.cur.num, rec[recordHeader:recordHeader+n]))
+	w := segWrite{f: j.f, off: j.off, buf: rec, sync: j.durable && !j.direct}
+	j.off += int64(len(rec))
+	j.cur.lastTs = ts
+	return w
 }
 
 // sync makes every appended record durable.

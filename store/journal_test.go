@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -71,6 +72,22 @@ func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
 		})
 	}
 	write(t, s, func(b *Batch) { b.DeleteEntry("ev", 7); b.Delete("rec", "3") })
+	// Concurrent writers keep two journal writes in flight across segment
+	// changes.
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := uint64(1); i <= 40; i++ {
+				var b Batch
+				b.Append(fmt.Sprint("w", w), i, bytes.Repeat([]byte{byte(w)}, 300))
+				if err := s.Write(context.Background(), &b); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 	if n := s.journal.pending(); n < 3 {
 		t.Fatalf("%d segments: the test wants several", n)
 	}
@@ -104,6 +121,11 @@ func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
 	}
 	if err := r.Get("rec", "3", &rec); err == nil {
 		t.Error("deleted record came back")
+	}
+	for w := range 8 {
+		if got, err := r.Read(fmt.Sprint("w", w), 0, 0); err != nil || len(got) != 40 {
+			t.Errorf("writer %d: %d of 40 entries after replay (%v)", w, len(got), err)
+		}
 	}
 	// The replayed store keeps working, and later writes win.
 	write(t, r, func(b *Batch) { b.Append("ev", 201, []byte("after")) })
@@ -161,7 +183,7 @@ func TestJournalReleaseAndRecycle(t *testing.T) {
 	}
 	appendN := func(from, to uint64) {
 		for ts := from; ts <= to; ts++ {
-			if err := j.append(ts, []op{{key: fmt.Appendf(nil, "k%d", ts), val: bytes.Repeat([]byte("v"), int(ts*37%700))}}); err != nil {
+			if err := appendRecord(j, ts, []op{{key: fmt.Appendf(nil, "k%d", ts), val: bytes.Repeat([]byte("v"), int(ts*37%700))}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -253,4 +275,16 @@ func FuzzDecodeRecord(f *testing.F) {
 			}
 		}
 	})
+}
+
+// appendRecord writes one record and waits for it, as the store does with
+// one write in flight.
+func appendRecord(j *journal, ts uint64, ops []op) error {
+	rec := j.encode(nil, ts, ops)
+	if !j.fits(rec) {
+		if err := j.rotate(); err != nil {
+			return err
+		}
+	}
+	return j.place(rec, ts).do()
 }
