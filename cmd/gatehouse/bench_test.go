@@ -14,6 +14,8 @@ import (
 // durability "always": 32 in flight, 4 agents, 4 runners, as `gatehouse
 // bench` does.
 func BenchmarkEndToEnd(b *testing.B) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	oversubscribeProcs() // as the gatehouse binary does
 	ctx := context.Background()
 	rig, err := newBenchRig(ctx, benchConfig{agents: 4, runners: 4, sync: benchSync()}, testWriter{b})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 )
@@ -34,6 +35,7 @@ set as an environment variable GATEHOUSE_<FLAG>, e.g. GATEHOUSE_ADDR=0.0.0.0:808
 var version = "dev"
 
 func main() {
+	oversubscribeProcs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
@@ -41,6 +43,20 @@ func main() {
 			fmt.Fprintln(os.Stderr, "gatehouse:", err)
 		}
 		os.Exit(2)
+	}
+}
+
+// oversubscribeProcs runs twice as many Ps (Go's processors) as the runtime
+// would by default (one per CPU the process may use), unless GOMAXPROCS is
+// set. The store's committer blocks in a synchronous disk write for every
+// group, and when the write returns it must win a P back before it can
+// answer anyone; with every P busy it waits behind request handlers, and
+// every writer waits with it. With a spare P it goes on at once. Measured
+// with `gatehouse bench` on 2 CPUs: 2,500 executions/s and p99 42 ms with
+// 2 Ps, 2,700-3,000/s and p99 26-34 ms with 4.
+func oversubscribeProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(2 * runtime.GOMAXPROCS(0))
 	}
 }
 

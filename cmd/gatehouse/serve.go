@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"time"
 
@@ -178,6 +179,6 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		authMode = "static token"
 	}
 	log.Info("gatehouse listening", "addr", n.Addr().String(), "data", where, "sync", mode.String(),
-		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch())
+		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))
 	return n, nil
 }
