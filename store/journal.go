@@ -32,10 +32,11 @@ import (
 // page-cache copy and no separate flush. Each record starts at a block
 // boundary, at the price of padding, so that no write ever rewrites a
 // block holding an acknowledged record: a power cut in the middle of a
-// write can tear only the record being written. Segments are recycled rather than deleted, because writing
-// over blocks a file already has is a pure data write, while the first write
-// to a preallocated block also commits file-system metadata, which costs
-// the kernel about half as much again.
+// write can tear only the record being written. Segments are recycled
+// rather than deleted, because writing over blocks a file already has is a
+// pure data write, while the first write to a preallocated block also
+// commits file-system metadata, which costs the kernel about half as much
+// again.
 //
 // Each record carries the Badger version (timestamp) its writes are applied
 // at. Replaying a record Badger already holds rewrites the same versions with
@@ -403,7 +404,7 @@ func (j *journal) rotate() error {
 
 // release retires the written segments whose every version is at or below
 // durable, oldest first: they are kept for reuse, up to maxRecycled, or
-// deleted. It is safe to call alongside append.
+// deleted. It is safe to call alongside writes.
 func (j *journal) release(durable uint64) (int, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -592,10 +592,11 @@ func (s *Store) checkpointLoop() {
 }
 
 // checkpoint lets Badger discard versions older than the previous
-// checkpoint's, which no reader still uses: a read transaction lives far
-// shorter than checkpointInterval. It then deletes the journal segments
-// whose every version Badger's tables hold, and returns the version to
-// discard below next time.
+// checkpoint's. Read transactions are short (a scan is bounded by its
+// limit); one older than checkpointInterval would at worst see an entry
+// deleted or replaced since it began as already gone. It then releases the
+// journal segments whose every version Badger's tables hold, and returns
+// the version to discard below next time.
 func (s *Store) checkpoint(discard uint64) uint64 {
 	s.db.SetDiscardTs(discard)
 	if s.journal != nil && s.journal.pending() > 1 {
