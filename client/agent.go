@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/client/sse"
 )
 
 // Agent drives executions: the kernel assigns them on the agent's stream,
@@ -111,7 +113,7 @@ func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 		ar.running.Wait()
 		<-ackDone
 	}()
-	return c.serveStream(ctx, "/v0/agents/stream", q, ar.log, func(ev sseEvent) {
+	return c.serveStream(ctx, "/v0/agents/stream", q, ar.log, func(ev sse.Event) {
 		defer ack.note(ev.ID)
 		switch ev.Type {
 		case pushAssigned:

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/gatehouse-dev/gatehouse/client/sse"
 )
 
 // ToolFunc runs one tool call. args is the raw JSON arguments (JSON null
@@ -100,7 +102,7 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 		cancel()
 		rr.jobs.Wait()
 	}()
-	return c.serveStream(ctx, "/v0/runners/stream", q, rr.log, func(ev sseEvent) {
+	return c.serveStream(ctx, "/v0/runners/stream", q, rr.log, func(ev sse.Event) {
 		if ev.Type != "job.assigned" {
 			return
 		}
@@ -117,7 +119,7 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 // done, handing every delivery to handle in order. On reconnect it names
 // the last delivery it handled (Last-Event-ID), so the gateway resumes right
 // after it: nothing is lost and nothing is handed over twice.
-func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log *slog.Logger, handle func(sseEvent)) error {
+func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log *slog.Logger, handle func(sse.Event)) error {
 	b := c.backoff()
 	lastID := ""
 	for {
@@ -125,7 +127,7 @@ func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log
 		if err == nil {
 			log.Debug("stream connected", "path", path, "cursor", lastID)
 			for {
-				var ev sseEvent
+				var ev sse.Event
 				if ev, err = s.next(); err != nil {
 					break
 				}

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/client/sse"
 )
 
 // errStreamIdle ends a stream that stayed silent past StreamIdleTimeout.
@@ -19,7 +22,7 @@ var errStreamIdle = errors.New("client: stream idle, no heartbeat")
 // sseConn is one open SSE response.
 type sseConn struct {
 	resp   *http.Response
-	events *sseReader
+	events *sse.Reader
 	cancel context.CancelCauseFunc
 	idle   *time.Timer
 	fired  atomic.Bool
@@ -59,18 +62,24 @@ func (c *Client) openStream(ctx context.Context, path string, q url.Values, last
 		return nil, aerr
 	}
 	s.resp = resp
-	s.events = newSSEReader(&idleReader{r: resp.Body, t: s.idle, d: c.idle})
+	s.events = sse.NewReader(sse.ResetOnRead(resp.Body, s.idle, c.idle), maxSSELine)
 	return s, nil
 }
 
-// next returns the next event; a silent connection ends with errStreamIdle.
-func (s *sseConn) next() (sseEvent, error) {
+// next returns the next event, its data owned by the caller; a silent
+// connection ends with errStreamIdle.
+func (s *sseConn) next() (sse.Event, error) {
 	ev, err := s.events.Next()
 	if err != nil && s.fired.Load() {
 		err = errStreamIdle
 	}
+	ev.Data = bytes.Clone(ev.Data)
 	return ev, err
 }
+
+// maxSSELine bounds one SSE line, so a broken or hostile server cannot make
+// the client buffer without limit.
+const maxSSELine = 4 << 20
 
 func (s *sseConn) close() {
 	s.idle.Stop()
@@ -78,21 +87,6 @@ func (s *sseConn) close() {
 	if s.resp != nil {
 		_ = s.resp.Body.Close()
 	}
-}
-
-// idleReader re-arms the idle watchdog whenever bytes arrive.
-type idleReader struct {
-	r io.Reader
-	t *time.Timer
-	d time.Duration
-}
-
-func (r *idleReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if n > 0 {
-		r.t.Reset(r.d)
-	}
-	return n, err
 }
 
 // fatal reports whether a stream error cannot be cured by reconnecting: the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	linkedlist "container/list" // "list" is the token subcommand
 	"context"
@@ -21,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/client/sse"
 	"github.com/valyala/fasthttp"
 )
 
@@ -328,7 +328,7 @@ func (d *loadDriver) runAgent(ctx context.Context, agentID, consumerID string) e
 	// keeps each push in the consumer's outbox until an ack covers it, work
 	// it does for real agents too.
 	q := url.Values{"agent_id": {agentID}, "consumer_id": {consumerID}, "ack": {"explicit"}}
-	return d.serveStream(ctx, "/v0/agents/stream", q, func(ev *sseEvent) {
+	return d.serveStream(ctx, "/v0/agents/stream", q, func(ev *sse.Event) {
 		switch ev.Type {
 		case "execution.assigned":
 			a.assigned(ctx, ev.Data)
@@ -510,8 +510,8 @@ type acker struct {
 
 // note records that the delivery with SSE id "<epoch>.<sequence>" was
 // handled.
-func (k *acker) note(id []byte) {
-	if i := bytes.LastIndexByte(id, '.'); i >= 0 {
+func (k *acker) note(id string) {
+	if i := strings.LastIndexByte(id, '.'); i >= 0 {
 		id = id[i+1:]
 	}
 	seq, ok := parseSeq(id)
@@ -527,12 +527,12 @@ func (k *acker) note(id []byte) {
 
 // parseSeq parses a decimal sequence number without allocating; 19 digits
 // at most, which cannot overflow.
-func parseSeq(b []byte) (uint64, bool) {
+func parseSeq(b string) (uint64, bool) {
 	if len(b) == 0 || len(b) > 19 {
 		return 0, false
 	}
 	var n uint64
-	for _, c := range b {
+	for _, c := range []byte(b) {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
@@ -677,7 +677,7 @@ type benchJob struct {
 func (d *loadDriver) runRunner(ctx context.Context, runnerID, consumerID string) error {
 	results := d.endpoint("/v0/runners/" + url.PathEscape(runnerID) + "/results")
 	q := url.Values{"runner_id": {runnerID}, "consumer_id": {consumerID}, "capabilities": {benchTool}}
-	return d.serveStream(ctx, "/v0/runners/stream", q, func(ev *sseEvent) {
+	return d.serveStream(ctx, "/v0/runners/stream", q, func(ev *sse.Event) {
 		if ev.Type != "job.assigned" {
 			return
 		}
@@ -743,7 +743,7 @@ func appendResultBody(body []byte, consumerID string, j *benchJob, started time.
 // resuming after the last delivery handled (Last-Event-ID), as the SDK
 // does. It returns ctx.Err(), or the error of a refused stream (4xx other
 // than 429), which reconnecting cannot fix.
-func (d *loadDriver) serveStream(ctx context.Context, path string, q url.Values, handle func(ev *sseEvent)) error {
+func (d *loadDriver) serveStream(ctx context.Context, path string, q url.Values, handle func(ev *sse.Event)) error {
 	target := d.base + path + "?" + q.Encode()
 	wait := benchMinBackoff
 	lastID := ""
@@ -774,7 +774,7 @@ func (d *loadDriver) serveStream(ctx context.Context, path string, q url.Values,
 // streamOnce reads one connection of a stream until it ends. progressed
 // says whether anything arrived; *lastID becomes the stream's last event
 // id.
-func (d *loadDriver) streamOnce(ctx context.Context, target, path string, lastID *string, handle func(*sseEvent)) (progressed bool, err error) {
+func (d *loadDriver) streamOnce(ctx context.Context, target, path string, lastID *string, handle func(*sse.Event)) (progressed bool, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
@@ -807,18 +807,19 @@ func (d *loadDriver) streamOnce(ctx context.Context, target, path string, lastID
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxBenchErrorBody))
 		return false, newBenchAPIError("GET", path, resp.StatusCode, body)
 	}
-	sr := newSSEReader(&idleReader{r: resp.Body, t: idle})
-	sr.lastID = append(sr.lastID, *lastID...)
-	defer func() { *lastID = string(sr.lastID) }()
-	var ev sseEvent
+	sr := sse.NewReader(sse.ResetOnRead(resp.Body, idle, benchStreamIdle), maxBenchSSELine)
 	for {
-		if err := sr.next(&ev); err != nil {
+		ev, err := sr.Next()
+		if err != nil {
 			if cause := context.Cause(ctx); cause == errIdle {
 				err = cause
 			}
 			return progressed, err
 		}
 		progressed = true
+		if ev.ID != "" {
+			*lastID = ev.ID
+		}
 		switch ev.Type {
 		case "stream.reset":
 			// Some deliveries are gone; the executions they carried fail
@@ -830,144 +831,6 @@ func (d *loadDriver) streamOnce(ctx context.Context, target, path string, lastID
 			handle(&ev)
 		}
 	}
-}
-
-// idleReader re-arms a stream's idle watchdog whenever bytes arrive.
-type idleReader struct {
-	r io.Reader
-	t *time.Timer
-}
-
-func (r *idleReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if n > 0 {
-		r.t.Reset(benchStreamIdle)
-	}
-	return n, err
-}
-
-// sseEvent is one dispatched Server-Sent Event. Data and ID alias the
-// reader's buffers: they are valid until its next call.
-type sseEvent struct {
-	Type string // "message" when the frame named none
-	Data []byte
-	ID   []byte // the stream's last event id, per the SSE rules
-}
-
-// sseReader parses a text/event-stream body by the HTML Living Standard's
-// rules, with \n line ends and an optional \r before them (what the
-// gateway writes). Comments (heartbeats) and unknown fields are skipped;
-// "retry:" is not honoured, as reconnect timing is serveStream's.
-type sseReader struct {
-	r      *bufio.Reader
-	long   []byte // a line longer than r's buffer, assembled
-	data   []byte
-	lastID []byte
-}
-
-func newSSEReader(r io.Reader) *sseReader {
-	return &sseReader{r: bufio.NewReaderSize(r, 32<<10)}
-}
-
-// next reads the next event into ev. At the end of the body it returns
-// io.EOF; an event cut off by the end is dropped (io.ErrUnexpectedEOF),
-// since its data may be incomplete.
-func (s *sseReader) next(ev *sseEvent) error {
-	typ, hasData := "", false
-	s.data = s.data[:0]
-	for {
-		line, err := s.readLine()
-		if err != nil {
-			if errors.Is(err, io.EOF) && (hasData || typ != "") {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		if len(line) == 0 {
-			if !hasData {
-				typ = "" // a frame without data dispatches nothing
-				continue
-			}
-			if typ == "" {
-				typ = "message"
-			}
-			ev.Type, ev.Data, ev.ID = typ, s.data, s.lastID
-			return nil
-		}
-		if line[0] == ':' {
-			continue
-		}
-		field, value := line, []byte(nil)
-		if i := bytes.IndexByte(line, ':'); i >= 0 {
-			field, value = line[:i], line[i+1:]
-			if len(value) > 0 && value[0] == ' ' {
-				value = value[1:]
-			}
-		}
-		switch string(field) {
-		case "event":
-			typ = eventType(value)
-		case "data":
-			if hasData {
-				s.data = append(s.data, '\n')
-			}
-			s.data = append(s.data, value...)
-			hasData = true
-		case "id":
-			if bytes.IndexByte(value, 0) < 0 {
-				s.lastID = append(s.lastID[:0], value...)
-			}
-		}
-	}
-}
-
-// eventType returns the event type named by b, without allocating for the
-// types the gateway sends.
-func eventType(b []byte) string {
-	switch string(b) {
-	case "execution.assigned":
-		return "execution.assigned"
-	case "tool.result":
-		return "tool.result"
-	case "job.assigned":
-		return "job.assigned"
-	case "approval.resolved":
-		return "approval.resolved"
-	case "signal.received":
-		return "signal.received"
-	case "stream.reset":
-		return "stream.reset"
-	case "stream.expired":
-		return "stream.expired"
-	}
-	return string(b)
-}
-
-// readLine returns the next line without its end; the slice is valid until
-// the next call. A body that ends mid-line gives io.ErrUnexpectedEOF.
-func (s *sseReader) readLine() ([]byte, error) {
-	line, err := s.r.ReadSlice('\n')
-	if errors.Is(err, bufio.ErrBufferFull) {
-		s.long = append(s.long[:0], line...)
-		for errors.Is(err, bufio.ErrBufferFull) {
-			if line, err = s.r.ReadSlice('\n'); len(s.long)+len(line) > maxBenchSSELine+2 {
-				return nil, fmt.Errorf("SSE line longer than %d bytes", maxBenchSSELine)
-			}
-			s.long = append(s.long, line...)
-		}
-		line = s.long
-	}
-	if err != nil {
-		if errors.Is(err, io.EOF) && len(line) > 0 {
-			return nil, io.ErrUnexpectedEOF
-		}
-		return nil, err
-	}
-	line = line[:len(line)-1]
-	if n := len(line); n > 0 && line[n-1] == '\r' {
-		line = line[:n-1]
-	}
-	return line, nil
 }
 
 // --- JSON ---

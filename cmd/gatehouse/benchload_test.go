@@ -4,88 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"strings"
 	"testing"
-	"testing/iotest"
 	"time"
 )
-
-// readSSE parses body with the bench's SSE reader, returning its events as
-// "type|data|id" and the error that ended it.
-func readSSE(body io.Reader) ([]string, error) {
-	r := newSSEReader(body)
-	var got []string
-	var ev sseEvent
-	for {
-		if err := r.next(&ev); err != nil {
-			return got, err
-		}
-		got = append(got, ev.Type+"|"+string(ev.Data)+"|"+string(ev.ID))
-	}
-}
-
-func TestSSEReader(t *testing.T) {
-	long := strings.Repeat("x", 100<<10) // past the reader's buffer
-	for _, tc := range []struct {
-		name, body string
-		want       []string
-		err        error
-	}{{
-		name: "gateway frames",
-		body: "retry: 5000\n\n" +
-			"id: 7.1\nevent: execution.assigned\ndata: {\"a\":1}\n\n" +
-			":heartbeat\n\n" +
-			"id: 7.2\nevent: tool.result\ndata: {\"b\":2}\n\n",
-		want: []string{`execution.assigned|{"a":1}|7.1`, `tool.result|{"b":2}|7.2`},
-		err:  io.EOF,
-	}, {
-		name: "standard details",
-		body: "data:one\r\ndata: two\r\n\r\n" + // no space after the colon, CRLF, two data lines
-			"event: only-type\n\n" + // no data: nothing dispatched, the type is forgotten
-			"id: 1\ndata\n\n" + // a field without a colon has an empty value
-			"id: bad\x00id\nevent: x\ndata: 3\nunknown: field\n\n", // an id with NUL is ignored; the last one stays
-		want: []string{"message|one\ntwo|", "message||1", "x|3|1"},
-		err:  io.EOF,
-	}, {
-		name: "long line",
-		body: "event: big\ndata: " + long + "\n\n",
-		want: []string{"big|" + long + "|"},
-		err:  io.EOF,
-	}, {
-		name: "cut inside an event",
-		body: "event: x\ndata: 1\n\nevent: y\ndata: 2\n",
-		want: []string{"x|1|"},
-		err:  io.ErrUnexpectedEOF,
-	}, {
-		name: "cut inside a line",
-		body: "event: x\ndata: 1\n\ndata: {\"trunc",
-		want: []string{"x|1|"},
-		err:  io.ErrUnexpectedEOF,
-	}} {
-		t.Run(tc.name, func(t *testing.T) {
-			// One byte per read exercises every split of lines across reads.
-			for _, body := range []io.Reader{strings.NewReader(tc.body), iotest.OneByteReader(strings.NewReader(tc.body))} {
-				got, err := readSSE(body)
-				if !errors.Is(err, tc.err) {
-					t.Errorf("ended with %v, want %v", err, tc.err)
-				}
-				if fmt.Sprintf("%q", got) != fmt.Sprintf("%q", tc.want) {
-					t.Errorf("events\n got %q\nwant %q", got, tc.want)
-				}
-			}
-		})
-	}
-}
-
-func TestSSEReaderLineLimit(t *testing.T) {
-	body := "data: " + strings.Repeat("x", maxBenchSSELine+10) + "\n\n"
-	got, err := readSSE(strings.NewReader(body))
-	if err == nil || errors.Is(err, io.EOF) || len(got) > 0 {
-		t.Fatalf("got %d events, err %v; want a line-length error", len(got), err)
-	}
-}
 
 // TestBenchBodies checks the hand-built bodies byte for byte against what
 // encoding/json makes of the SDK's request types (copied here: they are
@@ -189,7 +111,7 @@ func TestAckerNote(t *testing.T) {
 		id   string
 		want uint64
 	}{{"e.42", 42}, {"e.7", 42}, {"43", 43}, {"e.", 43}, {"e.x1", 43}, {"e.-1", 43}, {"e.99999999999999999999", 43}} {
-		k.note([]byte(tc.id))
+		k.note(tc.id)
 		if got := k.handled.Load(); got != tc.want {
 			t.Errorf("after %q: handled %d, want %d", tc.id, got, tc.want)
 		}
