@@ -168,8 +168,8 @@ type request struct {
 	done  chan error
 }
 
-// group is one commit: the requests it answers and their writes, each key
-// once, at one version.
+// group is one commit: the requests it answers and their writes, in order,
+// at one version.
 type group struct {
 	reqs  []*request
 	ops   []op
@@ -455,9 +455,7 @@ func (s *Store) journalGroup(g *group, buf []byte) ([]byte, error) {
 	return rec, nil
 }
 
-// gather takes r and whatever else is queued, within the group bounds, and
-// merges their writes: a key written twice keeps its last write, so the
-// group can be split over several Badger transactions at one version.
+// gather takes r and whatever else is queued, within the group bounds.
 func (s *Store) gather(r *request) *group {
 	g := &group{reqs: []*request{r}, start: time.Now()}
 	size := r.batch.size
@@ -481,17 +479,9 @@ func (s *Store) gather(r *request) *group {
 	for _, r := range g.reqs {
 		n += len(r.batch.ops)
 	}
-	last := make(map[string]int, n)
 	g.ops = make([]op, 0, n)
 	for _, r := range g.reqs {
-		for _, o := range r.batch.ops {
-			if i, ok := last[string(o.key)]; ok {
-				g.ops[i] = o
-				continue
-			}
-			last[string(o.key)] = len(g.ops)
-			g.ops = append(g.ops, o)
-		}
+		g.ops = append(g.ops, r.batch.ops...)
 	}
 	return g
 }
@@ -537,12 +527,47 @@ func (s *Store) countCommit(g *group) {
 	s.stats.LastCommit = time.Since(g.start)
 }
 
-// apply writes ops to Badger at version ts, in as many transactions as their
-// size needs. Readers see none of it until applied moves to ts.
+// apply writes ops to Badger at version ts. Readers see none of it until
+// applied moves to ts.
 func (s *Store) apply(ts uint64, ops []op) error {
+	err := s.applyTxn(ts, ops)
+	if errors.Is(err, badger.ErrTxnTooBig) {
+		err = s.applySplit(ts, ops)
+	}
+	return err
+}
+
+// applyTxn writes ops in one transaction, where a key written twice keeps
+// its last write.
+func (s *Store) applyTxn(ts uint64, ops []op) error {
+	txn := s.db.NewTransactionAt(ts, true)
+	defer txn.Discard()
+	for _, o := range ops {
+		if err := setOp(txn, o); err != nil {
+			return fmt.Errorf("store: write: %w", err)
+		}
+	}
+	if err := txn.CommitAt(ts, nil); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+// applySplit writes ops too many for one transaction in several, all at
+// version ts. Two writes of one key at one version in different
+// transactions would leave Badger two values for it, so only each key's
+// last write is kept first.
+func (s *Store) applySplit(ts uint64, ops []op) error {
+	last := make(map[string]int, len(ops))
+	for i, o := range ops {
+		last[string(o.key)] = i
+	}
 	txn := s.db.NewTransactionAt(ts, true)
 	defer func() { txn.Discard() }()
-	for _, o := range ops {
+	for i, o := range ops {
+		if last[string(o.key)] != i {
+			continue
+		}
 		err := setOp(txn, o)
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			if err = txn.CommitAt(ts, nil); err != nil {

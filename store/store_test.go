@@ -239,25 +239,45 @@ func BenchmarkWriteParallel(b *testing.B) {
 }
 
 // TestLargeGroupSpansTransactions: a group bigger than one Badger
-// transaction is split and still written whole.
+// transaction is split and still written whole, a key written twice in it
+// keeping its last write.
 func TestLargeGroupSpansTransactions(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, SyncAlways)
 	var b Batch
 	big := make([]byte, 64<<10)
 	const n = 400 // about 25 MiB: more than one transaction holds
+	if err := b.Put("rec", "twice", "first"); err != nil {
+		t.Fatal(err)
+	}
 	for i := uint64(1); i <= n; i++ {
 		b.Append("big", i, big)
+	}
+	b.Append("big", 1, []byte("rewritten"))
+	if err := b.Put("rec", "twice", "last"); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.Write(context.Background(), &b); err != nil {
 		t.Fatal(err)
 	}
+	check := func(when string) {
+		t.Helper()
+		if last, _ := s.Last("big"); last != n {
+			t.Fatalf("%s: last = %d, want %d", when, last, n)
+		}
+		if e, err := s.Entry("big", 1); err != nil || string(e) != "rewritten" {
+			t.Fatalf("%s: entry 1 = %.20q, %v; want the last write", when, e, err)
+		}
+		var v string
+		if err := s.Get("rec", "twice", &v); err != nil || v != "last" {
+			t.Fatalf("%s: record = %q, %v; want the last write", when, v, err)
+		}
+	}
+	check("before reopening")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	s = open(t, dir, SyncAlways)
 	defer s.Close()
-	if last, _ := s.Last("big"); last != n {
-		t.Fatalf("last = %d, want %d", last, n)
-	}
+	check("after reopening")
 }
