@@ -152,7 +152,9 @@ func (t *tx) addWith(typ, stepID, actionID string, payload any) {
 		ev.ToolCallID = stepID
 	}
 	t.prev = id
-	raw := ev.AppendJSON(make([]byte, 0, 320+len(data)))
+	// The envelope alone is about 600 bytes; sized so it is encoded without
+	// growing.
+	raw := ev.AppendJSON(make([]byte, 0, 768+len(data)))
 	t.batch.Append(streamOf(t.ex.ID), t.seq, raw)
 	t.facts = append(t.facts, fact{typ: typ, stepID: stepID, at: t.now, seq: t.seq, payload: payload})
 }
