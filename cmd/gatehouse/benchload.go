@@ -30,9 +30,9 @@ import (
 // figure measured the SDK as much as the gateway. Requests go through one
 // fasthttp.HostClient with pooled requests, responses and body buffers;
 // bodies are appended by hand, answers decoded with encoding/json. Each
-// agent and runner holds one SSE stream, opened as the SDK opens it, and
-// parsed with a small reader. Nothing is retried that the SDK would not
-// retry, and nothing waits without a bound.
+// agent and runner holds one SSE stream, opened as the SDK opens it and
+// read with the SDK's reader (package client/sse). Nothing is retried that
+// the SDK would not retry, and nothing waits without a bound.
 
 // Limits of the load driver.
 const (
