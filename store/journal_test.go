@@ -288,3 +288,42 @@ func appendRecord(j *journal, ts uint64, ops []op) error {
 	}
 	return j.place(rec, ts).do()
 }
+
+// TestCheckpointSyncsValueLogOnlyWhenUsed: Badger's value log, which takes
+// values of 1 MiB and more, is synced at a checkpoint only after such a
+// value was written; the value survives a reopen either way.
+func TestCheckpointSyncsValueLogOnlyWhenUsed(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, segmentSize: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 20; i++ {
+		write(t, s, func(b *Batch) { b.Append("small", i, bytes.Repeat([]byte("s"), 1000)) })
+	}
+	_, _ = s.Last("small") // a read waits for Badger to be given every write
+	if s.vlogDirty.Load() {
+		t.Fatal("small values marked the value log as written")
+	}
+	big := bytes.Repeat([]byte("B"), 2<<20)
+	write(t, s, func(b *Batch) { b.Append("big", 1, big) })
+	_, _ = s.Last("big")
+	if !s.vlogDirty.Load() {
+		t.Fatal("a 2 MiB value did not mark the value log as written")
+	}
+	if s.journal.pending() < 2 {
+		t.Fatal("the test wants a segment to release")
+	}
+	s.checkpoint(0)
+	if s.vlogDirty.Load() {
+		t.Error("the checkpoint did not sync the value log")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir, SyncAlways)
+	defer s.Close()
+	if got, err := s.Entry("big", 1); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("big value after reopen: %d bytes, %v", len(got), err)
+	}
+}

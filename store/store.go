@@ -139,6 +139,10 @@ type Store struct {
 	applyMu   sync.Mutex
 	applyCond *sync.Cond
 	stuck     bool
+	// vlogDirty is set when a value went to Badger's value log, which
+	// takes values of valueThreshold bytes and more (see checkpoint).
+	vlogDirty      atomic.Bool
+	valueThreshold int64
 
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
@@ -225,6 +229,8 @@ func Open(o Options) (*Store, error) {
 		done:   make(chan struct{}),
 
 		checkpointed: make(chan struct{}),
+
+		valueThreshold: bo.ValueThreshold,
 	}
 	last := db.MaxVersion()
 	if !o.InMemory {
@@ -543,7 +549,7 @@ func (s *Store) applyTxn(ts uint64, ops []op) error {
 	txn := s.db.NewTransactionAt(ts, true)
 	defer txn.Discard()
 	for _, o := range ops {
-		if err := setOp(txn, o); err != nil {
+		if err := s.setOp(txn, o); err != nil {
 			return fmt.Errorf("store: write: %w", err)
 		}
 	}
@@ -568,13 +574,13 @@ func (s *Store) applySplit(ts uint64, ops []op) error {
 		if last[string(o.key)] != i {
 			continue
 		}
-		err := setOp(txn, o)
+		err := s.setOp(txn, o)
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			if err = txn.CommitAt(ts, nil); err != nil {
 				return fmt.Errorf("store: commit: %w", err)
 			}
 			txn = s.db.NewTransactionAt(ts, true)
-			err = setOp(txn, o)
+			err = s.setOp(txn, o)
 		}
 		if err != nil {
 			return fmt.Errorf("store: write: %w", err)
@@ -586,9 +592,12 @@ func (s *Store) applySplit(ts uint64, ops []op) error {
 	return nil
 }
 
-func setOp(txn *badger.Txn, o op) error {
+func (s *Store) setOp(txn *badger.Txn, o op) error {
 	if o.del {
 		return txn.Delete(o.key)
+	}
+	if int64(len(o.val)) >= s.valueThreshold {
+		s.vlogDirty.Store(true)
 	}
 	return txn.Set(o.key, o.val)
 }
@@ -630,10 +639,19 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 			durable = max(durable, t.MaxVersion)
 		}
 		// Tables are synced when written, but values too large for the
-		// tree live in the value log, which only Sync makes durable.
-		if err := s.db.Sync(); err != nil {
-			s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
-		} else if _, err := s.journal.release(durable); err != nil {
+		// tree live in the value log, which only Sync makes durable. Sync
+		// also msyncs the whole memory table, stalling Badger's writes for
+		// tens of milliseconds, so it runs only when such a value was
+		// written: every version up to durable was applied before this
+		// check.
+		if s.vlogDirty.Swap(false) {
+			if err := s.db.Sync(); err != nil {
+				s.vlogDirty.Store(true)
+				s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+				return s.applied.Load()
+			}
+		}
+		if _, err := s.journal.release(durable); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
 		}
 	}
