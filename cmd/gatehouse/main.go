@@ -52,8 +52,8 @@ func main() {
 // group, and when the write returns it must win a P back before it can
 // answer anyone; with every P busy it waits behind request handlers, and
 // every writer waits with it. With a spare P it goes on at once. Measured
-// with `gatehouse bench` on 2 CPUs: 2,500 executions/s and p99 42 ms with
-// 2 Ps, 2,700-3,000/s and p99 26-34 ms with 4.
+// with `gatehouse bench` on 2 CPUs: 2,400 executions/s and p99 44 ms with
+// 2 Ps, 2,800-2,900/s and p99 22-29 ms with 4.
 func oversubscribeProcs() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(2 * runtime.GOMAXPROCS(0))
