@@ -164,10 +164,8 @@ func (k *Kernel) readPayload(id string, seq uint64, into any) error {
 	if err != nil {
 		return newErr(ErrUnavailable, "service unavailable: read event %d of %s: %v", seq, id, err)
 	}
-	var ev struct {
-		Payload json.RawMessage `json:"payload"`
-	}
-	if err := json.Unmarshal(raw, &ev); err != nil {
+	ev, err := event.DecodeStored(raw, id)
+	if err != nil {
 		return fmt.Errorf("decode event %d of %s: %w", seq, id, err)
 	}
 	return json.Unmarshal(ev.Payload, into)
@@ -397,7 +395,9 @@ func (k *Kernel) Events(ctx context.Context, id string, after uint64, limit int)
 	}
 	page := EventPage{Events: make([]json.RawMessage, len(entries))}
 	for i, e := range entries {
-		page.Events[i] = e.Data
+		if page.Events[i], err = event.AppendStoredJSON(nil, e.Data, id); err != nil {
+			return EventPage{}, fmt.Errorf("decode event %d of %s: %w", e.Seq, id, err)
+		}
 		page.LatestSequence = e.Seq
 	}
 	return page, nil
@@ -418,7 +418,19 @@ func (k *Kernel) exists(id string) error {
 // ReadEvents calls fn for each stored event of id after a sequence, in order;
 // data is valid only during the call. fn returns false to stop.
 func (k *Kernel) ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
-	if err := k.store.Scan(streamOf(id), after, fn); err != nil {
+	var buf []byte
+	var derr error
+	err := k.store.Scan(streamOf(id), after, func(seq uint64, data []byte) bool {
+		if buf, derr = event.AppendStoredJSON(buf[:0], data, id); derr != nil {
+			derr = fmt.Errorf("decode event %d of %s: %w", seq, id, derr)
+			return false
+		}
+		return fn(seq, buf)
+	})
+	if err == nil {
+		err = derr
+	}
+	if err != nil {
 		if errors.Is(err, store.ErrClosed) {
 			return newErr(ErrUnavailable, "service unavailable: shutting down")
 		}

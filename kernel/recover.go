@@ -2,7 +2,6 @@ package kernel
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -94,7 +93,7 @@ func (k *Kernel) replay(id string) (*Execution, error) {
 	var ferr error
 	err = k.store.Scan(streamOf(id), 0, func(seq uint64, data []byte) bool {
 		var ev event.Event
-		if ferr = json.Unmarshal(data, &ev); ferr != nil {
+		if ev, ferr = event.DecodeStored(data, id); ferr != nil {
 			return false
 		}
 		if seq == 1 {

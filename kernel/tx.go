@@ -152,9 +152,11 @@ func (t *tx) addWith(typ, stepID, actionID string, payload any) {
 		ev.ToolCallID = stepID
 	}
 	t.prev = id
-	// The envelope alone is about 600 bytes; sized so it is encoded without
-	// growing.
-	raw := ev.AppendJSON(make([]byte, 0, 768+len(data)))
+	// Logs keep the compact stored form (a third of the JSON form's bytes):
+	// every byte written passes through the journal, Badger's memory table
+	// and its compactions. Its ids and references take at most about 200
+	// bytes; sized so it is encoded without growing.
+	raw := ev.AppendStored(make([]byte, 0, 200+len(ev.IdempotencyKey)+len(ev.SessionID)+len(data)))
 	t.batch.Append(streamOf(t.ex.ID), t.seq, raw)
 	t.facts = append(t.facts, fact{typ: typ, stepID: stepID, at: t.now, seq: t.seq, payload: payload})
 }

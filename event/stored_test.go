@@ -1,0 +1,158 @@
+package event
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+)
+
+// kernelEvent is shaped like the events the kernel writes: UUIDv7 ids, the
+// execution id as run id, the step as tool call.
+func kernelEvent() Event {
+	id, exec, step := NewID(), NewID(), NewID()
+	return Event{ID: id, EventID: id, ExecutionID: exec, RunID: exec, StepID: step, ToolCallID: step,
+		Type: StepCompleted, SchemaVersion: SchemaVersion, Timestamp: time.Now().UTC(),
+		Payload:     json.RawMessage(`{"step_id":"` + step + `","output":{"hits":3}}`),
+		CausationID: NewID(), CorrelationID: id, IdempotencyKey: "result-7", Sequence: 9,
+		SessionID: NewID(), TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+}
+
+// TestStoredRoundTrip: the JSON rendered from the stored form is exactly the
+// JSON of the event that was stored, whatever its fields hold.
+func TestStoredRoundTrip(t *testing.T) {
+	for name, ev := range map[string]Event{
+		"kernel":  kernelEvent(),
+		"minimal": {ID: "a", ExecutionID: "x", Type: StepCreated, Payload: json.RawMessage(`{}`)},
+		"full": {ID: "01a2-b", ExecutionID: "x", StepID: "s", Type: ExecutionBlocked, SchemaVersion: 1,
+			Timestamp: time.Date(2026, 11, 21, 23, 0, 0, 123456789, time.UTC), Payload: json.RawMessage(`{"a":[1,"\u003cb\u003e"]}`),
+			CausationID: "c", CorrelationID: "r", IdempotencyKey: "k", Sequence: 42, EventID: "01a2-b",
+			SessionID: "sess-1", RunID: "x", ToolCallID: "s", ActionID: "act", TraceID: "4bf9",
+			Refs: []Ref{{Kind: "execution.input", URI: "/v0/x", Bytes: 3}}},
+		"escapes": {ID: "a", ExecutionID: "x", Type: "custom.type", IdempotencyKey: "quote\" back\\ <tag> & ünïcode \u2028 \x01",
+			SessionID: "tab\there", Payload: json.RawMessage(`null`)},
+		"zero time and no payload": {ID: "a", ExecutionID: "x", Type: "t"},
+		"uppercase uuid and hex stay strings": {ID: "0193A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B", ExecutionID: "x",
+			Type: SignalReceived, TraceID: "4BF92F3577B34DA6A3CE929D0E0E4736", Timestamp: time.Unix(-5, 7).UTC()},
+		"run id differs from execution": {ID: "a", ExecutionID: "x", RunID: "other", StepID: "a", ToolCallID: "a", Type: "t"},
+		"timestamp outside UTC": {ID: "a", ExecutionID: "x", Type: "t",
+			Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 6, time.FixedZone("X", 3600))},
+	} {
+		t.Run(name, func(t *testing.T) {
+			stored := ev.AppendStored(nil)
+			got, err := AppendStoredJSON(nil, stored, ev.ExecutionID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev.Timestamp = ev.Timestamp.UTC()
+			if want := ev.AppendJSON(nil); string(got) != string(want) {
+				t.Fatalf("rendered\n got  %s\n want %s", got, want)
+			}
+		})
+	}
+}
+
+// TestStoredIsCompact: the stored form of a typical kernel event is well
+// under half its JSON form, which is the point of having it.
+func TestStoredIsCompact(t *testing.T) {
+	ev := kernelEvent()
+	stored, js := len(ev.AppendStored(nil)), len(ev.AppendJSON(nil))
+	if stored*2 > js {
+		t.Fatalf("stored form is %d bytes, JSON %d", stored, js)
+	}
+}
+
+// TestStoredGolden pins the stored form: events already on disk must keep
+// decoding, so a change to the field tags or the type table fails here.
+func TestStoredGolden(t *testing.T) {
+	ev := Event{ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", ExecutionID: "x", RunID: "x", Type: PermissionResolved,
+		SchemaVersion: 1, Sequence: 3, StepID: "s1", ToolCallID: "s1", CausationID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Timestamp: time.Unix(1700000000, 5).UTC(), Payload: json.RawMessage(`{}`)}
+	const golden = "01" + // format
+		"04" + "0193a1b2c3d47e5f8a9b0c1d2e3f4a5b" + // id: a UUID
+		"00" + // event id: empty
+		"0616" + // type: storedTypes[22]
+		"07027331" + // step: the string "s1"
+		"02" + "03" + "01" + // tool call = step, run = execution, causation = id
+		"00" + "00" + "00" + // correlation, session, action: empty
+		"05" + "4bf92f3577b34da6a3ce929d0e0e4736" + // trace: 16 bytes of hex
+		"00" + "00" + // idempotency key, refs: empty
+		"01" + "03" + "80c49fd50c" + "05" + // schema, sequence, seconds (zigzag), nanoseconds
+		"7b7d" // payload
+	got := hex.EncodeToString(ev.AppendStored(nil))
+	if got != golden {
+		t.Fatalf("stored form changed:\n got  %s\n want %s", got, golden)
+	}
+}
+
+func TestDecodeStoredReadsJSONForm(t *testing.T) {
+	ev := kernelEvent()
+	js := ev.AppendJSON(nil)
+	got, err := DecodeStored(js, ev.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.AppendJSON(nil)) != string(js) {
+		t.Fatalf("JSON form decoded to %+v", got)
+	}
+	out, err := AppendStoredJSON([]byte("x"), js, ev.ExecutionID)
+	if err != nil || string(out) != "x"+string(js) {
+		t.Fatalf("AppendStoredJSON of the JSON form: %s, %v", out, err)
+	}
+}
+
+// TestDecodeStoredRejectsDamage: every truncation and a few corruptions are
+// ErrCorrupt, never a panic.
+func TestDecodeStoredRejectsDamage(t *testing.T) {
+	ev := kernelEvent()
+	stored := ev.AppendStored(nil)
+	payloadAt := len(stored) - len(ev.Payload)
+	for n := range payloadAt {
+		if _, err := DecodeStored(stored[:n], "x"); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("truncated to %d bytes: err %v", n, err)
+		}
+	}
+	for name, data := range map[string][]byte{
+		"unknown format": {0x09, 0},
+		"bad tag":        {storedFormat, 0x7f},
+		"type index":     {storedFormat, fieldType, 0xff},
+		"string length":  {storedFormat, fieldString, 0xff, 0x01},
+		"bad JSON":       []byte(`{"id":`),
+	} {
+		if _, err := DecodeStored(data, "x"); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: err %v", name, err)
+		}
+	}
+}
+
+func FuzzDecodeStored(f *testing.F) {
+	ev := kernelEvent()
+	f.Add(ev.AppendStored(nil))
+	f.Add([]byte{storedFormat})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ev, err := DecodeStored(data, "x")
+		if err != nil {
+			return
+		}
+		// Whatever decodes renders, and its stored form decodes the same.
+		// (The JSON form carries its own execution id.)
+		ev.ExecutionID = "x"
+		again, err := DecodeStored(ev.AppendStored(nil), "x")
+		if err != nil {
+			t.Fatalf("re-decode: %v", err)
+		}
+		if string(again.AppendJSON(nil)) != string(ev.AppendJSON(nil)) {
+			t.Fatalf("unstable: %s vs %s", again.AppendJSON(nil), ev.AppendJSON(nil))
+		}
+	})
+}
+
+func BenchmarkAppendStored(b *testing.B) {
+	ev := kernelEvent()
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = ev.AppendStored(buf[:0])
+	}
+}
