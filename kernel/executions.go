@@ -222,6 +222,9 @@ func (k *Kernel) List(ctx context.Context, req ListRequest) (ListPage, error) {
 		if decode(&s) != nil {
 			return true
 		}
+		if !s.Status.Terminal() {
+			s = k.currentRow(s)
+		}
 		if !matches(&s, req) {
 			return true
 		}
@@ -244,6 +247,26 @@ func (k *Kernel) List(ctx context.Context, req ListRequest) (ListPage, error) {
 		page.NextCursor = base64.StdEncoding.EncodeToString([]byte(last.CreatedAt.Format(time.RFC3339Nano) + "|" + last.ID))
 	}
 	return page, nil
+}
+
+// currentRow returns the up-to-date list entry of an execution whose stored
+// entry, s, is not terminal: the store has it only as of its last change of
+// status.
+func (k *Kernel) currentRow(s Summary) Summary {
+	k.mu.Lock()
+	ex := k.live[s.ID]
+	k.mu.Unlock()
+	if ex != nil {
+		if row := ex.row.Load(); row != nil {
+			return *row
+		}
+		return s
+	}
+	// It finished after the scan read s; its final entry is stored.
+	if fresh, err := k.summary(s.ID); err == nil {
+		return *fresh
+	}
+	return s
 }
 
 func matches(s *Summary, req ListRequest) bool {

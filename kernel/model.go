@@ -3,6 +3,7 @@ package kernel
 import (
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -92,6 +93,11 @@ type Execution struct {
 	replayed bool
 
 	timer *time.Timer // execution timeout
+
+	// row is the execution's list entry as of its last change, for List to
+	// read without mu: the store keeps a live execution's entry only as of
+	// its last change of status.
+	row atomic.Pointer[Summary]
 }
 
 // Lease binds an execution to one agent consumer. The kernel API calls it a
@@ -181,6 +187,16 @@ func (ex *Execution) view() View {
 		Input: ex.Input, Output: ex.Output, HasOutput: ex.HasOutput, SessionID: ex.SessionID,
 		CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt,
 	}
+}
+
+// summary returns the execution's list entry; the caller holds mu.
+func (ex *Execution) summary() *Summary {
+	labels := ex.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return &Summary{ID: ex.ID, Status: ex.Status, AgentID: ex.AgentID, Labels: labels,
+		CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt, SessionID: ex.SessionID, Seq: ex.Seq}
 }
 
 // Summary is an execution's list entry.

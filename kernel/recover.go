@@ -38,6 +38,7 @@ func (k *Kernel) recover(ctx context.Context) error {
 	}
 	sort.Slice(exs, func(i, j int) bool { return exs[i].CreatedAt.Before(exs[j].CreatedAt) })
 	for _, ex := range exs {
+		ex.row.Store(ex.summary())
 		k.live[ex.ID] = ex
 		as := k.agentSetLocked(ex.AgentID)
 		if ex.Lease == nil {

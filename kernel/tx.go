@@ -262,11 +262,17 @@ func (t *tx) prepare() (empty bool, err error) {
 			return false, err
 		}
 	}
-	if sum.Labels == nil {
-		sum.Labels = map[string]string{}
-	}
-	if err := t.batch.Put(kindSummary, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
-		return false, err
+	// The stored entry changes only with the status: between changes List
+	// reads a live execution's entry from memory, and a restart rebuilds it
+	// from the log. Rewriting it on every change cost five versions per
+	// execution in Badger instead of two.
+	if ex.Seq == 0 || status != ex.Status {
+		if sum.Labels == nil {
+			sum.Labels = map[string]string{}
+		}
+		if err := t.batch.Put(kindSummary, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
+			return false, err
+		}
 	}
 	if status.Terminal() && !ex.Status.Terminal() {
 		t.batch.Delete(kindLive, ex.ID)
@@ -283,6 +289,7 @@ func (t *tx) finish() {
 		apply()
 	}
 	if len(t.facts) > 0 {
+		t.ex.row.Store(t.ex.summary())
 		t.k.notify(t.ex.ID, t.seq)
 		t.k.counters.events.Add(uint64(len(t.facts)))
 	}
