@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/dgraph-io/badger/v4"
 )
 
 func open(t *testing.T, dir string, mode SyncMode) *Store {
@@ -280,4 +282,50 @@ func TestLargeGroupSpansTransactions(t *testing.T) {
 	s = open(t, dir, SyncAlways)
 	defer s.Close()
 	check("after reopening")
+}
+
+// TestApplyGroupsKeepsLastWrite: groups applied together in one Badger
+// transaction leave each key as its last write left it, deletes included.
+func TestApplyGroupsKeepsLastWrite(t *testing.T) {
+	s := open(t, t.TempDir(), SyncAlways)
+	defer s.Close()
+	var b Batch
+	if err := b.Put("k", "gone", "v0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	put := func(id, v string) op { return op{key: recordKey("k", id), val: Encode(v)} }
+	del := func(id string) op { return op{key: recordKey("k", id), del: true} }
+	groups := []*group{
+		{ops: []op{put("gone", "v1"), del("back"), put("kept", "a")}},
+		{ops: []op{del("gone"), put("back", "b1")}},
+		{ops: []op{put("back", "b2"), put("kept", "c")}},
+	}
+	for _, g := range groups {
+		g.ts = s.next
+		s.next++
+	}
+	if err := s.applyGroups(groups); err != nil {
+		t.Fatal(err)
+	}
+	txn := s.db.NewTransactionAt(groups[2].ts, false)
+	defer txn.Discard()
+	for id, want := range map[string]string{"gone": "", "back": "b2", "kept": "c"} {
+		item, err := txn.Get(recordKey("k", id))
+		if want == "" {
+			if !errors.Is(err, badger.ErrKeyNotFound) {
+				t.Errorf("%s: want deleted, got %v", id, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		var got string
+		if err := item.Value(func(v []byte) error { return Decode(v, &got) }); err != nil || got != want {
+			t.Errorf("%s = %q, %v; want %q", id, got, err, want)
+		}
+	}
 }
