@@ -15,7 +15,7 @@ import (
 const (
 	kindSummary = "xs"   // list index: desc(created) "/" id -> Summary
 	kindIndex   = "xk"   // id -> list index key
-	kindLive    = "live" // id -> nothing, for every non-terminal execution
+	kindLive    = "live" // id -> nothing, for every non-terminal execution; written lazily, read at start-up
 	kindIdem    = "idem" // execution id "/" key -> idemRecord
 )
 
@@ -258,7 +258,7 @@ func (t *tx) prepare() (empty bool, err error) {
 		if err := t.batch.Put(kindIndex, ex.ID, key); err != nil {
 			return false, err
 		}
-		if err := t.batch.Put(kindLive, ex.ID, true); err != nil {
+		if err := t.batch.PutLazy(kindLive, ex.ID, true); err != nil {
 			return false, err
 		}
 	}
@@ -275,7 +275,7 @@ func (t *tx) prepare() (empty bool, err error) {
 		}
 	}
 	if status.Terminal() && !ex.Status.Terminal() {
-		t.batch.Delete(kindLive, ex.ID)
+		t.batch.DeleteLazy(kindLive, ex.ID)
 	}
 	return false, nil
 }

@@ -134,6 +134,10 @@ type stored struct {
 	At     time.Time `msgpack:"a"`
 }
 
+// kindPeer holds each outbox's record. Outboxes and their records are
+// written with the store's lazy writes: the hub keeps them in memory while
+// it runs and reads them back only when it starts, so Badger need not get
+// every delivery that is acknowledged a moment later.
 const kindPeer = "peer"
 
 // NewHub loads the durable outboxes from o.Store and returns the hub.
@@ -234,8 +238,8 @@ func (h *Hub) Stage(b *store.Batch, k Key, typ string, data []byte, settle strin
 	box.next++
 	box.pending = append(box.pending, e)
 	if b != nil && h.o.Store != nil {
-		b.Append(k.stream(), e.Seq, store.Encode(stored{Type: typ, Data: data, Settle: settle, At: e.at}))
-		_ = b.Put(kindPeer, k.String(), box.record())
+		b.AppendLazy(k.stream(), e.Seq, store.Encode(stored{Type: typ, Data: data, Settle: settle, At: e.at}))
+		_ = b.PutLazy(kindPeer, k.String(), box.record())
 	}
 	h.trimLocked(box, b)
 	return &Staged{h: h, key: k, seq: e.Seq}
@@ -261,7 +265,7 @@ func (h *Hub) trimLocked(box *outbox, b *store.Batch) {
 	h.log.Warn("outbox over its bound; dropping unacknowledged deliveries", "peer", box.key.String(), "dropped", cut, "through", last)
 	for _, e := range box.pending[:cut] {
 		if b != nil && h.o.Store != nil {
-			b.DeleteEntry(box.key.stream(), e.Seq)
+			b.DeleteEntryLazy(box.key.stream(), e.Seq)
 		}
 	}
 	box.pending = append(box.pending[:0:0], box.pending[cut:]...)
@@ -270,7 +274,7 @@ func (h *Hub) trimLocked(box *outbox, b *store.Batch) {
 		box.acked, box.persisted = last, last
 	}
 	if b != nil && h.o.Store != nil {
-		_ = b.Put(kindPeer, box.key.String(), box.record())
+		_ = b.PutLazy(kindPeer, box.key.String(), box.record())
 	}
 }
 
@@ -318,7 +322,7 @@ func (h *Hub) Settle(b *store.Batch, k Key, settle string) func() {
 	for _, e := range box.pending {
 		if e.settle == settle {
 			if b != nil && h.o.Store != nil {
-				b.DeleteEntry(k.stream(), e.Seq)
+				b.DeleteEntryLazy(k.stream(), e.Seq)
 			}
 			seq := e.Seq
 			return func() { h.dropSeq(k, seq) }
@@ -372,7 +376,7 @@ func (h *Hub) Forget(k Key) {
 	}
 	var b store.Batch
 	for _, e := range box.pending {
-		b.DeleteEntry(k.stream(), e.Seq)
+		b.DeleteEntryLazy(k.stream(), e.Seq)
 	}
 	box.pending = nil
 	if last := box.next - 1; box.acked < last {
@@ -380,7 +384,7 @@ func (h *Hub) Forget(k Key) {
 	}
 	box.lost = true
 	box.lastSeen = time.Now()
-	_ = b.Put(kindPeer, k.String(), box.record())
+	_ = b.PutLazy(kindPeer, k.String(), box.record())
 	h.mu.Unlock()
 	h.write(&b)
 }
@@ -452,12 +456,12 @@ func (h *Hub) flush() {
 		}
 		if h.o.Store != nil {
 			for seq := box.persisted + 1; seq <= box.acked && seq < box.next; seq++ {
-				b.DeleteEntry(k.stream(), seq)
+				b.DeleteEntryLazy(k.stream(), seq)
 			}
 			for _, seq := range box.settled {
-				b.DeleteEntry(k.stream(), seq)
+				b.DeleteEntryLazy(k.stream(), seq)
 			}
-			_ = b.Put(kindPeer, k.String(), box.record())
+			_ = b.PutLazy(kindPeer, k.String(), box.record())
 		}
 		box.persisted = box.acked
 		box.settled = nil

@@ -12,6 +12,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -95,8 +96,10 @@ type Options struct {
 	// Logger receives Badger's warnings and the store's own; nil discards.
 	Logger *slog.Logger
 
-	// segmentSize overrides the journal's segment size, for tests.
-	segmentSize int64
+	// segmentSize and memTableSize override the journal's segment size
+	// and Badger's memory table size, for tests.
+	segmentSize  int64
+	memTableSize int64
 }
 
 // maxGroupBytes bounds the keys and values one commit groups, so that a
@@ -152,6 +155,8 @@ type Store struct {
 	// backlog is the bytes of the groups acknowledged and not yet applied,
 	// under applyMu.
 	backlog int
+	// lazy holds the lazy writes applied, but not handed to Badger yet.
+	lazy lazyWrites
 	// vlogDirty is set when a value went to Badger's value log, which
 	// takes values of valueThreshold bytes and more (see checkpoint).
 	vlogDirty      atomic.Bool
@@ -188,11 +193,13 @@ type request struct {
 // group is one commit: the requests it answers and their writes, in order,
 // at one version.
 type group struct {
-	reqs  []*request
-	ops   []op
-	size  int // bytes of keys and values
-	ts    uint64
-	start time.Time
+	reqs   []*request
+	ops    []op
+	size   int // bytes of keys and values
+	lazy   int // lazy writes among ops
+	settle bool
+	ts     uint64
+	start  time.Time
 }
 
 // Open opens (creating if needed) the database described by o.
@@ -218,7 +225,7 @@ func Open(o Options) (*Store, error) {
 		WithSyncWrites(false). // the journal makes writes durable instead
 		WithLogger(badgerLogger{log}).
 		WithNumVersionsToKeep(1).
-		WithMemTableSize(32 << 20).
+		WithMemTableSize(cmp.Or(o.memTableSize, 32<<20)).
 		WithBlockCacheSize(32 << 20).
 		WithIndexCacheSize(16 << 20).
 		WithValueLogFileSize(64 << 20).
@@ -492,6 +499,10 @@ func (s *Store) gather(r *request) *group {
 		size += more.batch.size
 	}
 	g.size = size
+	for _, r := range g.reqs {
+		g.lazy += r.batch.lazy
+		g.settle = g.settle || r.batch.settle
+	}
 	if len(g.reqs) == 1 {
 		g.ops = r.batch.ops
 		return g
@@ -559,24 +570,56 @@ func (s *Store) applyLoop() {
 		s.applyMu.Unlock()
 		clear(groups) // let the applied groups' bytes go
 	}
+	// Closing: Badger gets the lazy writes still waiting, so that a clean
+	// close leaves it everything.
+	if at := s.applied.Load(); s.failedErr() == nil {
+		if ops := s.lazy.take(nil, at); len(ops) > 0 {
+			if err := s.apply(at, ops); err != nil {
+				s.fail(err)
+			}
+		}
+	}
 }
 
 // applyGroups applies consecutive groups in one transaction at the newest
 // one's version, where a key written in several keeps its last write.
 // Every version they hold is then in Badger, which is all that releasing
-// the journal and replaying it rely on.
+// the journal and replaying it rely on; their lazy writes are kept back,
+// and the ones waiting are handed over when due.
 func (s *Store) applyGroups(groups []*group) error {
 	last := groups[len(groups)-1]
-	if len(groups) == 1 {
+	now := time.Now()
+	lazy, settle := 0, false
+	for _, g := range groups {
+		lazy += g.lazy
+		settle = settle || g.settle
+	}
+	if len(groups) == 1 && lazy == 0 && !settle && !s.lazy.due(now) {
 		return s.apply(last.ts, last.ops)
 	}
 	n := 0
 	for _, g := range groups {
 		n += len(g.ops)
 	}
-	ops := make([]op, 0, n)
+	ops := make([]op, 0, n-lazy)
 	for _, g := range groups {
-		ops = append(ops, g.ops...)
+		if g.lazy == 0 {
+			ops = append(ops, g.ops...)
+			continue
+		}
+		for _, o := range g.ops {
+			if o.lazy {
+				s.lazy.keep(g.ts, o, now)
+			} else {
+				ops = append(ops, o)
+			}
+		}
+	}
+	if settle || s.lazy.due(now) {
+		ops = s.lazy.take(ops, last.ts)
+	}
+	if len(ops) == 0 {
+		return nil
 	}
 	return s.apply(last.ts, ops)
 }
@@ -696,8 +739,8 @@ func (s *Store) checkpointLoop() {
 // checkpoint's. Read transactions are short (a scan is bounded by its
 // limit); one older than checkpointInterval would at worst see an entry
 // deleted or replaced since it began as already gone. It then releases the
-// journal segments whose every version Badger's tables hold, and returns
-// the version to discard below next time.
+// journal segments whose every write Badger's tables hold (see
+// lazyWrites.release), and returns the version to discard below next time.
 func (s *Store) checkpoint(discard uint64) uint64 {
 	s.db.SetDiscardTs(discard)
 	if s.journal != nil && s.journal.pending() > 1 {
@@ -718,7 +761,7 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 				return s.applied.Load()
 			}
 		}
-		if _, err := s.journal.release(durable); err != nil {
+		if _, err := s.journal.release(s.lazy.release(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
 		}
 	}
@@ -783,18 +826,28 @@ func (s *Store) RunGC() {
 type Batch struct {
 	ops  []op
 	size int // bytes of keys and values
+	lazy int // writes made with the Lazy methods
+	// settle asks the apply stage to hand the waiting lazy writes over.
+	settle bool
 }
 
 type op struct {
 	key []byte
 	val []byte
 	del bool
+	// lazy marks a write Badger may get late (see lazy.go); space names
+	// its log or kind then, and fresh marks a new log entry.
+	lazy  bool
+	fresh bool
+	space string
 }
 
 // Merge appends o's writes to b, after b's own.
 func (b *Batch) Merge(o *Batch) {
 	b.ops = append(b.ops, o.ops...)
 	b.size += o.size
+	b.lazy += o.lazy
+	b.settle = b.settle || o.settle
 }
 
 // Len returns the number of writes in the batch.
@@ -808,6 +861,9 @@ func (b *Batch) Append(stream string, seq uint64, data []byte) {
 func (b *Batch) add(o op) {
 	b.ops = append(b.ops, o)
 	b.size += len(o.key) + len(o.val)
+	if o.lazy {
+		b.lazy++
+	}
 }
 
 // DeleteEntry removes entry seq of the log named stream.
@@ -857,6 +913,9 @@ func recordKey(kind, id string) []byte {
 
 // Get decodes record id of kind into v.
 func (s *Store) Get(kind, id string, v any) error {
+	if err := s.settle(recordSpace(kind)); err != nil {
+		return err
+	}
 	err := s.view(func(txn *badger.Txn) error {
 		item, err := txn.Get(recordKey(kind, id))
 		if err != nil {
@@ -881,6 +940,9 @@ func (s *Store) Records(kind string, fn func(id string, decode func(v any) error
 
 // RecordsWithPrefix is Records limited to ids starting with idPrefix.
 func (s *Store) RecordsWithPrefix(kind, idPrefix string, fn func(id string, decode func(v any) error) bool) error {
+	if err := s.settle(recordSpace(kind)); err != nil {
+		return err
+	}
 	base := recordPrefix(kind)
 	prefix := append(append([]byte(nil), base...), idPrefix...)
 	return s.view(func(txn *badger.Txn) error {
@@ -928,6 +990,9 @@ func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
 // Scan calls fn for each entry of stream after sequence after, in order; data
 // is valid only during the call. fn returns false to stop.
 func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	if err := s.settle(logSpace(stream)); err != nil {
+		return err
+	}
 	prefix := logPrefix(stream)
 	return s.view(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
@@ -949,6 +1014,9 @@ func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byt
 
 // Entry returns entry seq of stream, or ErrNotFound.
 func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
+	if err := s.settle(logSpace(stream)); err != nil {
+		return nil, err
+	}
 	var out []byte
 	err := s.view(func(txn *badger.Txn) error {
 		item, err := txn.Get(logKey(stream, seq))
@@ -966,6 +1034,9 @@ func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
 
 // Last returns the highest sequence in stream, or 0 when it is empty.
 func (s *Store) Last(stream string) (uint64, error) {
+	if err := s.settle(logSpace(stream)); err != nil {
+		return 0, err
+	}
 	prefix := logPrefix(stream)
 	var last uint64
 	err := s.view(func(txn *badger.Txn) error {

@@ -1,0 +1,234 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// TestLazyWritesReadBack: reads see lazy writes at once, deletes included,
+// through every read method.
+func TestLazyWritesReadBack(t *testing.T) {
+	s := open(t, t.TempDir(), SyncAlways)
+	defer s.Close()
+	write(t, s, func(b *Batch) {
+		b.AppendLazy("o", 1, []byte("one"))
+		b.AppendLazy("o", 2, []byte("two"))
+		if err := b.PutLazy("peer", "a", 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	write(t, s, func(b *Batch) { b.DeleteEntryLazy("o", 1) })
+	if got, err := s.Read("o", 0, 0); err != nil || len(got) != 1 || string(got[0].Data) != "two" {
+		t.Fatalf("Read = %+v, %v", got, err)
+	}
+	if data, err := s.Entry("o", 2); err != nil || string(data) != "two" {
+		t.Fatalf("Entry = %q, %v", data, err)
+	}
+	if last, err := s.Last("o"); err != nil || last != 2 {
+		t.Fatalf("Last = %d, %v", last, err)
+	}
+	var v int
+	if err := s.Get("peer", "a", &v); err != nil || v != 1 {
+		t.Fatalf("Get = %d, %v", v, err)
+	}
+	write(t, s, func(b *Batch) { b.DeleteLazy("peer", "a") })
+	n := 0
+	if err := s.Records("peer", func(string, func(any) error) bool { n++; return true }); err != nil || n != 0 {
+		t.Fatalf("Records saw %d deleted records, %v", n, err)
+	}
+}
+
+// TestLazyAppendDeletedNeverReachesBadger: an entry appended and deleted
+// before Badger got it leaves no trace there, not even a delete marker.
+func TestLazyAppendDeletedNeverReachesBadger(t *testing.T) {
+	s := open(t, t.TempDir(), SyncAlways)
+	defer s.Close()
+	write(t, s, func(b *Batch) { b.AppendLazy("o", 1, []byte("gone")); b.AppendLazy("o", 2, []byte("kept")) })
+	write(t, s, func(b *Batch) { b.DeleteEntryLazy("o", 1) })
+	if _, err := s.Read("o", 0, 0); err != nil { // hands the waiting writes over
+		t.Fatal(err)
+	}
+	versions := map[string]int{}
+	txn := s.db.NewTransactionAt(s.applied.Load(), false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{AllVersions: true, Prefix: logPrefix("o")})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		versions[string(it.Item().Key())]++
+	}
+	if versions[string(logKey("o", 1))] != 0 || versions[string(logKey("o", 2))] != 1 {
+		t.Fatalf("Badger holds %v", versions)
+	}
+}
+
+// TestLazyWritesSurviveACrash: the journal keeps lazy writes until
+// Badger's synced tables hold them, however many tables Badger writes
+// meanwhile. The crash keeps what was synced: the journal and Badger's
+// tables, not its memory tables.
+func TestLazyWritesSurviveACrash(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, segmentSize: 256 << 10, memTableSize: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	write(t, s, func(b *Batch) {
+		b.AppendLazy("o", 1, []byte("lazy entry"))
+		if err := b.PutLazy("peer", "a", "lazy record"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// Eager writes fill memory tables, which Badger writes out as tables,
+	// and checkpoints release the journal segments those tables cover.
+	seq := uint64(0)
+	fill := func(n int) {
+		for i := 0; i < n; i += 20 {
+			write(t, s, func(b *Batch) {
+				for range 20 {
+					seq++
+					b.Append("ev", seq, bytes.Repeat([]byte{1}, 1000))
+				}
+			})
+			if i%2000 == 0 {
+				s.checkpoint(s.applied.Load())
+			}
+		}
+		s.checkpoint(s.applied.Load())
+	}
+	fill(20000)
+	if len(s.db.Tables()) == 0 {
+		t.Fatal("Badger wrote no table: the test needs some")
+	}
+	if s.lazy.waiting(logSpace("o")) {
+		// Still waiting (the test ran within lazyInterval): every segment
+		// from theirs on must still be there.
+		if s.journal.pending() != int(s.journal.cur.num) {
+			t.Fatalf("segments released while lazy writes wait: %d of %d kept", s.journal.pending(), s.journal.cur.num)
+		}
+	}
+	// A read hands them over; once Badger's tables hold them, their
+	// segments go too.
+	if _, err := s.Entry("o", 1); err != nil {
+		t.Fatal(err)
+	}
+	fill(20000)
+	if kept, written := s.journal.pending(), int(s.journal.cur.num); kept >= written/2 {
+		t.Fatalf("%d of %d journal segments kept: the test needs most released", kept, written)
+	}
+
+	crashed := crashCopy(t, s, dir)
+	r, err := Open(Options{Dir: crashed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if data, err := r.Entry("o", 1); err != nil || string(data) != "lazy entry" {
+		t.Errorf("lazy entry after the crash: %q, %v", data, err)
+	}
+	var v string
+	if err := r.Get("peer", "a", &v); err != nil || v != "lazy record" {
+		t.Errorf("lazy record after the crash: %q, %v", v, err)
+	}
+	if got, err := r.Read("ev", 0, 0); err != nil || uint64(len(got)) != seq {
+		t.Errorf("%d of %d eager entries after the crash, %v", len(got), seq, err)
+	}
+}
+
+// crashCopy copies the data folder of s, open in from, as a power cut
+// would leave it: Badger's tables and manifest, which it syncs, and the
+// journal, but not its memory tables' logs, which the store never syncs.
+// It first waits for Badger to stop writing tables, so that the copy is of
+// one moment.
+func crashCopy(t *testing.T, s *Store, from string) string {
+	t.Helper()
+	tables := func() string {
+		var ids []string
+		for _, ti := range s.db.Tables() {
+			ids = append(ids, fmt.Sprint(ti.ID))
+		}
+		return strings.Join(ids, ",")
+	}
+	for last, deadline := tables(), time.Now().Add(10*time.Second); ; {
+		time.Sleep(300 * time.Millisecond)
+		now := tables()
+		if now == last || time.Now().After(deadline) {
+			break
+		}
+		last = now
+	}
+	to := copyJournal(t, from)
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || strings.HasSuffix(name, ".mem") || name == "LOCK" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(from, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // compacted away meanwhile
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return to
+}
+
+// TestLazyCloseHandsEverythingOver: a clean close gives Badger the lazy
+// writes still waiting, so the journal can go.
+func TestLazyCloseHandsEverythingOver(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, SyncAlways)
+	write(t, s, func(b *Batch) { b.AppendLazy("o", 1, []byte("x")) })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(dir, "journal")); len(left) != 0 {
+		t.Fatalf("a clean close left %d journal files", len(left))
+	}
+	r := open(t, dir, SyncAlways)
+	defer r.Close()
+	if data, err := r.Entry("o", 1); err != nil || string(data) != "x" {
+		t.Fatalf("after reopen: %q, %v", data, err)
+	}
+}
+
+func TestLazyRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		oldest  uint64
+		handed  []handover
+		durable uint64
+		want    uint64
+		left    int
+	}{
+		{name: "nothing durable", durable: 0, want: 0},
+		{name: "no lazy writes", durable: 10, want: 9},
+		{name: "one waiting", oldest: 5, durable: 10, want: 4},
+		{name: "handed over, not in a table", handed: []handover{{from: 3, at: 12}}, durable: 10, want: 2, left: 1},
+		{name: "handed over at the newest table version", handed: []handover{{from: 3, at: 10}}, durable: 10, want: 2, left: 1},
+		{name: "handed over, in a table", handed: []handover{{from: 3, at: 8}}, durable: 10, want: 9},
+		{name: "older in a table, newer not", handed: []handover{{from: 3, at: 8}, {from: 9, at: 15}}, oldest: 16, durable: 10, want: 8, left: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := lazyWrites{oldest: tc.oldest, handed: tc.handed}
+			if got := l.release(tc.durable); got != tc.want || len(l.handed) != tc.left {
+				t.Fatalf("release(%d) = %d with %d handovers left; want %d with %d", tc.durable, got, len(l.handed), tc.want, tc.left)
+			}
+		})
+	}
+}
