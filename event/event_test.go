@@ -49,10 +49,9 @@ func TestNewIDIsTimeOrderedAndUnique(t *testing.T) {
 	}
 }
 
-// TestAppendJSONMatchesMarshal: the hand-written encoder writes what
-// encoding/json writes, for plain and awkward values.
-func TestAppendJSONMatchesMarshal(t *testing.T) {
-	for name, ev := range map[string]Event{
+// sampleEvents are plain and awkward events for the encoder tests.
+func sampleEvents() map[string]Event {
+	return map[string]Event{
 		"minimal": {ID: "a", ExecutionID: "x", Type: StepCreated, Payload: json.RawMessage(`{}`)},
 		"full": {ID: "01a2-b", ExecutionID: "x", StepID: "s", Type: ExecutionBlocked, SchemaVersion: 1,
 			Timestamp: time.Date(2026, 11, 21, 23, 0, 0, 123456789, time.UTC), Payload: json.RawMessage(`{"a":[1,"\u003cb\u003e"]}`),
@@ -62,7 +61,13 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 		"escapes": {ID: "a", ExecutionID: "x", Type: "t", IdempotencyKey: "quote\" back\\ <tag> & ünïcode \u2028 \x01",
 			SessionID: "tab\there", Payload: json.RawMessage(`null`)},
 		"zero time and no payload": {ID: "a", ExecutionID: "x", Type: "t"},
-	} {
+	}
+}
+
+// TestAppendJSONMatchesMarshal: the hand-written encoder writes what
+// encoding/json writes, for plain and awkward values.
+func TestAppendJSONMatchesMarshal(t *testing.T) {
+	for name, ev := range sampleEvents() {
 		want, err := json.Marshal(&ev)
 		if err != nil {
 			t.Fatal(err)

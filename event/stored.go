@@ -122,18 +122,11 @@ func DecodeStored(data []byte, executionID string) (Event, error) {
 	}
 	d := decoder{data: data[1:], exec: executionID}
 	e := Event{ExecutionID: executionID}
-	e.ID = d.field(&e)
-	e.EventID = d.field(&e)
-	e.Type = d.field(&e)
-	e.StepID = d.field(&e)
-	e.ToolCallID = d.field(&e)
-	e.RunID = d.field(&e)
-	e.CausationID = d.field(&e)
-	e.CorrelationID = d.field(&e)
-	e.SessionID = d.field(&e)
-	e.ActionID = d.field(&e)
-	e.TraceID = d.field(&e)
-	e.IdempotencyKey = d.field(&e)
+	// The order of AppendStored; a field may refer to those before it.
+	for _, f := range [...]*string{&e.ID, &e.EventID, &e.Type, &e.StepID, &e.ToolCallID, &e.RunID,
+		&e.CausationID, &e.CorrelationID, &e.SessionID, &e.ActionID, &e.TraceID, &e.IdempotencyKey} {
+		*f = d.field(&e)
+	}
 	if refs := d.field(&e); refs != "" && d.err == nil {
 		if err := json.Unmarshal([]byte(refs), &e.Refs); err != nil {
 			d.fail("refs")
@@ -207,17 +200,10 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
+// varint reads what binary.AppendVarint wrote: a zig-zag encoded uvarint.
 func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.data)
-	if n <= 0 {
-		d.fail("varint")
-		return 0
-	}
-	d.data = d.data[n:]
-	return v
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 // field reads one string field; e holds the fields decoded so far, which

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"maps"
 	"testing"
 	"time"
 )
@@ -22,23 +23,16 @@ func kernelEvent() Event {
 // TestStoredRoundTrip: the JSON rendered from the stored form is exactly the
 // JSON of the event that was stored, whatever its fields hold.
 func TestStoredRoundTrip(t *testing.T) {
-	for name, ev := range map[string]Event{
-		"kernel":  kernelEvent(),
-		"minimal": {ID: "a", ExecutionID: "x", Type: StepCreated, Payload: json.RawMessage(`{}`)},
-		"full": {ID: "01a2-b", ExecutionID: "x", StepID: "s", Type: ExecutionBlocked, SchemaVersion: 1,
-			Timestamp: time.Date(2026, 11, 21, 23, 0, 0, 123456789, time.UTC), Payload: json.RawMessage(`{"a":[1,"\u003cb\u003e"]}`),
-			CausationID: "c", CorrelationID: "r", IdempotencyKey: "k", Sequence: 42, EventID: "01a2-b",
-			SessionID: "sess-1", RunID: "x", ToolCallID: "s", ActionID: "act", TraceID: "4bf9",
-			Refs: []Ref{{Kind: "execution.input", URI: "/v0/x", Bytes: 3}}},
-		"escapes": {ID: "a", ExecutionID: "x", Type: "custom.type", IdempotencyKey: "quote\" back\\ <tag> & ünïcode \u2028 \x01",
-			SessionID: "tab\there", Payload: json.RawMessage(`null`)},
-		"zero time and no payload": {ID: "a", ExecutionID: "x", Type: "t"},
+	events := sampleEvents()
+	maps.Copy(events, map[string]Event{
+		"kernel": kernelEvent(),
 		"uppercase uuid and hex stay strings": {ID: "0193A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B", ExecutionID: "x",
 			Type: SignalReceived, TraceID: "4BF92F3577B34DA6A3CE929D0E0E4736", Timestamp: time.Unix(-5, 7).UTC()},
 		"run id differs from execution": {ID: "a", ExecutionID: "x", RunID: "other", StepID: "a", ToolCallID: "a", Type: "t"},
 		"timestamp outside UTC": {ID: "a", ExecutionID: "x", Type: "t",
 			Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 6, time.FixedZone("X", 3600))},
-	} {
+	})
+	for name, ev := range events {
 		t.Run(name, func(t *testing.T) {
 			stored := ev.AppendStored(nil)
 			got, err := AppendStoredJSON(nil, stored, ev.ExecutionID)

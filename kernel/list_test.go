@@ -5,29 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
-
-	"github.com/gatehouse-dev/gatehouse/peer"
-	"github.com/gatehouse-dev/gatehouse/store"
 )
-
-// openKernel opens a kernel on the data folder dir; close it with the
-// returned function.
-func openKernel(t *testing.T, dir string) (*Kernel, func()) {
-	t.Helper()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := New(context.Background(), Options{Store: st, Deliverer: hubAdapter{hub}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k, func() { k.Close(); hub.Close(); st.Close() }
-}
 
 // TestListShowsEveryChange: the store keeps a live execution's list entry
 // only as of its last change of status, yet List shows every change, before
@@ -35,7 +13,7 @@ func openKernel(t *testing.T, dir string) (*Kernel, func()) {
 func TestListShowsEveryChange(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
-	k, closeKernel := openKernel(t, dir)
+	k, closeKernel := openKernel(t, dir, nil)
 	defer func() { closeKernel() }()
 	disconnect := k.AgentConnected("ag", "c1")
 	v, err := k.Create(ctx, CreateRequest{AgentID: "ag", Labels: map[string]string{"team": "a"}}, Meta{})
@@ -68,7 +46,7 @@ func TestListShowsEveryChange(t *testing.T) {
 
 	disconnect()
 	closeKernel()
-	k, closeKernel = openKernel(t, dir)
+	k, closeKernel = openKernel(t, dir, nil)
 	if got := row(k); !got.UpdatedAt.Equal(changed.UpdatedAt) || got.Seq != changed.Seq {
 		t.Fatalf("after restart:\n got  %+v\n want %+v", got, changed)
 	}

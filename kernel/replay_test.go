@@ -14,7 +14,16 @@ import (
 
 func newKernel(t *testing.T, pol Policy) *Kernel {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: t.TempDir()})
+	k, closeKernel := openKernel(t, t.TempDir(), pol)
+	t.Cleanup(closeKernel)
+	return k
+}
+
+// openKernel opens a kernel on the data folder dir; close it with the
+// returned function.
+func openKernel(t *testing.T, dir string, pol Policy) (*Kernel, func()) {
+	t.Helper()
+	st, err := store.Open(store.Options{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,8 +35,7 @@ func newKernel(t *testing.T, pol Policy) *Kernel {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { k.Close(); hub.Close(); st.Close() })
-	return k
+	return k, func() { k.Close(); hub.Close(); st.Close() }
 }
 
 // hubAdapter is the gateway's adapter, repeated here because the kernel
