@@ -40,6 +40,8 @@ const (
 
 // lazyWrites holds the lazy writes applied to nothing yet.
 type lazyWrites struct {
+	interval time.Duration // lazyInterval, or a test's
+
 	mu     sync.Mutex
 	ops    map[string]op  // key -> its last lazy write
 	spaces map[string]int // log or kind (see op.space) -> its writes in ops
@@ -91,7 +93,7 @@ func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
 func (l *lazyWrites) due(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.ops) > 0 && (l.bytes >= lazyMaxBytes || now.Sub(l.since) >= lazyInterval)
+	return len(l.ops) > 0 && (l.bytes >= lazyMaxBytes || now.Sub(l.since) >= l.interval)
 }
 
 // waiting reports whether writes to space are waiting.

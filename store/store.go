@@ -96,10 +96,12 @@ type Options struct {
 	// Logger receives Badger's warnings and the store's own; nil discards.
 	Logger *slog.Logger
 
-	// segmentSize and memTableSize override the journal's segment size
-	// and Badger's memory table size, for tests.
+	// segmentSize, memTableSize and lazyInterval override the journal's
+	// segment size, Badger's memory table size and how long lazy writes
+	// may wait, for tests.
 	segmentSize  int64
 	memTableSize int64
+	lazyInterval time.Duration
 }
 
 // maxGroupBytes bounds the keys and values one commit groups, so that a
@@ -253,6 +255,7 @@ func Open(o Options) (*Store, error) {
 
 		valueThreshold: bo.ValueThreshold,
 	}
+	s.lazy.interval = cmp.Or(o.lazyInterval, lazyInterval)
 	last := db.MaxVersion()
 	if !o.InMemory {
 		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), o.segmentSize, o.Sync == SyncAlways, log); err == nil {
