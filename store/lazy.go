@@ -29,7 +29,7 @@ import (
 // waiting first makes the apply stage hand them over (see settle), so
 // reads see every acknowledged write, lazy or not. And a journal segment is
 // released only once Badger's tables hold every lazy write from it (see
-// lazyWrites.release). A key must be written either always lazily or never.
+// late). A key must be written either always lazily or never.
 
 const (
 	// lazyInterval bounds how long a lazy write waits for Badger.
@@ -48,19 +48,7 @@ type lazyWrites struct {
 	bytes  int
 	oldest uint64    // version of the group of the oldest write in ops
 	since  time.Time // when that write was applied
-	// handed are the handovers Badger's tables may not hold yet, in order.
-	handed []handover
 }
-
-// handover is one hand-over of lazy writes to Badger.
-type handover struct {
-	from uint64 // version of the oldest group whose writes it carried
-	at   uint64 // version it was applied at
-}
-
-// maxHandovers bounds lazyWrites.handed; past it the newest two merge,
-// which only makes release more cautious.
-const maxHandovers = 1024
 
 // keep takes o, written by the group at version ts.
 func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
@@ -103,8 +91,9 @@ func (l *lazyWrites) waiting(space string) bool {
 	return l.spaces[space] > 0
 }
 
-// take empties the waiting writes into ops, to be applied at version at.
-func (l *lazyWrites) take(ops []op, at uint64) []op {
+// take empties the waiting writes into ops, to be applied at version at,
+// and records that in lt.
+func (l *lazyWrites) take(ops []op, at uint64, lt *late) []op {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.ops) == 0 {
@@ -113,40 +102,19 @@ func (l *lazyWrites) take(ops []op, at uint64) []op {
 	for _, o := range l.ops {
 		ops = append(ops, o)
 	}
-	if n := len(l.handed); n == maxHandovers {
-		l.handed[n-2].at = l.handed[n-1].at
-		l.handed = l.handed[:n-1]
-	}
-	l.handed = append(l.handed, handover{from: l.oldest, at: at})
+	lt.add(l.oldest, at)
 	clear(l.ops)
 	clear(l.spaces)
 	l.bytes, l.oldest = 0, 0
 	return ops
 }
 
-// release returns the newest version whose journal record may be
-// released, given that Badger's tables hold versions up to durable: every
-// version below durable, since groups are applied in order, and lazy
-// writes only once the version they were handed over at is below durable.
-func (l *lazyWrites) release(durable uint64) uint64 {
-	if durable == 0 {
-		return 0
-	}
-	limit := durable - 1
+// oldestWaiting returns the version of the group of the oldest write
+// waiting, or 0.
+func (l *lazyWrites) oldestWaiting() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := 0
-	for n < len(l.handed) && l.handed[n].at < durable {
-		n++
-	}
-	l.handed = append(l.handed[:0], l.handed[n:]...)
-	if len(l.handed) > 0 {
-		limit = min(limit, l.handed[0].from-1)
-	}
-	if l.oldest > 0 {
-		limit = min(limit, l.oldest-1)
-	}
-	return limit
+	return l.oldest
 }
 
 // settle makes Badger hold every lazy write to space acknowledged so far,

@@ -222,28 +222,53 @@ func TestLazyCloseHandsEverythingOver(t *testing.T) {
 	}
 }
 
-func TestLazyRelease(t *testing.T) {
+// TestReleasable: the journal keeps every group whose writes Badger's
+// tables may not hold: lazy writes waiting, and writes applied at a later
+// version than their group's until a table holds that version.
+func TestReleasable(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		oldest  uint64
-		handed  []handover
-		durable uint64
-		want    uint64
-		left    int
+		name       string
+		lazyOldest uint64
+		late       []lateWrite
+		durable    uint64
+		want       uint64
+		left       int
 	}{
 		{name: "nothing durable", durable: 0, want: 0},
-		{name: "no lazy writes", durable: 10, want: 9},
-		{name: "one waiting", oldest: 5, durable: 10, want: 4},
-		{name: "handed over, not in a table", handed: []handover{{from: 3, at: 12}}, durable: 10, want: 2, left: 1},
-		{name: "handed over at the newest table version", handed: []handover{{from: 3, at: 10}}, durable: 10, want: 2, left: 1},
-		{name: "handed over, in a table", handed: []handover{{from: 3, at: 8}}, durable: 10, want: 9},
-		{name: "older in a table, newer not", handed: []handover{{from: 3, at: 8}, {from: 9, at: 15}}, oldest: 16, durable: 10, want: 8, left: 1},
+		{name: "every version below the newest in a table", durable: 10, want: 9},
+		{name: "a lazy write waiting", lazyOldest: 5, durable: 10, want: 4},
+		{name: "applied later, not in a table", late: []lateWrite{{from: 3, at: 12}}, durable: 10, want: 2, left: 1},
+		{name: "applied at the newest version in a table", late: []lateWrite{{from: 3, at: 10}}, durable: 10, want: 2, left: 1},
+		{name: "applied later, in a table", late: []lateWrite{{from: 3, at: 8}}, durable: 10, want: 9},
+		{name: "older in a table, newer not", late: []lateWrite{{from: 3, at: 8}, {from: 9, at: 15}}, lazyOldest: 16, durable: 10, want: 8, left: 1},
+		{name: "a lazy handover older than groups applied together", late: []lateWrite{{from: 7, at: 11}, {from: 2, at: 12}}, durable: 10, want: 1, left: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := lazyWrites{oldest: tc.oldest, handed: tc.handed}
-			if got := l.release(tc.durable); got != tc.want || len(l.handed) != tc.left {
-				t.Fatalf("release(%d) = %d with %d handovers left; want %d with %d", tc.durable, got, len(l.handed), tc.want, tc.left)
+			s := &Store{lazy: lazyWrites{oldest: tc.lazyOldest}, late: late{list: tc.late}}
+			if got := s.releasable(tc.durable); got != tc.want || len(s.late.list) != tc.left {
+				t.Fatalf("releasable(%d) = %d with %d late writes left; want %d with %d", tc.durable, got, len(s.late.list), tc.want, tc.left)
 			}
 		})
+	}
+}
+
+// TestGroupsAppliedTogetherAreLate: groups applied in one transaction are
+// recorded as applied at the newest one's version.
+func TestGroupsAppliedTogetherAreLate(t *testing.T) {
+	s := open(t, t.TempDir(), SyncAlways)
+	defer s.Close()
+	groups := []*group{{ops: []op{{key: []byte("r/k\x00a"), val: []byte("1")}}}, {ops: []op{{key: []byte("r/k\x00b"), val: []byte("2")}}}}
+	for _, g := range groups {
+		g.ts = s.next
+		s.next++
+	}
+	if err := s.applyGroups(groups); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.late.limit(groups[1].ts); got != groups[0].ts-1 {
+		t.Fatalf("with tables up to the newest group's version, releasable up to %d; want %d", got, groups[0].ts-1)
+	}
+	if got := s.late.limit(groups[1].ts + 1); got != groups[1].ts {
+		t.Fatalf("with tables past it, releasable up to %d; want %d", got, groups[1].ts)
 	}
 }

@@ -157,8 +157,10 @@ type Store struct {
 	// backlog is the bytes of the groups acknowledged and not yet applied,
 	// under applyMu.
 	backlog int
-	// lazy holds the lazy writes applied, but not handed to Badger yet.
+	// lazy holds the lazy writes applied, but not handed to Badger yet;
+	// late, the writes Badger got at a later version than their group's.
 	lazy lazyWrites
+	late late
 	// vlogDirty is set when a value went to Badger's value log, which
 	// takes values of valueThreshold bytes and more (see checkpoint).
 	vlogDirty      atomic.Bool
@@ -576,7 +578,7 @@ func (s *Store) applyLoop() {
 	// Closing: Badger gets the lazy writes still waiting, so that a clean
 	// close leaves it everything.
 	if at := s.applied.Load(); s.failedErr() == nil {
-		if ops := s.lazy.take(nil, at); len(ops) > 0 {
+		if ops := s.lazy.take(nil, at, &s.late); len(ops) > 0 {
 			if err := s.apply(at, ops); err != nil {
 				s.fail(err)
 			}
@@ -585,10 +587,10 @@ func (s *Store) applyLoop() {
 }
 
 // applyGroups applies consecutive groups in one transaction at the newest
-// one's version, where a key written in several keeps its last write.
-// Every version they hold is then in Badger, which is all that releasing
-// the journal and replaying it rely on; their lazy writes are kept back,
-// and the ones waiting are handed over when due.
+// one's version, where a key written in several keeps its last write; late
+// records that, so that the journal keeps the older groups until Badger's
+// tables hold the version they were applied at. Their lazy writes are kept
+// back, and the ones waiting are handed over when due.
 func (s *Store) applyGroups(groups []*group) error {
 	last := groups[len(groups)-1]
 	now := time.Now()
@@ -619,8 +621,9 @@ func (s *Store) applyGroups(groups []*group) error {
 		}
 	}
 	if settle || s.lazy.due(now) {
-		ops = s.lazy.take(ops, last.ts)
+		ops = s.lazy.take(ops, last.ts, &s.late)
 	}
+	s.late.add(groups[0].ts, last.ts)
 	if len(ops) == 0 {
 		return nil
 	}
@@ -743,7 +746,7 @@ func (s *Store) checkpointLoop() {
 // limit); one older than checkpointInterval would at worst see an entry
 // deleted or replaced since it began as already gone. It then releases the
 // journal segments whose every write Badger's tables hold (see
-// lazyWrites.release), and returns the version to discard below next time.
+// releasable), and returns the version to discard below next time.
 func (s *Store) checkpoint(discard uint64) uint64 {
 	s.db.SetDiscardTs(discard)
 	if s.journal != nil && s.journal.pending() > 1 {
@@ -764,7 +767,7 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 				return s.applied.Load()
 			}
 		}
-		if _, err := s.journal.release(s.lazy.release(durable)); err != nil {
+		if _, err := s.journal.release(s.releasable(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
 		}
 	}
