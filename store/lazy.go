@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -64,6 +65,9 @@ func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
 			// Appended and deleted while waiting: Badger never had it.
 			delete(l.ops, string(o.key))
 			l.spaces[o.space]--
+			if len(l.ops) == 0 {
+				l.oldest = 0 // nothing waits: the journal may go
+			}
 			return
 		}
 		o.fresh = prev.fresh
@@ -128,7 +132,12 @@ func (s *Store) settle(space string) error {
 		return nil
 	}
 	b := &Batch{ops: []op{{key: settleKey}}, settle: true}
-	if err := s.Write(context.Background(), b); err != nil {
+	err := s.Write(context.Background(), b)
+	if errors.Is(err, ErrFailed) {
+		// Reads go on after a failure, with what Badger has.
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("store: hand over lazy writes: %w", err)
 	}
 	return nil
