@@ -362,6 +362,13 @@ func decodeBody(body []byte, v any, max int) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return kernelValidation("invalid JSON: empty body")
 	}
+	// A body of one JSON value, the usual case, decodes without a
+	// Decoder's buffer and copy. Anything else goes to a Decoder, which
+	// reads the first value only, as the kernel API does, and whose
+	// errors the answers quote.
+	if json.Unmarshal(body, v) == nil {
+		return nil
+	}
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(v); err != nil {
 		return kernelValidation("invalid JSON: " + err.Error())
 	}
