@@ -22,6 +22,7 @@ import (
 type benchConfig struct {
 	executions, concurrency int
 	agents, runners         int
+	repeat                  int
 	sync                    string
 	duration                time.Duration
 	url, token              string
@@ -32,6 +33,7 @@ func (c *benchConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.concurrency, "concurrency", 32, "executions kept in flight")
 	fs.IntVar(&c.agents, "agents", 4, "agent connections")
 	fs.IntVar(&c.runners, "runners", 4, "runner connections (each runs one job at a time)")
+	fs.IntVar(&c.repeat, "repeat", 1, "runs, each with a fresh gateway and data folder; with more than one, medians are reported")
 	fs.StringVar(&c.sync, "sync", "always", "durability of the in-process gateway: always, batch or none")
 	fs.DurationVar(&c.duration, "duration", 60*time.Second, "stop starting executions after this long")
 	fs.StringVar(&c.url, "url", "", "bench the gateway at this URL instead of starting one in-process")
@@ -60,32 +62,64 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if c.executions <= 0 || c.concurrency <= 0 || c.agents <= 0 || c.runners <= 0 || c.duration <= 0 {
-		return errors.New("bench: --executions, --concurrency, --agents, --runners and --duration must be positive")
-	}
-	rig, err := newBenchRig(ctx, c, stderr)
-	if err != nil {
-		return err
-	}
-	res := rig.run(ctx, c.executions, c.concurrency, c.duration)
-	stats := rig.storeStats()
-	if err := rig.close(); err != nil {
-		return err
+	if c.executions <= 0 || c.concurrency <= 0 || c.agents <= 0 || c.runners <= 0 || c.duration <= 0 || c.repeat <= 0 {
+		return errors.New("bench: --executions, --concurrency, --agents, --runners, --duration and --repeat must be positive")
 	}
 	fmt.Fprintf(stdout, "command:     gatehouse bench %s\n", strings.Join(args, " "))
-	fmt.Fprintf(stdout, "gateway:     %s\n", rig.where)
-	fmt.Fprintf(stdout, "load:        %d executions, %d in flight, %d agents, %d runners\n", c.executions, c.concurrency, c.agents, c.runners)
-	res.print(stdout)
-	if stats != "" {
-		fmt.Fprintf(stdout, "store:       %s\n", stats)
+	var runs []*benchResult
+	for i := range c.repeat {
+		rig, err := newBenchRig(ctx, c, stderr)
+		if err != nil {
+			return err
+		}
+		res := rig.run(ctx, c.executions, c.concurrency, c.duration)
+		stats := rig.storeStats()
+		if err := rig.close(); err != nil {
+			return err
+		}
+		if c.repeat == 1 {
+			fmt.Fprintf(stdout, "gateway:     %s\n", rig.where)
+			fmt.Fprintf(stdout, "load:        %d executions, %d in flight, %d agents, %d runners\n", c.executions, c.concurrency, c.agents, c.runners)
+			res.print(stdout)
+			if stats != "" {
+				fmt.Fprintf(stdout, "store:       %s\n", stats)
+			}
+		} else {
+			fmt.Fprintf(stdout, "run %d/%d:     %s\n", i+1, c.repeat, res.summary())
+		}
+		if res.errors > 0 {
+			return fmt.Errorf("bench: %d of %d executions failed (first: %v)", res.errors, res.started, res.firstErr)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		runs = append(runs, res)
 	}
-	if res.errors > 0 {
-		return fmt.Errorf("bench: %d of %d executions failed (first: %v)", res.errors, res.started, res.firstErr)
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
+	if len(runs) > 1 {
+		printMedians(stdout, runs)
 	}
 	return nil
+}
+
+// printMedians prints the median of each figure over runs: single runs of
+// the same build vary by several percent, which one run hides.
+func printMedians(w io.Writer, runs []*benchResult) {
+	median := func(f func(*benchResult) float64) (med, lo, hi float64) {
+		v := make([]float64, len(runs))
+		for i, r := range runs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[(len(v)-1)/2], v[0], v[len(v)-1]
+	}
+	pct := func(p float64) func(*benchResult) float64 {
+		return func(r *benchResult) float64 { return float64(r.percentile(p)) / float64(time.Millisecond) }
+	}
+	tp, tpLo, tpHi := median((*benchResult).rate)
+	p50, _, _ := median(pct(50))
+	p99, p99Lo, p99Hi := median(pct(99))
+	fmt.Fprintf(w, "median:      %.0f executions/s (%.0f-%.0f), p50 %.2fms, p99 %.2fms (%.2f-%.2f) over %d runs\n",
+		tp, tpLo, tpHi, p50, p99, p99Lo, p99Hi, len(runs))
 }
 
 // benchRig is a gateway (in-process unless --url) with agents and runners
@@ -338,8 +372,15 @@ func (b *benchResult) rate() float64 {
 	return float64(len(b.latencies)) / b.elapsed.Seconds()
 }
 
+// summary is one line of the figures, for a run among several.
+func (b *benchResult) summary() string {
+	return fmt.Sprintf("%.0f executions/s, p50 %s, p99 %s, max %s", b.rate(), ms(b.percentile(50)), ms(b.percentile(99)), ms(b.percentile(100)))
+}
+
+// ms formats d in milliseconds, as the bench prints latencies.
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
 func (b *benchResult) print(w io.Writer) {
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
 	fmt.Fprintf(w, "completed:   %d in %s (%d errors)\n", len(b.latencies), b.elapsed.Round(time.Millisecond), b.errors)
 	fmt.Fprintf(w, "throughput:  %.0f executions/s\n", b.rate())
 	fmt.Fprintf(w, "latency:     p50 %s  p90 %s  p99 %s  max %s  (create sent -> complete intent answered)\n",

@@ -60,6 +60,39 @@ func TestBenchSmoke(t *testing.T) {
 	}
 }
 
+// TestBenchRepeat: --repeat runs the bench on a fresh gateway each time
+// and reports the medians.
+func TestBenchRepeat(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	args := []string{"--executions", "50", "--concurrency", "4", "--agents", "1", "--runners", "1", "--repeat", "3"}
+	if err := bench(ctx, args, &out, testWriter{t}); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"run 1/3: ", "run 3/3: ", "median: ", "over 3 runs"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestMedians(t *testing.T) {
+	run := func(n int, p99 time.Duration) *benchResult {
+		r := &benchResult{elapsed: time.Second}
+		for range n {
+			r.latencies = append(r.latencies, p99)
+		}
+		return r
+	}
+	var out bytes.Buffer
+	printMedians(&out, []*benchResult{run(300, 30*time.Millisecond), run(100, 10*time.Millisecond), run(200, 20*time.Millisecond), run(400, 40*time.Millisecond)})
+	want := "median:      200 executions/s (100-400), p50 20.00ms, p99 20.00ms (10.00-40.00) over 4 runs\n"
+	if out.String() != want {
+		t.Fatalf("got  %q\nwant %q", out.String(), want)
+	}
+}
+
 // driverGoroutines returns the stacks of the goroutines that belong to the
 // bench's load driver: its roles, the client connection pool, the streams.
 func driverGoroutines() string {
