@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,7 +46,7 @@ type lazyWrites struct {
 
 	mu     sync.Mutex
 	ops    map[string]op  // key -> its last lazy write
-	spaces map[string]int // log or kind (see op.space) -> its writes in ops
+	spaces map[string]int // log or kind (see keySpace) -> its writes in ops
 	bytes  int
 	oldest uint64    // version of the group of the oldest write in ops
 	since  time.Time // when that write was applied
@@ -64,7 +65,7 @@ func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
 		if prev.fresh && o.del {
 			// Appended and deleted while waiting: Badger never had it.
 			delete(l.ops, string(o.key))
-			l.spaces[o.space]--
+			l.spaces[keySpace(o.key)]--
 			if len(l.ops) == 0 {
 				l.oldest = 0 // nothing waits: the journal may go
 			}
@@ -72,7 +73,7 @@ func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
 		}
 		o.fresh = prev.fresh
 	} else {
-		l.spaces[o.space]++
+		l.spaces[keySpace(o.key)]++
 	}
 	l.ops[string(o.key)] = o
 	l.bytes += len(o.key) + len(o.val)
@@ -146,19 +147,28 @@ func (s *Store) settle(space string) error {
 // settleKey is what a settling group writes: a group needs a write.
 var settleKey = []byte("m/settle")
 
-func logSpace(stream string) string  { return "l:" + stream }
-func recordSpace(kind string) string { return "r:" + kind }
+// keySpace returns the log or kind a key belongs to: its part before the
+// 0x00 that ends a stream name or a kind (see logPrefix, recordPrefix).
+func keySpace(key []byte) string {
+	if i := bytes.IndexByte(key, 0); i >= 0 {
+		key = key[:i]
+	}
+	return string(key)
+}
+
+func logSpace(stream string) string  { return "l/" + stream }
+func recordSpace(kind string) string { return "r/" + kind }
 
 // AppendLazy is Append for a new entry that is seldom read: Badger gets it
 // late (see lazy.go), a read still sees it. seq must never have been used
 // in stream before: an entry deleted before Badger got it is dropped whole.
 func (b *Batch) AppendLazy(stream string, seq uint64, data []byte) {
-	b.add(op{key: logKey(stream, seq), val: data, lazy: true, fresh: true, space: logSpace(stream)})
+	b.add(op{key: logKey(stream, seq), val: data, lazy: true, fresh: true})
 }
 
 // DeleteEntryLazy is DeleteEntry for an entry written with AppendLazy.
 func (b *Batch) DeleteEntryLazy(stream string, seq uint64) {
-	b.add(op{key: logKey(stream, seq), del: true, lazy: true, space: logSpace(stream)})
+	b.add(op{key: logKey(stream, seq), del: true, lazy: true})
 }
 
 // PutLazy is Put for a record that is seldom read: Badger gets it late
@@ -168,11 +178,11 @@ func (b *Batch) PutLazy(kind, id string, v any) error {
 	if err != nil {
 		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
 	}
-	b.add(op{key: recordKey(kind, id), val: data, lazy: true, space: recordSpace(kind)})
+	b.add(op{key: recordKey(kind, id), val: data, lazy: true})
 	return nil
 }
 
 // DeleteLazy is Delete for a record written with PutLazy.
 func (b *Batch) DeleteLazy(kind, id string) {
-	b.add(op{key: recordKey(kind, id), del: true, lazy: true, space: recordSpace(kind)})
+	b.add(op{key: recordKey(kind, id), del: true, lazy: true})
 }

@@ -207,10 +207,10 @@ func crashCopy(t *testing.T, s *Store, from string) string {
 // out, nothing holds the journal back.
 func TestLazyAllCancelledFreesTheJournal(t *testing.T) {
 	var l lazyWrites
-	l.keep(7, op{key: []byte("l/o\x00a"), val: []byte("v"), lazy: true, fresh: true, space: "l:o"}, time.Now())
-	l.keep(8, op{key: []byte("l/o\x00a"), del: true, lazy: true, space: "l:o"}, time.Now())
-	if l.oldestWaiting() != 0 || l.waiting("l:o") {
-		t.Fatalf("after a cancelled pair: oldest %d, waiting %v", l.oldestWaiting(), l.waiting("l:o"))
+	l.keep(7, op{key: []byte("l/o\x00a"), val: []byte("v"), lazy: true, fresh: true}, time.Now())
+	l.keep(8, op{key: []byte("l/o\x00a"), del: true, lazy: true}, time.Now())
+	if l.oldestWaiting() != 0 || l.waiting(logSpace("o")) {
+		t.Fatalf("after a cancelled pair: oldest %d, waiting %v", l.oldestWaiting(), l.waiting(logSpace("o")))
 	}
 }
 

@@ -841,11 +841,10 @@ type op struct {
 	key []byte
 	val []byte
 	del bool
-	// lazy marks a write Badger may get late (see lazy.go); space names
-	// its log or kind then, and fresh marks a new log entry.
+	// lazy marks a write Badger may get late (see lazy.go), and fresh a
+	// new log entry among those.
 	lazy  bool
 	fresh bool
-	space string
 }
 
 // Merge appends o's writes to b, after b's own.
