@@ -51,7 +51,7 @@ func (e *Event) AppendStored(b []byte) []byte {
 	b = append(b, storedFormat)
 	b = e.appendField(b, e.ID, "", "")
 	b = e.appendField(b, e.EventID, e.ID, "")
-	b = e.appendField(b, e.Type, e.ID, "")
+	b = e.appendType(b)
 	b = e.appendField(b, e.StepID, e.ID, "")
 	for _, s := range [...]string{e.ToolCallID, e.RunID, e.CausationID, e.CorrelationID,
 		e.SessionID, e.ActionID, e.TraceID, e.IdempotencyKey} {
@@ -85,25 +85,54 @@ func (e *Event) appendField(b []byte, s, id, step string) []byte {
 	case s == e.ExecutionID:
 		return append(b, fieldSameExec)
 	}
-	if len(s) == 36 {
-		if u, err := uuid.Parse(s); err == nil && u.String() == s {
+	// Only the forms that render back to s byte for byte: lowercase, and
+	// a UUID with its hyphens where String puts them (Parse checks them).
+	if len(s) == 36 && lowerHex(s, true) {
+		if u, err := uuid.Parse(s); err == nil {
 			return append(append(b, fieldUUID), u[:]...)
 		}
 	}
-	if len(s) == 32 {
+	if len(s) == 32 && lowerHex(s, false) {
 		var raw [16]byte
-		if _, err := hex.Decode(raw[:], []byte(s)); err == nil && hex.EncodeToString(raw[:]) == s {
-			return append(append(b, fieldHex16), raw[:]...)
+		for i := range raw {
+			raw[i] = unhex(s[2*i])<<4 | unhex(s[2*i+1])
 		}
-	}
-	for i, t := range storedTypes {
-		if s == t {
-			return append(b, fieldType, byte(i))
-		}
+		return append(append(b, fieldHex16), raw[:]...)
 	}
 	b = append(b, fieldString)
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
+}
+
+// appendType stores the event's type, by its index in storedTypes when it
+// has one.
+func (e *Event) appendType(b []byte) []byte {
+	for i, t := range storedTypes {
+		if e.Type == t {
+			return append(b, fieldType, byte(i))
+		}
+	}
+	return e.appendField(b, e.Type, e.ID, "")
+}
+
+// lowerHex reports whether s is lowercase hex digits, with hyphens allowed
+// when hyphens is set.
+func lowerHex(s string, hyphens bool) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || hyphens && c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// unhex is the value of a lowercase hex digit.
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
 }
 
 // DecodeStored decodes an event stored in the log of execution executionID,
