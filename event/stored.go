@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,15 +22,25 @@ const storedFormat = 0x01
 // How a string field is stored. Most of an event's strings are ids that
 // repeat another field or are UUIDs, so a field is usually one byte or 17.
 const (
-	fieldEmpty    = 0 // ""
-	fieldSameID   = 1 // equal to the event's ID
-	fieldSameStep = 2 // equal to the event's StepID
-	fieldSameExec = 3 // equal to the execution id the caller supplies
-	fieldUUID     = 4 // 16 bytes, rendered as a canonical lowercase UUID
-	fieldHex16    = 5 // 16 bytes, rendered as 32 lowercase hex digits
-	fieldType     = 6 // one byte: index into storedTypes
-	fieldString   = 7 // uvarint length, then the bytes
+	fieldEmpty     = 0 // ""
+	fieldSameID    = 1 // equal to the event's ID
+	fieldSameStep  = 2 // equal to the event's StepID
+	fieldSameExec  = 3 // equal to the execution id the caller supplies
+	fieldUUID      = 4 // 16 bytes, rendered as a canonical lowercase UUID
+	fieldHex16     = 5 // 16 bytes, rendered as 32 lowercase hex digits
+	fieldType      = 6 // one byte: index into storedTypes
+	fieldString    = 7 // uvarint length, then the bytes
+	fieldSameCause = 8 // equal to the event's CausationID
+	// fieldWithExec is a string holding the execution id, such as a
+	// session id "sess-" + id or an idempotency key that starts with it:
+	// the part before the id and the part after it, each as a uvarint
+	// length and the bytes.
+	fieldWithExec = 9
 )
+
+// minExecRef is the shortest execution id that fieldWithExec refers to:
+// with a shorter one the reference saves nothing.
+const minExecRef = 8
 
 // storedTypes numbers the event types for the stored form. Stored events
 // refer to these indexes, so the list is append-only: never reorder or
@@ -49,20 +60,24 @@ var storedTypes = [...]string{
 // DecodeStored must be given it back. Timestamps are kept in UTC.
 func (e *Event) AppendStored(b []byte) []byte {
 	b = append(b, storedFormat)
-	b = e.appendField(b, e.ID, "", "")
-	b = e.appendField(b, e.EventID, e.ID, "")
+	b = e.appendField(b, e.ID, known{})
+	b = e.appendField(b, e.EventID, known{id: e.ID})
 	b = e.appendType(b)
-	b = e.appendField(b, e.StepID, e.ID, "")
-	for _, s := range [...]string{e.ToolCallID, e.RunID, e.CausationID, e.CorrelationID,
-		e.SessionID, e.ActionID, e.TraceID, e.IdempotencyKey} {
-		b = e.appendField(b, s, e.ID, e.StepID)
+	b = e.appendField(b, e.StepID, known{id: e.ID})
+	k := known{id: e.ID, step: e.StepID}
+	for _, s := range [...]string{e.ToolCallID, e.RunID, e.CausationID} {
+		b = e.appendField(b, s, k)
+	}
+	k.cause = e.CausationID
+	for _, s := range [...]string{e.CorrelationID, e.SessionID, e.ActionID, e.TraceID, e.IdempotencyKey} {
+		b = e.appendField(b, s, k)
 	}
 	refs := ""
 	if len(e.Refs) > 0 {
 		data, _ := json.Marshal(e.Refs)
 		refs = string(data)
 	}
-	b = e.appendField(b, refs, e.ID, e.StepID)
+	b = e.appendField(b, refs, k)
 	b = binary.AppendUvarint(b, uint64(e.SchemaVersion))
 	b = binary.AppendUvarint(b, e.Sequence)
 	ts := e.Timestamp.UTC()
@@ -71,17 +86,24 @@ func (e *Event) AppendStored(b []byte) []byte {
 	return append(b, e.Payload...)
 }
 
-// appendField stores s, by reference to the event's id, its step or its
-// execution when it repeats one of them. id and step are what the decoder
-// will already know: empty while storing those fields themselves.
-func (e *Event) appendField(b []byte, s, id, step string) []byte {
+// known holds the fields a stored field may refer to: those the decoder
+// has already read when it reaches it, empty before.
+type known struct {
+	id, step, cause string
+}
+
+// appendField stores s, by reference to the event's id, its step, its
+// cause or its execution when it repeats one of them.
+func (e *Event) appendField(b []byte, s string, k known) []byte {
 	switch {
 	case s == "":
 		return append(b, fieldEmpty)
-	case s == id:
+	case s == k.id:
 		return append(b, fieldSameID)
-	case s == step:
+	case s == k.step:
 		return append(b, fieldSameStep)
+	case s == k.cause:
+		return append(b, fieldSameCause)
 	case s == e.ExecutionID:
 		return append(b, fieldSameExec)
 	}
@@ -99,6 +121,16 @@ func (e *Event) appendField(b []byte, s, id, step string) []byte {
 		}
 		return append(append(b, fieldHex16), raw[:]...)
 	}
+	if len(e.ExecutionID) >= minExecRef {
+		if i := strings.Index(s, e.ExecutionID); i >= 0 {
+			b = append(b, fieldWithExec)
+			b = binary.AppendUvarint(b, uint64(i))
+			b = append(b, s[:i]...)
+			rest := s[i+len(e.ExecutionID):]
+			b = binary.AppendUvarint(b, uint64(len(rest)))
+			return append(b, rest...)
+		}
+	}
 	b = append(b, fieldString)
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
@@ -112,7 +144,7 @@ func (e *Event) appendType(b []byte) []byte {
 			return append(b, fieldType, byte(i))
 		}
 	}
-	return e.appendField(b, e.Type, e.ID, "")
+	return e.appendField(b, e.Type, known{id: e.ID})
 }
 
 // lowerHex reports whether s is lowercase hex digits, with hyphens allowed
@@ -235,6 +267,16 @@ func (d *decoder) varint() int64 {
 	return int64(u>>1) ^ -int64(u&1)
 }
 
+// bytes reads a uvarint length and that many bytes.
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if n > uint64(len(d.data)) {
+		d.fail("string length")
+		return nil
+	}
+	return d.take(int(n))
+}
+
 // field reads one string field; e holds the fields decoded so far, which
 // the references point back to.
 func (d *decoder) field(e *Event) string {
@@ -249,6 +291,8 @@ func (d *decoder) field(e *Event) string {
 		return e.ID
 	case fieldSameStep:
 		return e.StepID
+	case fieldSameCause:
+		return e.CausationID
 	case fieldSameExec:
 		return d.exec
 	case fieldUUID:
@@ -267,12 +311,13 @@ func (d *decoder) field(e *Event) string {
 			d.fail("type index")
 		}
 	case fieldString:
-		n := d.uvarint()
-		if n > uint64(len(d.data)) {
-			d.fail("string length")
-			return ""
+		return string(d.bytes())
+	case fieldWithExec:
+		before := d.bytes()
+		after := d.bytes()
+		if d.err == nil {
+			return string(before) + d.exec + string(after)
 		}
-		return string(d.take(int(n)))
 	default:
 		d.fail("field tag")
 	}

@@ -17,7 +17,7 @@ func kernelEvent() Event {
 		Type: StepCompleted, SchemaVersion: SchemaVersion, Timestamp: time.Now().UTC(),
 		Payload:     json.RawMessage(`{"step_id":"` + step + `","output":{"hits":3}}`),
 		CausationID: NewID(), CorrelationID: id, IdempotencyKey: "result-7", Sequence: 9,
-		SessionID: NewID(), TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+		SessionID: "sess-" + exec, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
 }
 
 // TestStoredRoundTrip: the JSON rendered from the stored form is exactly the
@@ -29,6 +29,11 @@ func TestStoredRoundTrip(t *testing.T) {
 		"uppercase uuid and hex stay strings": {ID: "0193A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B", ExecutionID: "x",
 			Type: SignalReceived, TraceID: "4BF92F3577B34DA6A3CE929D0E0E4736", Timestamp: time.Unix(-5, 7).UTC()},
 		"run id differs from execution": {ID: "a", ExecutionID: "x", RunID: "other", StepID: "a", ToolCallID: "a", Type: "t"},
+		"strings holding the execution id": {ID: "a", ExecutionID: "exec-0001", Type: "t", SessionID: "sess-exec-0001",
+			IdempotencyKey: "exec-0001:tool:exec-0001", TraceID: "pre-exec-0001", ActionID: "exec-000"},
+		"short execution id is not referred to": {ID: "a", ExecutionID: "x", Type: "t", SessionID: "sess-x"},
+		"correlation is the cause": {ID: "a", ExecutionID: "x", Type: "t", CausationID: "c", CorrelationID: "c",
+			SessionID: "c", IdempotencyKey: "c"},
 		"timestamp outside UTC": {ID: "a", ExecutionID: "x", Type: "t",
 			Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 6, time.FixedZone("X", 3600))},
 	})
@@ -80,6 +85,41 @@ func TestStoredGolden(t *testing.T) {
 	}
 }
 
+// TestStoredGoldenReferences pins the references added after the first
+// release of the stored form: a correlation equal to the cause, and strings
+// that hold the execution id. Events stored without them still decode
+// (TestStoredGolden).
+func TestStoredGoldenReferences(t *testing.T) {
+	const exec = "0193a1b2-c3d4-7e5f-8a9b-000000000001"
+	ev := Event{ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", ExecutionID: exec, Type: ExecutionStarted,
+		CausationID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c", CorrelationID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c",
+		SessionID: "sess-" + exec, IdempotencyKey: exec + ":k",
+		SchemaVersion: 1, Sequence: 2, Timestamp: time.Unix(1700000000, 5).UTC()}
+	const golden = "01" + // format
+		"04" + "0193a1b2c3d47e5f8a9b0c1d2e3f4a5b" + // id: a UUID
+		"00" + // event id: empty
+		"0601" + // type: storedTypes[1]
+		"00" + "00" + "00" + // step, tool call, run: empty
+		"04" + "0193a1b2c3d47e5f8a9b0c1d2e3f4a5c" + // causation: a UUID
+		"08" + // correlation = causation
+		"09" + "05" + "736573732d" + "00" + // session: "sess-", the execution, ""
+		"00" + "00" + // action, trace: empty
+		"09" + "00" + "02" + "3a6b" + // idempotency key: "", the execution, ":k"
+		"00" + // refs: empty
+		"01" + "02" + "80c49fd50c" + "05" // schema, sequence, seconds (zigzag), nanoseconds
+	stored := ev.AppendStored(nil)
+	if got := hex.EncodeToString(stored); got != golden {
+		t.Fatalf("stored form changed:\n got  %s\n want %s", got, golden)
+	}
+	got, err := AppendStoredJSON(nil, stored, exec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := ev.AppendJSON(nil); string(got) != string(want) {
+		t.Fatalf("rendered\n got  %s\n want %s", got, want)
+	}
+}
+
 func TestDecodeStoredReadsJSONForm(t *testing.T) {
 	ev := kernelEvent()
 	js := ev.AppendJSON(nil)
@@ -112,6 +152,7 @@ func TestDecodeStoredRejectsDamage(t *testing.T) {
 		"bad tag":        {storedFormat, 0x7f},
 		"type index":     {storedFormat, fieldType, 0xff},
 		"string length":  {storedFormat, fieldString, 0xff, 0x01},
+		"exec reference": {storedFormat, fieldWithExec, 0x01},
 		"bad JSON":       []byte(`{"id":`),
 	} {
 		if _, err := DecodeStored(data, "x"); !errors.Is(err, ErrCorrupt) {
