@@ -258,7 +258,9 @@ func (t *tx) prepare() (empty bool, err error) {
 		if err := t.batch.Put(kindIndex, ex.ID, key); err != nil {
 			return false, err
 		}
-		if err := t.batch.PutLazy(kindLive, ex.ID, true); err != nil {
+		// Created, not put: the id is new, so an execution that ends before
+		// Badger gets its marker leaves Badger nothing, not even a delete.
+		if err := t.batch.CreateLazy(kindLive, ex.ID, true); err != nil {
 			return false, err
 		}
 	}

@@ -24,8 +24,8 @@ import (
 // key's last lazy write and hands them to Badger later, together with a
 // group: after lazyInterval, once lazyMaxBytes are waiting, or when a read
 // may need them. A put deleted before it is handed over reaches Badger as
-// the delete alone, and an entry appended and deleted before it is handed
-// over never reaches Badger at all.
+// the delete alone, and an entry appended, or a record created, and deleted
+// before it is handed over never reaches Badger at all.
 //
 // Two rules keep it exact. A read of a log or kind with lazy writes
 // waiting first makes the apply stage hand them over (see settle), so
@@ -182,7 +182,19 @@ func (b *Batch) PutLazy(kind, id string, v any) error {
 	return nil
 }
 
-// DeleteLazy is Delete for a record written with PutLazy.
+// CreateLazy is PutLazy for a record the caller knows Badger does not
+// hold, such as one keyed by a fresh id: deleted before Badger gets it, it
+// never reaches Badger at all, not even as a delete marker.
+func (b *Batch) CreateLazy(kind, id string, v any) error {
+	data, err := msgpack.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
+	}
+	b.add(op{key: recordKey(kind, id), val: data, lazy: true, fresh: true})
+	return nil
+}
+
+// DeleteLazy is Delete for a record written with PutLazy or CreateLazy.
 func (b *Batch) DeleteLazy(kind, id string) {
 	b.add(op{key: recordKey(kind, id), del: true, lazy: true})
 }
