@@ -39,7 +39,7 @@ const (
 )
 
 // minExecRef is the shortest execution id that fieldWithExec refers to:
-// with a shorter one the reference saves nothing.
+// with a shorter one the reference saves next to nothing.
 const minExecRef = 8
 
 // storedTypes numbers the event types for the stored form. Stored events

@@ -174,23 +174,22 @@ func (b *Batch) DeleteEntryLazy(stream string, seq uint64) {
 // PutLazy is Put for a record that is seldom read: Badger gets it late
 // (see lazy.go), a read still sees it.
 func (b *Batch) PutLazy(kind, id string, v any) error {
-	data, err := msgpack.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
-	}
-	b.add(op{key: recordKey(kind, id), val: data, lazy: true})
-	return nil
+	return b.putLazy(kind, id, v, false)
 }
 
 // CreateLazy is PutLazy for a record the caller knows Badger does not
 // hold, such as one keyed by a fresh id: deleted before Badger gets it, it
 // never reaches Badger at all, not even as a delete marker.
 func (b *Batch) CreateLazy(kind, id string, v any) error {
+	return b.putLazy(kind, id, v, true)
+}
+
+func (b *Batch) putLazy(kind, id string, v any, fresh bool) error {
 	data, err := msgpack.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
 	}
-	b.add(op{key: recordKey(kind, id), val: data, lazy: true, fresh: true})
+	b.add(op{key: recordKey(kind, id), val: data, lazy: true, fresh: fresh})
 	return nil
 }
 
