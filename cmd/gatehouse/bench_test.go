@@ -37,18 +37,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 
 // TestBenchSmoke runs the bench command briefly, as CI would.
 func TestBenchSmoke(t *testing.T) {
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	args := []string{"--executions", "200", "--concurrency", "8", "--agents", "2", "--runners", "2", "--duration", "30s"}
-	if err := bench(ctx, args, &out, testWriter{t}); err != nil {
-		t.Fatalf("bench: %v\n%s", err, out.String())
-	}
-	for _, want := range []string{"completed:   200 ", "(0 errors)", "executions/s", "p99", "command:     gatehouse bench --executions 200"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
+	runBench(t, []string{"--executions", "200", "--concurrency", "8", "--agents", "2", "--runners", "2", "--duration", "30s"},
+		"completed:   200 ", "(0 errors)", "executions/s", "p99", "command:     gatehouse bench --executions 200")
 	// Nothing of the load driver outlives the rig. fasthttp's connection
 	// cleaner ends at its next sweep, within benchIdleConn.
 	deadline := time.Now().Add(benchIdleConn + 5*time.Second)
@@ -63,14 +53,21 @@ func TestBenchSmoke(t *testing.T) {
 // TestBenchRepeat: --repeat runs the bench on a fresh gateway each time
 // and reports the medians.
 func TestBenchRepeat(t *testing.T) {
+	runBench(t, []string{"--executions", "50", "--concurrency", "4", "--agents", "1", "--runners", "1", "--repeat", "3"},
+		"run 1/3: ", "run 3/3: ", "median: ", "over 3 runs")
+}
+
+// runBench runs the bench command with args and checks that its output
+// holds every one of wants.
+func runBench(t *testing.T, args []string, wants ...string) {
+	t.Helper()
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	args := []string{"--executions", "50", "--concurrency", "4", "--agents", "1", "--runners", "1", "--repeat", "3"}
 	if err := bench(ctx, args, &out, testWriter{t}); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"run 1/3: ", "run 3/3: ", "median: ", "over 3 runs"} {
+	for _, want := range wants {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
