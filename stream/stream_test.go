@@ -1,0 +1,486 @@
+package stream_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
+	"github.com/gatehouse-dev/gatehouse/stream"
+)
+
+// memLog is an append-only log read from a cursor: the shape of every
+// source the gateway streams (an execution's events, a session's log).
+type memLog struct {
+	mu     sync.Mutex
+	items  []stream.Item
+	closed bool
+	wakes  map[*logReader]func()
+}
+
+func (l *memLog) append(typ, data string) {
+	l.mu.Lock()
+	l.items = append(l.items, stream.Item{Seq: uint64(len(l.items) + 1), Type: typ, Data: []byte(data)})
+	for _, f := range l.wakes {
+		f()
+	}
+	l.mu.Unlock()
+}
+
+func (l *memLog) end() {
+	l.mu.Lock()
+	l.closed = true
+	for _, f := range l.wakes {
+		f()
+	}
+	l.mu.Unlock()
+}
+
+func (l *memLog) reader(after uint64) *logReader {
+	return &logReader{l: l, last: after}
+}
+
+type logReader struct {
+	l      *memLog
+	last   uint64
+	closed bool
+}
+
+func (r *logReader) Next(buf []stream.Item) (int, error) {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	n := 0
+	for n < len(buf) && r.last < uint64(len(r.l.items)) {
+		buf[n] = r.l.items[r.last]
+		r.last++
+		n++
+	}
+	if r.l.closed && r.last == uint64(len(r.l.items)) {
+		return n, stream.ErrEnd
+	}
+	return n, nil
+}
+
+func (r *logReader) OnWake(f func()) {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	if r.l.wakes == nil {
+		r.l.wakes = map[*logReader]func(){}
+	}
+	r.l.wakes[r] = f
+}
+
+func (r *logReader) Close() {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	delete(r.l.wakes, r)
+	r.closed = true
+}
+
+// render shows every item as its type and data, resumable at its sequence.
+var render = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, error) {
+	if it.Type == "hidden" {
+		return false, nil
+	}
+	f.ID = strconv.AppendUint(f.ID, it.Seq, 10)
+	f.Event = it.Type
+	f.Data = append(f.Data, it.Data...)
+	return true, nil
+})
+
+// serve runs a fasthttp server on loopback for the test.
+func serve(t *testing.T, h fasthttp.RequestHandler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: h, CloseOnShutdown: true}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+type sseEvent struct{ id, event, data string }
+
+// readSSE parses events from r until it ends or n events were read.
+func readSSE(t *testing.T, r *bufio.Reader, n int) ([]sseEvent, error) {
+	t.Helper()
+	var (
+		out []sseEvent
+		cur sseEvent
+	)
+	for n < 0 || len(out) < n {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return out, err
+		}
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case line == "":
+			if cur.event != "" || cur.data != "" {
+				out = append(out, cur)
+			}
+			cur = sseEvent{}
+		case strings.HasPrefix(line, ":"), strings.HasPrefix(line, "retry: "):
+		case strings.HasPrefix(line, "id: "):
+			cur.id = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			cur.event = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			if cur.data != "" {
+				cur.data += "\n"
+			}
+			cur.data += line[6:]
+		}
+	}
+	return out, nil
+}
+
+type ended struct {
+	reason stream.Reason
+	err    error
+}
+
+// sseServer streams log from the after query parameter and reports how
+// each stream ended on the returned channel.
+func sseServer(t *testing.T, log *memLog, o stream.Options, so stream.SSEOptions) (string, <-chan ended) {
+	ends := make(chan ended, 16)
+	url := serve(t, func(ctx *fasthttp.RequestCtx) {
+		after, _ := strconv.ParseUint(string(ctx.QueryArgs().Peek("after")), 10, 64)
+		ctx.SetContentType("text/event-stream")
+		conn := ctx.Conn()
+		opts := o
+		opts.Gone = stream.ClientGone(conn)
+		ctx.SetConnectionClose()
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			tr := stream.NewSSE(w, conn, so)
+			if tr.Open() != nil {
+				return
+			}
+			reason, err := stream.New(log.reader(after), render, tr, opts).Run(context.Background())
+			ends <- ended{reason, err}
+		})
+	})
+	return url, ends
+}
+
+func get(t *testing.T, url string) *http.Response {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func waitEnd(t *testing.T, ends <-chan ended) ended {
+	t.Helper()
+	select {
+	case e := <-ends:
+		return e
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not end")
+	}
+	return ended{}
+}
+
+func TestSSEReplaysThenTailsThenEnds(t *testing.T) {
+	log := &memLog{}
+	for i := 1; i <= 300; i++ { // more than one batch
+		typ := "e"
+		if i == 2 {
+			typ = "hidden"
+		}
+		log.append(typ, fmt.Sprintf(`{"n":%d}`, i))
+	}
+	url, ends := sseServer(t, log, stream.Options{}, stream.SSEOptions{Retry: time.Second})
+	resp := get(t, url+"/?after=1")
+	r := bufio.NewReader(resp.Body)
+	evs, err := readSSE(t, r, 298)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs[0].id != "3" || evs[0].data != `{"n":3}` || evs[297].id != "300" {
+		t.Fatalf("replay: first %+v last %+v", evs[0], evs[297])
+	}
+	log.append("live", `{"live":true}`)
+	live, err := readSSE(t, r, 1)
+	if err != nil || live[0].id != "301" || live[0].event != "live" {
+		t.Fatalf("live tail: %+v %v", live, err)
+	}
+	log.end()
+	if e := waitEnd(t, ends); e.reason != stream.Finished {
+		t.Fatalf("ended with %v %v, want finished", e.reason, e.err)
+	}
+	if rest, err := io.ReadAll(r); err != nil || len(strings.TrimSpace(string(rest))) != 0 {
+		t.Fatalf("after the end: %q %v", rest, err)
+	}
+}
+
+func TestSSEFinalItemEndsTheStream(t *testing.T) {
+	log := &memLog{}
+	log.append("a", "1")
+	log.append("done", "2")
+	log.append("after", "3")
+	final := func(it stream.Item) bool { return it.Type == "done" }
+	url, ends := sseServer(t, log, stream.Options{Final: final}, stream.SSEOptions{})
+	evs, err := readSSE(t, bufio.NewReader(get(t, url).Body), -1)
+	if !errors.Is(err, io.EOF) || len(evs) != 2 || evs[1].event != "done" {
+		t.Fatalf("events %+v, %v", evs, err)
+	}
+	if e := waitEnd(t, ends); e.reason != stream.Finished {
+		t.Fatalf("ended with %v", e.reason)
+	}
+}
+
+func TestSSEHeartbeatsWhileIdleAndNoticeOnExpiry(t *testing.T) {
+	log := &memLog{}
+	o := stream.Options{Heartbeat: 20 * time.Millisecond, Expires: time.Now().Add(300 * time.Millisecond)}
+	so := stream.SSEOptions{Notice: func(f *stream.Frame, reason stream.Reason, _ error) bool {
+		f.Event = "stream." + reason.String()
+		f.Data = append(f.Data, `{}`...)
+		return true
+	}}
+	url, ends := sseServer(t, log, o, so)
+	body, err := io.ReadAll(get(t, url).Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), ":heartbeat\n\n") {
+		t.Fatalf("no heartbeat in %q", body)
+	}
+	if !strings.HasSuffix(string(body), "event: stream.expired\ndata: {}\n\n") {
+		t.Fatalf("no expiry notice at the end of %q", body)
+	}
+	if e := waitEnd(t, ends); e.reason != stream.Expired {
+		t.Fatalf("ended with %v", e.reason)
+	}
+}
+
+func TestSSEMultilineDataKeepsEveryLine(t *testing.T) {
+	log := &memLog{}
+	log.append("m", "a\nb\r\nc\rd")
+	log.end()
+	url, _ := sseServer(t, log, stream.Options{}, stream.SSEOptions{})
+	evs, _ := readSSE(t, bufio.NewReader(get(t, url).Body), -1)
+	if len(evs) != 1 || evs[0].data != "a\nb\nc\nd" {
+		t.Fatalf("events %+v", evs)
+	}
+}
+
+func TestSSEClientGoneEndsAnIdleStream(t *testing.T) {
+	log := &memLog{}
+	url, ends := sseServer(t, log, stream.Options{}, stream.SSEOptions{})
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if e := waitEnd(t, ends); e.reason != stream.Gone {
+		t.Fatalf("ended with %v", e.reason)
+	}
+}
+
+func TestSSESlowConsumerIsDropped(t *testing.T) {
+	log := &memLog{}
+	big := `"` + strings.Repeat("x", 64<<10) + `"`
+	url, ends := sseServer(t, log, stream.Options{}, stream.SSEOptions{WriteTimeout: 100 * time.Millisecond})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4096)
+	}
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	// The client reads nothing: the socket buffers fill, and a flush waits
+	// out the write timeout.
+	for range 200 {
+		log.append("big", big)
+	}
+	if e := waitEnd(t, ends); e.reason != stream.SlowConsumer {
+		t.Fatalf("ended with %v, want slow_consumer", e.reason)
+	}
+}
+
+func TestFlushedReportsTheLastFlushedSequence(t *testing.T) {
+	log := &memLog{}
+	log.append("a", "1")
+	log.append("hidden", "2")
+	var mu sync.Mutex
+	var flushed []uint64
+	o := stream.Options{Flushed: func(seq uint64) { mu.Lock(); flushed = append(flushed, seq); mu.Unlock() }}
+	url, _ := sseServer(t, log, o, stream.SSEOptions{})
+	r := bufio.NewReader(get(t, url).Body)
+	if _, err := readSSE(t, r, 1); err != nil {
+		t.Fatal(err)
+	}
+	log.append("b", "3")
+	if _, err := readSSE(t, r, 1); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// A hidden item still counts as flushed: the client had all there was
+	// to see of it.
+	if len(flushed) < 2 || flushed[0] != 2 || flushed[len(flushed)-1] != 3 {
+		t.Fatalf("flushed %v", flushed)
+	}
+}
+
+// wsServer streams log on a WebSocket carried by Start.
+func wsServer(t *testing.T, log *memLog, onStream func(*stream.Stream, *stream.WS)) string {
+	var tr wsaccept.Tracker
+	t.Cleanup(func() { _ = tr.Shutdown(context.Background(), "bye") })
+	return serve(t, func(ctx *fasthttp.RequestCtx) {
+		after, _ := strconv.ParseUint(string(ctx.QueryArgs().Peek("after")), 10, 64)
+		err := tr.Accept(ctx, &websocket.AcceptOptions{}, func(ctx context.Context, c *websocket.Conn) {
+			ws := stream.NewWS(c, stream.WSOptions{Encode: encodeText, WriteTimeout: 200 * time.Millisecond})
+			s := stream.New(log.reader(after), render, ws, stream.Options{})
+			ws.OnEnd(s.Stop)
+			s.Start()
+			if onStream != nil {
+				onStream(s, ws)
+			}
+			for {
+				if _, _, err := ws.Read(); err != nil {
+					break
+				}
+			}
+			ws.Finish(ctx)
+		})
+		if err != nil {
+			t.Log(err)
+		}
+	})
+}
+
+func encodeText(dst []byte, f *stream.Frame) ([]byte, error) {
+	dst = append(dst, f.ID...)
+	dst = append(dst, ' ')
+	dst = append(dst, f.Event...)
+	dst = append(dst, ' ')
+	return append(dst, f.Data...), nil
+}
+
+func dialWS(t *testing.T, url string) *websocket.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, strings.Replace(url, "http", "ws", 1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	c.SetReadLimit(1 << 20)
+	return c
+}
+
+func readWS(t *testing.T, c *websocket.Conn) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, data, err := c.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+func TestWSStartCarriesReplayTailAndEnd(t *testing.T) {
+	log := &memLog{}
+	log.append("a", "1")
+	log.append("b", "2")
+	url := wsServer(t, log, nil)
+	c := dialWS(t, url+"/?after=1")
+	if got := readWS(t, c); got != "2 b 2" {
+		t.Fatalf("replay: %q", got)
+	}
+	log.append("c", "3")
+	if got := readWS(t, c); got != "3 c 3" {
+		t.Fatalf("tail: %q", got)
+	}
+	log.end()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _, err := c.Read(ctx)
+	if websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Fatalf("end: %v", err)
+	}
+}
+
+func TestWSSwitchWritesNoticesThenTheNewSource(t *testing.T) {
+	log := &memLog{}
+	for i := range 3 {
+		log.append("e", strconv.Itoa(i+1))
+	}
+	switched := make(chan struct{})
+	url := wsServer(t, log, func(s *stream.Stream, _ *stream.WS) {
+		go func() {
+			<-switched
+			s.Switch(log.reader(1), stream.Item{Type: "reset", Data: []byte(`{}`)})
+		}()
+	})
+	c := dialWS(t, url+"/?after=3")
+	close(switched)
+	if got := readWS(t, c); got != "0 reset {}" {
+		t.Fatalf("notice: %q", got)
+	}
+	for _, want := range []string{"2 e 2", "3 e 3"} {
+		if got := readWS(t, c); got != want {
+			t.Fatalf("after the switch: %q, want %q", got, want)
+		}
+	}
+}
+
+func TestWSSlowConsumerClosesWith4001(t *testing.T) {
+	log := &memLog{}
+	big := strings.Repeat("x", 256<<10)
+	url := wsServer(t, log, nil)
+	c := dialWS(t, url)
+	for range 64 {
+		log.append("big", big)
+	}
+	// Read nothing for a while: the server's writes stall and time out.
+	time.Sleep(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		_, _, err := c.Read(ctx)
+		if err != nil {
+			if websocket.CloseStatus(err) != stream.CloseSlowConsumer {
+				t.Fatalf("closed with %v, want 4001", err)
+			}
+			return
+		}
+	}
+}
+
+func TestCloseReasonFitsAFrame(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"short", "short"},
+		{strings.Repeat("a", 123), strings.Repeat("a", 123)},
+		{strings.Repeat("a", 130), strings.Repeat("a", 123)},
+		{strings.Repeat("a", 122) + "é", strings.Repeat("a", 122)},
+	}
+	for _, tt := range tests {
+		if got := stream.CloseReason(tt.in); got != tt.want {
+			t.Errorf("CloseReason(%d bytes) = %d bytes", len(tt.in), len(got))
+		}
+	}
+}
