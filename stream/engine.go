@@ -41,9 +41,9 @@ type Options struct {
 // with a goroutine only while there is something to send (an idle
 // WebSocket then costs no goroutine for its deliveries).
 type Stream struct {
-	o      Options
-	r      Renderer
-	t      Transport
+	o     Options
+	r     Renderer
+	t     Transport
 	mu    sync.Mutex // held while draining: one writer, items in order
 	src   Source
 	ended bool // with mu
