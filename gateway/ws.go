@@ -12,37 +12,37 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/valyala/fasthttp"
 
-	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/stream"
 )
 
-// Close codes of the WebSocket endpoints beyond those of RFC 6455;
-// docs/websocket.md lists every code a socket can end with.
+// Close codes of the WebSocket endpoints beyond those of RFC 6455, defined
+// with the stream engine; docs/websocket.md lists every code a socket can
+// end with.
 const (
 	// CloseSuperseded means a newer connection of the same consumer took
 	// over. Do not reconnect automatically: another process holds the
 	// consumer id.
-	CloseSuperseded websocket.StatusCode = 4000
+	CloseSuperseded = stream.CloseSuperseded
 	// CloseSlowConsumer means a frame could not be written within
 	// Options.WriteTimeout. Reconnect and resume from your cursor.
-	CloseSlowConsumer websocket.StatusCode = 4001
+	CloseSlowConsumer = stream.CloseSlowConsumer
 	// CloseForgotten means the gateway gave up on this consumer (its runner
 	// was deleted, or it stayed away past its grace period) and dropped its
 	// outbox.
-	CloseForgotten websocket.StatusCode = 4002
+	CloseForgotten = stream.CloseForgotten
 	// CloseTokenExpired means the credential that opened the socket
 	// expired. Reconnect with a fresh one.
-	CloseTokenExpired websocket.StatusCode = 4003
+	CloseTokenExpired = stream.CloseTokenExpired
 	// ClosePingTimeout means the peer did not answer a ping within
 	// Options.PingInterval.
-	ClosePingTimeout websocket.StatusCode = 4008
+	ClosePingTimeout = stream.ClosePingTimeout
 )
 
 // frameSlack is what a command frame may add around a body of
@@ -235,10 +235,7 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		s.metrics.streams.WithLabelValues(kind).Inc()
 		defer s.metrics.streams.WithLabelValues(kind).Dec()
 		ws.SetReadLimit(s.opts.MaxFrameBytes)
-		w := &wsConn{
-			s: s, ws: ws, ctx: ctx, format: formatOf(ws.Subprotocol()),
-			stop: make(chan struct{}), closed: make(chan struct{}),
-		}
+		w := &wsConn{s: s, ctx: ctx, raw: ws, format: formatOf(ws.Subprotocol())}
 		w.principal.Store(principal)
 		serve(w)
 	})
@@ -262,11 +259,12 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 	s.writeJSON(c.ctx, status, errorBody{Error: "websocket handshake refused: " + reason, Code: code})
 }
 
-// wsConn is one accepted socket: its encoding, the single close it gets and
-// the bounded writes.
+// wsConn is one accepted socket: the stream engine's WebSocket transport,
+// with the socket's encoding and the credential its commands run with.
 type wsConn struct {
-	s  *Server
-	ws *websocket.Conn
+	*stream.WS // set by open
+	s          *Server
+	raw        *websocket.Conn
 	// ctx is cancelled by the Tracker once the socket is done. Reads, writes
 	// and pings do not use it: every end of the socket closes it, which ends
 	// them as well, and each use would leave an idle socket holding the
@@ -276,101 +274,54 @@ type wsConn struct {
 	// principal opened the socket, or refreshed its credential since: its
 	// commands run with its rights, and the socket ends when it expires.
 	principal atomic.Pointer[auth.Principal]
-
-	// stop is closed by the first end; every loop of the socket then stops
-	// and no new frame is written, so the close frame gets through next.
-	stop    chan struct{}
-	endOnce sync.Once
-	// closed is closed once the close handshake is over.
-	closed chan struct{}
-	// onEnd, if set, runs once when the socket starts to close: whoever
-	// tracks the peer learns of it then, not only after a close handshake
-	// that may wait seconds for a peer that is gone or stuck.
-	onEnd func()
-
-	// timerMu guards the ping and expiry timers, which stop with the
-	// socket.
-	timerMu   sync.Mutex
-	pings     *time.Timer
-	expiry    *time.Timer
-	timersOff bool
 }
 
-// errEnded reports a write refused because the socket is closing.
-var errEnded = errors.New("gateway: websocket is closing")
-
-// end closes the socket with code and reason unless it is already ending.
-// The close handshake runs in the background: end is also called from
-// timers while a write is stuck behind a peer that stopped reading, and
-// the close frame can only go out once that write completes or the
-// handshake gives up (coder/websocket waits 5 s for each half).
-func (w *wsConn) end(code websocket.StatusCode, reason string) {
-	w.endOnce.Do(func() {
-		close(w.stop)
-		if w.onEnd != nil {
-			w.onEnd()
-		}
-		go func() {
-			defer close(w.closed)
-			_ = w.ws.Close(code, closeReason(reason))
-		}()
+// open makes the socket the transport of a stream of frames of type typ
+// (event or delivery), which ends with the close code closeFor gives.
+func (w *wsConn) open(typ string, closeFor func(stream.Reason, error) (websocket.StatusCode, string)) {
+	w.WS = stream.NewWS(w.raw, stream.WSOptions{
+		Binary:       w.format == formatMsgpack,
+		Encode:       w.encoder(typ),
+		WriteTimeout: w.s.opts.WriteTimeout,
+		PingInterval: w.s.opts.PingInterval,
+		CloseFor:     closeFor,
 	})
 }
 
-// finish ends the socket if nothing else did, stops its timers, which would
-// otherwise keep it in memory until they fire, and waits for its close
-// handshake or for the Tracker to give up on it.
-func (w *wsConn) finish() {
-	w.end(websocket.StatusNormalClosure, "")
-	w.timerMu.Lock()
-	w.timersOff = true
-	if w.pings != nil {
-		w.pings.Stop()
-	}
-	if w.expiry != nil {
-		w.expiry.Stop()
-	}
-	w.timerMu.Unlock()
-	select {
-	case <-w.closed:
-	case <-w.ctx.Done():
-	}
-}
-
-// closeReason fits a reason into a close frame (123 bytes) on a rune
-// boundary.
-func closeReason(s string) string {
-	const maxReason = 123
-	if len(s) <= maxReason {
-		return s
-	}
-	s = s[:maxReason]
-	for !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
-}
-
-// send writes one frame, given as JSON. A write that does not complete
-// within Options.WriteTimeout ends the socket with CloseSlowConsumer.
+// send writes one frame, given as JSON, in the socket's encoding.
 func (w *wsConn) send(frame []byte) error {
-	select {
-	case <-w.stop:
-		return errEnded
-	default:
-	}
 	scratch := w.s.bufs.get()
 	defer w.s.bufs.put(scratch)
 	data, err := w.format.encodeFrame(scratch, frame)
 	if err != nil {
 		w.s.log.Error("encode websocket frame", "err", err)
-		w.end(websocket.StatusInternalError, "internal error")
+		w.End(websocket.StatusInternalError, "internal error")
 		return err
 	}
-	t := time.AfterFunc(w.s.opts.WriteTimeout, func() { w.end(CloseSlowConsumer, "slow consumer") })
-	err = w.ws.Write(context.Background(), w.format.messageType(), data)
-	t.Stop()
-	return err
+	return w.Send(data)
+}
+
+// encoder returns the engine's frame encoder for a stream of frames of
+// type typ (event or delivery) on this socket: a stream.reset notice
+// becomes a reset frame.
+func (w *wsConn) encoder(typ string) func(dst []byte, f *stream.Frame) ([]byte, error) {
+	return func(dst []byte, f *stream.Frame) ([]byte, error) {
+		var frame []byte
+		if f.Event == typeReset {
+			frame = appendReset(dst, f.Data)
+		} else {
+			frame = appendPush(dst, typ, f.Seq, f.Event, f.Data)
+		}
+		if w.format == formatJSON {
+			return frame, nil
+		}
+		scratch := w.s.bufs.get()
+		defer w.s.bufs.put(scratch)
+		if err := jsonToMsgpack(scratch, frame); err != nil {
+			return nil, err
+		}
+		return append(frame[:0], scratch.Bytes()...), nil
+	}
 }
 
 // reply answers a command with the status and body its HTTP twin gives.
@@ -394,49 +345,9 @@ func (w *wsConn) replyError(id string, err error) error {
 	return w.reply(id, status, body)
 }
 
-// startPings pings the peer every Options.PingInterval. A timer, not a
-// goroutine, waits between pings, so an idle socket costs no stack for it.
-func (w *wsConn) startPings() {
-	w.timerMu.Lock()
-	defer w.timerMu.Unlock()
-	if !w.timersOff {
-		w.pings = time.AfterFunc(w.s.opts.PingInterval, w.ping)
-	}
-}
-
-// ping runs on the timer. The pong is read by the socket's reader, which
-// every socket runs.
-func (w *wsConn) ping() {
-	ctx, cancel := context.WithTimeout(context.Background(), w.s.opts.PingInterval)
-	err := w.ws.Ping(ctx)
-	cancel()
-	if err != nil {
-		w.end(ClosePingTimeout, "ping timeout")
-		return
-	}
-	w.timerMu.Lock()
-	defer w.timerMu.Unlock()
-	if !w.timersOff {
-		w.pings.Reset(w.s.opts.PingInterval)
-	}
-}
-
-// expireAt ends the socket with CloseTokenExpired at t, in place of any
-// earlier expiry; a zero t never expires. A timer, like the pings, so that
-// no goroutine waits for it. It reports false when the earlier expiry has
-// fired already: the socket is closing.
-func (w *wsConn) expireAt(t time.Time) bool {
-	w.timerMu.Lock()
-	defer w.timerMu.Unlock()
-	if w.timersOff || w.expiry != nil && !w.expiry.Stop() {
-		return false
-	}
-	w.expiry = nil
-	if !t.IsZero() {
-		w.expiry = time.AfterFunc(time.Until(t), func() { w.end(CloseTokenExpired, "token expired") })
-	}
-	return true
-}
+// finish ends the socket if nothing else did and waits for its close
+// handshake or for the Tracker to give up on it.
+func (w *wsConn) finish() { w.Finish(w.ctx) }
 
 // refreshAnswer is the body of the reply to a refresh frame.
 type refreshAnswer struct {
@@ -462,7 +373,7 @@ func (w *wsConn) refresh(fr inFrame, scope func(*auth.Principal) error) {
 		_ = w.replyError(fr.ID, err)
 		return
 	}
-	if !w.expireAt(p.ExpiresAt) {
+	if !w.ExpireAt(p.ExpiresAt) {
 		return
 	}
 	w.principal.Store(p)
@@ -492,11 +403,11 @@ func sameCaller(old, p *auth.Principal, now time.Time) error {
 func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 	first := true
 	for {
-		_, data, err := w.ws.Read(context.Background())
+		_, data, err := w.Read()
 		if err != nil {
 			// The peer closed, went away, or sent a frame past the read
 			// limit (coder/websocket has answered that with 1009).
-			w.end(websocket.StatusNormalClosure, "")
+			w.End(websocket.StatusNormalClosure, "")
 			return
 		}
 		fr, err := decodeFrame(w.format, data)
@@ -507,7 +418,7 @@ func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 				first = false
 				continue
 			}
-			w.end(websocket.StatusInvalidFramePayloadData, err.Error())
+			w.End(websocket.StatusInvalidFramePayloadData, err.Error())
 			return
 		}
 		handle(fr, first)
@@ -515,169 +426,74 @@ func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 	}
 }
 
-// peerSession is an agent or runner socket while it runs. The handler's
-// goroutine reads the client's frames; deliveries are written by a pump
-// goroutine that runs only while the outbox has something to send, so an
-// idle socket costs one goroutine, not two.
+// peerSession is an agent, runner or channel socket while it runs. The
+// handler's goroutine reads the client's frames; deliveries are written by
+// the stream engine, whose pump runs only while the outbox has something to
+// send, so an idle socket costs one goroutine, not two.
 type peerSession struct {
-	s     *Server
-	w     *wsConn
-	ps    *peerSocket
-	epoch string
+	s      *Server
+	w      *wsConn
+	ps     *peerSocket
+	epoch  string
+	render stream.Renderer
+	st     *stream.Stream
 	// current is the outbox connection that acks go to; a resume frame
 	// replaces it.
 	current atomic.Pointer[peer.Conn]
-	// pump is pumpIdle, pumpRunning or pumpAgain.
-	pump atomic.Int32
-	// mu orders writes from the outbox: a pump's deliveries, and a resume's
-	// switch of connection with its reset.
-	mu sync.Mutex
 }
-
-const (
-	pumpIdle    int32 = iota
-	pumpRunning       // a pump goroutine runs
-	pumpAgain         // woken while running: the pump looks once more before it stops
-)
 
 // servePeer serves an agent's or runner's outbox on a socket. Unlike legacy
 // SSE, a delivery is not acknowledged by writing it: the client acks, and
 // what it has not acked comes again on its next connection.
 func (s *Server) servePeer(w *wsConn, ps *peerSocket) {
 	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch()}
-	reset := p.attach(ps.cursor, ps.epochOK)
+	p.render = outboxRenderer(p.epoch)
+	conn, reset := s.attach(ps.key, ps.cursor, ps.epochOK)
+	p.current.Store(conn)
 	disconnected := ps.connect()
-	w.onEnd = sync.OnceFunc(func() {
+	w.open(frameDelivery, peerClose)
+	p.st = stream.New(newOutboxSource(conn, p.epoch, reset), p.render, w, stream.Options{})
+	w.OnEnd(func() {
+		p.st.Stop()
 		p.current.Load().Detach()
 		disconnected()
 	})
 	hello := appendHello(nil, p.epoch, ps.role, ps.key.ID, ps.key.Consumer, s.opts.PingInterval)
-	if w.send(hello) == nil && p.sendReset(reset) == nil {
-		w.expireAt(w.principal.Load().ExpiresAt)
-		p.listen()
-		w.startPings()
+	if w.send(hello) == nil {
+		w.ExpireAt(w.principal.Load().ExpiresAt)
+		p.st.Start()
+		w.StartPings()
 		w.readFrames(p.frame)
 	}
-	w.end(websocket.StatusNormalClosure, "")
-	// A resume may have attached after onEnd detached the previous one.
+	w.End(websocket.StatusNormalClosure, "")
+	// A resume may have attached after the end detached the previous one.
 	p.current.Load().Detach()
 	w.finish()
 }
 
-// attach takes over the consumer's outbox from a cursor; the reset, if
-// any, tells the client it cannot resume there.
-func (p *peerSession) attach(cur *uint64, epochOK bool) *peer.Reset {
-	if !epochOK {
-		conn, _ := p.s.hub.Attach(p.ps.key, nil)
-		p.current.Store(conn)
-		return &peer.Reset{Reason: peer.ResetEpochChanged, ResumeFrom: 1}
+// peerClose maps the end of an outbox stream to its close code.
+func peerClose(reason stream.Reason, err error) (websocket.StatusCode, string) {
+	switch {
+	case errors.Is(err, peer.ErrForgotten):
+		return CloseForgotten, "forgotten: the gateway gave up on this consumer"
+	case errors.Is(err, peer.ErrSuperseded):
+		return CloseSuperseded, "superseded by a newer connection"
 	}
-	conn, reset := p.s.hub.Attach(p.ps.key, cur)
-	p.current.Store(conn)
-	return reset
+	return defaultClose(reason)
 }
 
-func (p *peerSession) sendReset(r *peer.Reset) error {
-	if r == nil {
-		return nil
-	}
-	return p.w.send(appendReset(nil, resetBody(p.epoch, r)))
-}
-
-// listen has the current outbox connection wake the pump, and pumps once
-// for what is waiting already.
-func (p *peerSession) listen() {
-	p.current.Load().OnWake(p.kick)
-	p.kick()
-}
-
-// kick makes sure that a pump runs after it. The hub calls it with its
-// locks held (peer.Conn.OnWake), so it only starts a goroutine or tells the
-// running one.
-func (p *peerSession) kick() {
-	for {
-		switch p.pump.Load() {
-		case pumpIdle:
-			if p.pump.CompareAndSwap(pumpIdle, pumpRunning) {
-				go p.runPump()
-				return
-			}
-		case pumpRunning:
-			if p.pump.CompareAndSwap(pumpRunning, pumpAgain) {
-				return
-			}
-		default:
-			return
-		}
-	}
-}
-
-// runPump drains the outbox until it stays empty. Once the socket ends it
-// stops for good: the state stays running, so no kick starts another.
-func (p *peerSession) runPump() {
-	for {
-		p.pump.Store(pumpRunning)
-		if !p.drain() || p.pump.CompareAndSwap(pumpRunning, pumpIdle) {
-			return
-		}
-	}
-}
-
-// drain writes what the outbox holds for the current connection. It
-// reports false when the socket is ending: it ended already, a write
-// failed, or the consumer was superseded or forgotten.
-func (p *peerSession) drain() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.drainLocked()
-}
-
-// drainLocked is drain with mu held.
-func (p *peerSession) drainLocked() bool {
-	w := p.w
-	conn := p.current.Load()
-	select {
-	case <-w.stop:
-		return false
-	case <-conn.Done():
-		// A nil error is our own detach: the socket is closing already.
-		switch err := conn.Err(); {
-		case errors.Is(err, peer.ErrForgotten):
-			w.end(CloseForgotten, "forgotten: the gateway gave up on this consumer")
-		case errors.Is(err, peer.ErrSuperseded):
-			w.end(CloseSuperseded, "superseded by a newer connection")
-		}
-		return false
-	default:
-	}
-	var frame []byte
-	for {
-		d, ok := conn.Next()
-		if !ok {
-			return true
-		}
-		frame = appendPush(frame[:0], frameDelivery, d.Seq, d.Type, d.Data)
-		if w.send(frame) != nil {
-			return false
-		}
-	}
-}
-
-// resume restarts delivery from the cursor of a resume frame. Holding mu,
-// it waits for a pump's writes from the old connection, which thus come
-// before the reset, if any, and before the deliveries from the new one.
-// It writes those itself before the next frame is read: the client may
-// already ack a delivery that the old connection wrote, and an ack is
-// capped at what the current connection has handed out.
+// resume restarts delivery from the cursor of a resume frame. The engine
+// writes what the old connection had handed out, then the reset, if any,
+// and the deliveries from the new one, before the next frame is read: the
+// client may already ack a delivery that the old connection wrote, and an
+// ack is capped at what the current connection has handed out.
 func (p *peerSession) resume(fr inFrame) {
-	p.mu.Lock()
 	cur := fr.Cursor
-	reset := p.attach(&cur, fr.Epoch == "" || fr.Epoch == p.epoch)
-	ok := p.sendReset(reset) == nil && p.drainLocked()
-	p.mu.Unlock()
-	if ok {
-		p.listen()
-	}
+	p.st.Switch(func() stream.Source {
+		conn, reset := p.s.attach(p.ps.key, &cur, fr.Epoch == "" || fr.Epoch == p.epoch)
+		p.current.Store(conn)
+		return newOutboxSource(conn, p.epoch, reset)
+	})
 }
 
 // frame handles one client frame, in the handler's goroutine, which reads
@@ -724,7 +540,7 @@ func (w *wsConn) frameRefused(fr inFrame, msg string) {
 		_ = w.replyError(fr.ID, kernelValidation(msg))
 		return
 	}
-	w.end(websocket.StatusInvalidFramePayloadData, msg)
+	w.End(websocket.StatusInvalidFramePayloadData, msg)
 }
 
 // peerCommand maps a command frame to the shared command layer. Runner
@@ -766,115 +582,58 @@ func commandError(err error) (int, any, kernel.After) {
 	return status, body, nil
 }
 
-// serveExecution streams an execution's events from the store: the watch
-// only says that there is more, so a slow reader costs no memory. The socket
-// closes with 1000 right after the terminal event.
+// serveExecution streams an execution's events from the store on a
+// socket; it closes with 1000 right after the terminal event.
 func (s *Server) serveExecution(w *wsConn, id string, last uint64) {
-	watch := s.k.Watch(id)
-	defer watch.Stop()
+	src := newEventSource(s.k, id, last)
+	w.open(frameEvent, executionClose)
 	if w.send(appendHello(nil, s.k.Epoch(), "execution", id, "", s.opts.PingInterval)) != nil {
+		src.Close()
 		w.finish()
 		return
 	}
-	w.expireAt(w.principal.Load().ExpiresAt)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		w.readFrames(func(fr inFrame, _ bool) {
-			// Acks and resumes mean nothing here: the client's position is
-			// the sequence it reconnects with.
-			switch fr.Type {
-			case frameCommand:
-				w.frameRefused(fr, "the execution socket takes no commands")
-			case frameRefresh:
-				w.refresh(fr, (*auth.Principal).MayAdminister)
-			}
-		})
-	}()
-	w.startPings()
-	s.streamEvents(w, watch, id, last)
+	w.ExpireAt(w.principal.Load().ExpiresAt)
+	st := stream.New(src, renderEvent, w, stream.Options{Final: isTerminal})
+	w.OnEnd(st.Stop)
+	st.Start()
+	w.StartPings()
+	w.readFrames(func(fr inFrame, _ bool) {
+		// Acks and resumes mean nothing here: the client's position is
+		// the sequence it reconnects with.
+		switch fr.Type {
+		case frameCommand:
+			w.frameRefused(fr, "the execution socket takes no commands")
+		case frameRefresh:
+			w.refresh(fr, (*auth.Principal).MayAdminister)
+		}
+	})
 	w.finish()
-	// The reader returns once the socket is closed.
-	<-readerDone
 }
 
-// streamEvents writes the events of id after last until the terminal one,
-// or until the socket ends.
-func (s *Server) streamEvents(w *wsConn, watch *kernel.Watch, id string, last uint64) {
-	for {
-		terminal, err := s.sendEvents(w, id, &last)
-		if err == nil && !terminal && !s.k.Live(id) {
-			// Finished before or while we read: everything is committed
-			// now, so reading on delivers the rest.
-			_, err = s.sendEvents(w, id, &last)
-			terminal = true
-		}
-		switch {
-		case errors.Is(err, kernel.ErrUnavailable):
-			w.end(websocket.StatusTryAgainLater, "event store unavailable")
-			return
-		case err != nil:
-			return
-		case terminal:
-			w.end(websocket.StatusNormalClosure, "execution finished")
-			return
-		}
-		select {
-		case <-watch.C():
-		case <-watch.Done():
-			w.end(websocket.StatusGoingAway, "server shutting down")
-			return
-		case <-w.stop:
-			return
-		case <-w.ctx.Done():
-			return
-		}
+// executionClose maps the end of an execution's stream to its close code.
+func executionClose(reason stream.Reason, err error) (websocket.StatusCode, string) {
+	switch {
+	case reason == stream.Finished:
+		return websocket.StatusNormalClosure, "execution finished"
+	case errors.Is(err, kernel.ErrUnavailable):
+		return websocket.StatusTryAgainLater, "event store unavailable"
+	case errors.Is(err, errKernelClosed):
+		return websocket.StatusGoingAway, "server shutting down"
 	}
+	return defaultClose(reason)
 }
 
-// Replay batches: events are copied out of the store this many at a time, so
-// no store iterator stays open while a frame waits for a slow socket.
-const (
-	replayBatch      = 256
-	replayBatchBytes = 1 << 20
-)
-
-type storedEvent struct {
-	seq  uint64
-	data []byte
-}
-
-// sendEvents writes the stored events of id after *last, advancing it, and
-// reports whether the terminal event was among them.
-func (s *Server) sendEvents(w *wsConn, id string, last *uint64) (bool, error) {
-	var (
-		batch []storedEvent
-		size  int
-		frame []byte
-	)
-	for {
-		batch, size = batch[:0], 0
-		err := s.k.ReadEvents(id, *last, func(seq uint64, data []byte) bool {
-			batch = append(batch, storedEvent{seq: seq, data: bytes.Clone(data)})
-			size += len(data)
-			return len(batch) < replayBatch && size < replayBatchBytes
-		})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range batch {
-			typ := eventType(e.data)
-			frame = appendPush(frame[:0], frameEvent, e.seq, typ, e.data)
-			if err := w.send(frame); err != nil {
-				return false, err
-			}
-			*last = e.seq
-			if event.IsTerminal(typ) {
-				return true, nil
-			}
-		}
-		if len(batch) < replayBatch && size < replayBatchBytes {
-			return false, nil
-		}
+// defaultClose is the close code of an end that needs no particular one.
+func defaultClose(reason stream.Reason) (websocket.StatusCode, string) {
+	switch reason {
+	case stream.Finished, stream.Gone:
+		return websocket.StatusNormalClosure, ""
+	case stream.Shutdown:
+		return websocket.StatusGoingAway, "server shutting down"
+	case stream.Expired:
+		return CloseTokenExpired, "token expired"
+	case stream.SlowConsumer:
+		return CloseSlowConsumer, "slow consumer"
 	}
+	return websocket.StatusInternalError, "internal error"
 }

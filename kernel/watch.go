@@ -8,6 +8,7 @@ type Watch struct {
 	id     string
 	c      chan struct{}
 	closed chan struct{}
+	wake   func() // with k.watchMu
 }
 
 // Watch starts watching execution id. Call it before reading the backlog so
@@ -31,6 +32,25 @@ func (w *Watch) C() <-chan struct{} { return w.c }
 // Done is closed when the kernel shuts down.
 func (w *Watch) Done() <-chan struct{} { return w.closed }
 
+// OnWake makes f run, with the kernel's watch lock held, each time C
+// receives and when Done is closed, so that a reader can wait without a
+// goroutine blocked on the channels. f must return quickly and must not
+// call into the kernel.
+func (w *Watch) OnWake(f func()) {
+	w.k.watchMu.Lock()
+	w.wake = f
+	closed := false
+	select {
+	case <-w.closed:
+		closed = true
+	default:
+	}
+	w.k.watchMu.Unlock()
+	if closed && f != nil {
+		f()
+	}
+}
+
 // Stop ends the watch.
 func (w *Watch) Stop() {
 	w.k.watchMu.Lock()
@@ -43,11 +63,15 @@ func (w *Watch) Stop() {
 	w.k.watchMu.Unlock()
 }
 
+// close ends the watch at shutdown; the caller holds k.watchMu.
 func (w *Watch) close() {
 	select {
 	case <-w.closed:
 	default:
 		close(w.closed)
+		if w.wake != nil {
+			w.wake()
+		}
 	}
 }
 
@@ -57,6 +81,9 @@ func (k *Kernel) notify(id string, _ uint64) {
 		select {
 		case w.c <- struct{}{}:
 		default:
+		}
+		if w.wake != nil {
+			w.wake()
 		}
 	}
 	k.watchMu.Unlock()

@@ -149,29 +149,20 @@ func (s *Stream) Stop() {
 }
 
 // Switch replaces the source of a stream carried by Start (a client that
-// resumes from another cursor), writing first the items in notices (a
-// reset, say). Items of the old source already taken are written before
-// the switch; none after.
-func (s *Stream) Switch(src Source, notices ...Item) {
+// resumes from another cursor). open runs once the items the old source
+// gave are written and no more will be taken from it: a source that
+// supersedes the old one may be made there. What the new source gives is
+// written before Switch returns.
+func (s *Stream) Switch(open func() Source) {
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
-		src.Close()
 		return
 	}
 	s.src.Close()
+	src := open()
 	s.src = src
-	ok := s.writeNotices(notices)
-	var (
-		reason Reason
-		err    error
-		done   bool
-	)
-	if ok {
-		reason, err, done = s.drainLocked()
-	} else {
-		reason, done = Gone, true
-	}
+	reason, err, done := s.drainLocked()
 	if done {
 		s.endLocked(reason, err)
 	}
@@ -180,40 +171,6 @@ func (s *Stream) Switch(src Source, notices ...Item) {
 		src.OnWake(s.kick)
 		s.kick()
 	}
-}
-
-// Notify writes items that come from outside the source (a notice) in
-// order with the source's items.
-func (s *Stream) Notify(items ...Item) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ended {
-		return false
-	}
-	if !s.writeNotices(items) {
-		s.endLocked(Gone, nil)
-		return false
-	}
-	return true
-}
-
-func (s *Stream) writeNotices(items []Item) bool {
-	if len(items) == 0 {
-		return true
-	}
-	f := framePool.Get().(*Frame)
-	defer framePool.Put(f)
-	for _, it := range items {
-		f.Reset()
-		ok, err := s.r.Render(f, it)
-		if err != nil || !ok {
-			continue
-		}
-		if s.t.Write(f) != nil {
-			return false
-		}
-	}
-	return s.t.Flush() == nil
 }
 
 // kick makes sure that a pump runs after it. Sources call it with their
@@ -287,6 +244,7 @@ func (s *Stream) drainLocked() (reason Reason, err error, done bool) {
 		var flushed uint64
 		for _, it := range buf[:n] {
 			f.Reset()
+			f.Seq = it.Seq
 			show, rerr := s.r.Render(f, it)
 			if rerr != nil {
 				return Failed, rerr, true

@@ -58,6 +58,9 @@ var ErrEnd = errors.New("stream: source finished")
 // Frame is what one protocol shows of one item. A Renderer fills it; its
 // slices are reused from one item to the next.
 type Frame struct {
+	// Seq is the item's sequence (0 for a notice), set before rendering,
+	// for transports whose frames carry it as a number.
+	Seq uint64
 	// ID is the resume position a client gives back to continue after this
 	// frame (an SSE id line); empty for frames that cannot be resumed from.
 	ID []byte
@@ -69,6 +72,7 @@ type Frame struct {
 
 // Reset clears f for the next item, keeping its buffers.
 func (f *Frame) Reset() {
+	f.Seq = 0
 	f.ID = f.ID[:0]
 	f.Event = ""
 	f.Data = f.Data[:0]

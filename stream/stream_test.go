@@ -56,12 +56,18 @@ type logReader struct {
 	l      *memLog
 	last   uint64
 	closed bool
+	notice *stream.Item // given first
 }
 
 func (r *logReader) Next(buf []stream.Item) (int, error) {
 	r.l.mu.Lock()
 	defer r.l.mu.Unlock()
 	n := 0
+	if r.notice != nil {
+		buf[0] = *r.notice
+		r.notice = nil
+		n++
+	}
 	for n < len(buf) && r.last < uint64(len(r.l.items)) {
 		buf[n] = r.l.items[r.last]
 		r.last++
@@ -433,7 +439,11 @@ func TestWSSwitchWritesNoticesThenTheNewSource(t *testing.T) {
 	url := wsServer(t, log, func(s *stream.Stream, _ *stream.WS) {
 		go func() {
 			<-switched
-			s.Switch(log.reader(1), stream.Item{Type: "reset", Data: []byte(`{}`)})
+			s.Switch(func() stream.Source {
+				r := log.reader(1)
+				r.notice = &stream.Item{Type: "reset", Data: []byte(`{}`)}
+				return r
+			})
 		}()
 	})
 	c := dialWS(t, url+"/?after=3")

@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/stream"
+)
+
+// The /v0 API's stream sources and renderers: an execution's events and a
+// consumer's outbox, each shown on SSE and WebSocket alike by the stream
+// engine.
+
+// replayBatchBytes bounds the event bytes copied out of the store for one
+// batch, so no store iterator stays open while a frame waits for a slow
+// client, and a batch of large events stays small.
+const replayBatchBytes = 1 << 20
+
+// errKernelClosed ends an execution stream when the kernel shuts down.
+var errKernelClosed = errors.New("gateway: kernel shutting down")
+
+// eventSource reads an execution's events from the store after a
+// sequence; its watch only says that there is more, so a slow reader costs
+// no memory and cannot miss anything.
+type eventSource struct {
+	k     *kernel.Kernel
+	id    string
+	last  uint64
+	watch *kernel.Watch
+	arena []byte // the data of the items Next returned last
+	done  bool
+}
+
+// newEventSource starts watching execution id before anything is read, so
+// that nothing appended in between is missed.
+func newEventSource(k *kernel.Kernel, id string, after uint64) *eventSource {
+	return &eventSource{k: k, id: id, last: after, watch: k.Watch(id)}
+}
+
+func (s *eventSource) Next(buf []stream.Item) (int, error) {
+	if s.done {
+		return 0, stream.ErrEnd
+	}
+	select {
+	case <-s.watch.Done():
+		return 0, errKernelClosed
+	default:
+	}
+	s.arena = s.arena[:0]
+	n, err := s.read(buf)
+	if err != nil || n == len(buf) {
+		return n, err
+	}
+	if !s.k.Live(s.id) {
+		// Finished before or while we read: everything is committed now,
+		// so one more read delivers the rest, and the stream ends.
+		m, err := s.read(buf[n:])
+		n += m
+		if err != nil || n == len(buf) {
+			return n, err
+		}
+		s.done = true
+		return n, stream.ErrEnd
+	}
+	return n, nil
+}
+
+// read copies events after s.last into buf, within replayBatchBytes.
+func (s *eventSource) read(buf []stream.Item) (int, error) {
+	n := 0
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	err := s.k.ReadEvents(s.id, s.last, func(seq uint64, data []byte) bool {
+		off := len(s.arena)
+		s.arena = append(s.arena, data...)
+		// Items keep slices of earlier arenas when append grows it: those
+		// stay valid, they are only no longer shared.
+		buf[n] = stream.Item{Seq: seq, Type: eventType(data), Data: s.arena[off:len(s.arena):len(s.arena)]}
+		n++
+		s.last = seq
+		return n < len(buf) && len(s.arena) < replayBatchBytes
+	})
+	return n, err
+}
+
+func (s *eventSource) OnWake(f func()) { s.watch.OnWake(f) }
+
+func (s *eventSource) Close() { s.watch.Stop() }
+
+// isTerminal reports an execution's last event: its stream ends after it.
+func isTerminal(it stream.Item) bool { return event.IsTerminal(it.Type) }
+
+// eventType finds an envelope's type without decoding the payload. The
+// envelope's own "type" key precedes the payload, and the keys before it
+// hold ids that cannot contain the pattern.
+func eventType(data []byte) string {
+	const key = `"type":"`
+	i := bytes.Index(data, []byte(key))
+	if i < 0 {
+		return "message"
+	}
+	rest := data[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return "message"
+	}
+	return string(rest[:j])
+}
+
+// renderEvent shows an execution event as the kernel API does: resumable
+// at its sequence, named by its type, the stored envelope as data.
+var renderEvent = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, error) {
+	f.ID = strconv.AppendUint(f.ID, it.Seq, 10)
+	f.Event = it.Type
+	f.Data = append(f.Data, it.Data...)
+	return true, nil
+})
+
+// typeReset names the notice that a consumer cannot resume where it asked.
+const typeReset = "stream.reset"
+
+// outboxSource hands out a consumer's outbox deliveries, after the reset
+// notice its attach produced, if any.
+type outboxSource struct {
+	conn  *peer.Conn
+	reset []byte // the pending stream.reset payload
+}
+
+func newOutboxSource(conn *peer.Conn, epoch string, r *peer.Reset) *outboxSource {
+	s := &outboxSource{conn: conn}
+	if r != nil {
+		s.reset = resetBody(epoch, r)
+	}
+	return s
+}
+
+func (s *outboxSource) Next(buf []stream.Item) (int, error) {
+	select {
+	case <-s.conn.Done():
+		// A nil error is our own detach: the stream is ending already.
+		if err := s.conn.Err(); err != nil {
+			return 0, err
+		}
+		return 0, stream.ErrEnd
+	default:
+	}
+	n := 0
+	if s.reset != nil && len(buf) > 0 {
+		buf[0] = stream.Item{Type: typeReset, Data: s.reset}
+		s.reset = nil
+		n++
+	}
+	for n < len(buf) {
+		d, ok := s.conn.Next()
+		if !ok {
+			break
+		}
+		buf[n] = stream.Item{Seq: d.Seq, Type: d.Type, Data: d.Data}
+		n++
+	}
+	return n, nil
+}
+
+func (s *outboxSource) OnWake(f func()) { s.conn.OnWake(f) }
+
+func (s *outboxSource) Close() { s.conn.Detach() }
+
+// outboxRenderer shows deliveries resumable at "<epoch>.<seq>", so an
+// EventSource client resumes with Last-Event-ID even across a wiped store.
+func outboxRenderer(epoch string) stream.Renderer {
+	return stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, error) {
+		if it.Seq > 0 {
+			f.ID = append(f.ID, epoch...)
+			f.ID = append(f.ID, '.')
+			f.ID = strconv.AppendUint(f.ID, it.Seq, 10)
+		}
+		f.Event = it.Type
+		f.Data = append(f.Data, it.Data...)
+		return true, nil
+	})
+}
+
+// resetBody is the payload of a stream.reset frame: the consumer cannot
+// resume where it asked and should re-hydrate (list its executions) first.
+func resetBody(epoch string, r *peer.Reset) []byte {
+	data, _ := json.Marshal(map[string]any{
+		"reason": r.Reason, "epoch": epoch, "resume_from": r.ResumeFrom, "latest_sequence": r.Latest,
+		"snapshot": "/v0/executions",
+	})
+	return data
+}
+
+// expiredNotice is the last event of an SSE stream whose token expired:
+// reconnect with a fresh one.
+func expiredNotice(f *stream.Frame, reason stream.Reason, _ error) bool {
+	if reason != stream.Expired {
+		return false
+	}
+	f.Event = "stream.expired"
+	f.Data = append(f.Data, `{"reason":"token expired","code":"UNAUTHORIZED"}`...)
+	return true
+}
