@@ -34,6 +34,8 @@ type wsFrame struct {
 	obj  obj    // decoded; numbers are float64 whatever the encoding
 	body []byte // the raw body of a JSON reply
 	err  error  // the frame could not be decoded
+	typ  websocket.MessageType
+	raw  []byte // the frame as read
 }
 
 // wsClient is a test client on one gateway socket. A goroutine reads frames
@@ -115,7 +117,9 @@ func (w *wsClient) read() {
 			w.err = err
 			return
 		}
-		w.frames <- decodeWS(w.proto, typ, data)
+		f := decodeWS(w.proto, typ, data)
+		f.typ, f.raw = typ, data
+		w.frames <- f
 	}
 }
 
