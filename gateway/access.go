@@ -38,7 +38,7 @@ func summaryResource(s *kernel.Summary) auth.Resource {
 }
 
 func actionResource(r *bridge.Record) auth.Resource {
-	return auth.Resource{Kind: auth.KindAction, ID: r.ActionID, Owner: ownerOf(r.Owner, r.Tenant), Session: r.SessionID}
+	return auth.Resource{Kind: auth.KindAction, ID: r.ActionID, Owner: ownerOf(r.Owner, r.Tenant)}
 }
 
 func agentResource(id string) auth.Resource {

@@ -383,23 +383,25 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	}
 	defer ex.mu.Unlock()
 	var approval *approvalPayload
-	if req.SignalType == signalStepApprove && ex.Status == StatusBlocked && ex.BlockReason == "approval" {
-		approval = &approvalPayload{}
-		if isNull(req.Payload) || json.Unmarshal(req.Payload, approval) != nil || approval.Approved == nil {
-			return nil, invalid(`step.approve payload must be an object {"step_id": string, "approved": bool, "reason"?: string}`)
-		}
-		if approval.StepID != ex.BlockRef {
-			return nil, invalid("step.approve for step %s, but the execution awaits approval of step %s", approval.StepID, ex.BlockRef)
-		}
-	} else if req.SignalType == signalStepApprove {
+	if req.SignalType == signalStepApprove {
+		awaited := ex.pendingApproval()
 		// An answer to a prompt that is already settled (the first answer
 		// won, or it expired) is a late answer, not a signal to keep.
-		var late approvalPayload
-		if json.Unmarshal(req.Payload, &late) == nil {
-			if st := ex.Steps[late.StepID]; st != nil && st.ActionID != "" {
+		var ref approvalPayload
+		if json.Unmarshal(req.Payload, &ref) == nil {
+			if st := ex.Steps[ref.StepID]; st != nil && st.ActionID != "" && st != awaited {
 				e := conflict("conflict: action %s is already settled", st.ActionID)
 				e.Details = map[string]any{"action_id": st.ActionID}
 				return nil, e
+			}
+		}
+		if awaited != nil {
+			approval = &approvalPayload{}
+			if isNull(req.Payload) || json.Unmarshal(req.Payload, approval) != nil || approval.Approved == nil {
+				return nil, invalid(`step.approve payload must be an object {"step_id": string, "approved": bool, "reason"?: string}`)
+			}
+			if approval.StepID != ex.BlockRef {
+				return nil, invalid("step.approve for step %s, but the execution awaits approval of step %s", approval.StepID, ex.BlockRef)
 			}
 		}
 	}

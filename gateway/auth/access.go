@@ -38,7 +38,7 @@ const (
 	// events, streams and signals. It has an owner.
 	KindExecution Kind = "execution"
 	// KindAction is a permission prompt (a bridge record). It has the owner
-	// and the session of its execution.
+	// of its execution.
 	KindAction Kind = "action"
 	// KindChannel is a person's human channels: their registrations,
 	// webhook, outboxes and channel log. Its owner is that person.
@@ -86,8 +86,6 @@ type Resource struct {
 	AgentID string
 	// RunnerID is the id of a KindRunner.
 	RunnerID string
-	// Session is the durable session a prompt belongs to.
-	Session string
 }
 
 // Unconfined reports whether p passes every check whatever the resource: an
@@ -135,9 +133,7 @@ func (p *Principal) Can(act Action, k Kind) error {
 //   - A principal with a tenant touches only owned resources of its tenant.
 //   - An admin may do everything else.
 //   - A client reads and writes the executions it owns; a client or channel
-//     reads and answers the prompts it owns (a channel whose credential
-//     lists sessions, only the prompts of those sessions) and uses its own
-//     channels.
+//     reads and answers the prompts it owns and uses its own channels.
 //   - An agent acts for the executions of the agent ids its credential
 //     lists, whoever owns them, and uses those agent ids; a runner uses the
 //     runner ids its credential lists.
@@ -163,12 +159,7 @@ func (p *Principal) Authorize(act Action, r Resource) error {
 			return p.listed(p.Agents, r.AgentID, r, ErrHidden)
 		}
 		return p.owns(r)
-	case KindAction:
-		if len(p.Sessions) > 0 && p.Role == RoleChannel && !slices.Contains(p.Sessions, r.Session) {
-			return p.hidden(r)
-		}
-		return p.owns(r)
-	case KindChannel:
+	case KindAction, KindChannel:
 		return p.owns(r)
 	case KindAgent:
 		return p.listed(p.Agents, r.AgentID, r, ErrForbidden)

@@ -70,8 +70,8 @@ type Principal struct {
 	Agents []string
 	// Runners lists the runner ids a runner principal may act as.
 	Runners []string
-	// Sessions, when not empty, narrows a channel principal to the prompts
-	// of these durable sessions.
+	// Sessions is the credential's sessions claim. Nothing interprets it
+	// yet: a channel sees every prompt of its principal, on every door.
 	Sessions []string
 	// Tenant partitions owned resources: a principal with a tenant touches
 	// only resources of its tenant (see Authorize).

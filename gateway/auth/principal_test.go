@@ -15,15 +15,13 @@ func TestAuthorize(t *testing.T) {
 	acmeAgent := &Principal{Subject: "a-acme", Role: RoleAgent, Agents: []string{"a"}, Tenant: "acme"}
 	runner := &Principal{Subject: "r-svc", Role: RoleRunner, Runners: []string{"r1"}}
 	aliceChannel := &Principal{Subject: "alice", Role: RoleChannel}
-	scopedChannel := &Principal{Subject: "alice", Role: RoleChannel, Sessions: []string{"s1"}}
 	mallory := &Principal{Subject: "mallory", Role: RoleChannel}
 	var none *Principal
 
 	aliceOwns := Owner{Principal: "alice"}
 	exec := Resource{Kind: KindExecution, ID: "x1", Owner: aliceOwns, AgentID: "a"}
 	acmeExec := Resource{Kind: KindExecution, ID: "x2", Owner: Owner{Principal: "alice", Tenant: "acme"}, AgentID: "a"}
-	prompt := Resource{Kind: KindAction, ID: "p1", Owner: aliceOwns, Session: "s1"}
-	otherSession := Resource{Kind: KindAction, ID: "p2", Owner: aliceOwns, Session: "s2"}
+	prompt := Resource{Kind: KindAction, ID: "p1", Owner: aliceOwns}
 	channels := Resource{Kind: KindChannel, ID: "alice", Owner: aliceOwns}
 	agentA := Resource{Kind: KindAgent, ID: "a", AgentID: "a"}
 	agentB := Resource{Kind: KindAgent, ID: "b", AgentID: "b"}
@@ -85,8 +83,6 @@ func TestAuthorize(t *testing.T) {
 
 		{"channel answers its principal's prompt", aliceChannel, ActDecide, prompt, ok},
 		{"channel does not answer another's prompt", mallory, ActDecide, prompt, hidden},
-		{"channel with sessions answers those", scopedChannel, ActDecide, prompt, ok},
-		{"channel with sessions does not answer others", scopedChannel, ActRead, otherSession, hidden},
 		{"channel does not read executions", aliceChannel, ActRead, exec, forbidden},
 		{"channel uses its channels", aliceChannel, ActRead, channels, ok},
 
