@@ -163,3 +163,40 @@ func TestStaticTokenIsOneOwner(t *testing.T) {
 	a.json("GET", "/v0/peers", nil, 200)
 	a.json("POST", "/v0/executions/"+id+"/cancel", nil, 200)
 }
+
+// TestRunnerStartsOnlyItsOwnSteps: a runner reports started only for a step
+// dispatched to it; the runner that holds the job still can.
+func TestRunnerStartsOnlyItsOwnSteps(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	ag := a.agent("st-agent", "c1")
+	run := a.runner("st-runner", "c1", "work")
+	id, lease := a.assigned(ag, nil)
+	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "work", "remote": true}, 200)["step_id"].(string)
+	run.expect("job.assigned")
+	a.fail("POST", "/v0/runners/steps/"+step+"/started", obj{"execution_id": id, "runner_id": "intruder"}, 409, "CONFLICT")
+	for _, typ := range a.eventTypes(id) {
+		if typ == "step.started" {
+			t.Fatal("another runner's started was recorded")
+		}
+	}
+	a.json("POST", "/v0/runners/steps/"+step+"/started", obj{"execution_id": id, "runner_id": "st-runner"}, 200)
+	if evs := a.events(id); evs[len(evs)-1]["type"] != "step.started" || evs[len(evs)-1]["payload"].(obj)["runner_id"] != "st-runner" {
+		t.Fatalf("last event: %v", evs[len(evs)-1])
+	}
+}
+
+// TestChannelAckIsTheOwnersOnly: a person acknowledges the deliveries of
+// their own channels over HTTP; another person's channel is not there.
+func TestChannelAckIsTheOwnersOnly(t *testing.T) {
+	as := jwtBridgeServer(t)
+	alice := as(auth.Claims{Subject: "alice", Role: auth.RoleChannel})
+	mallory := as(auth.Claims{Subject: "mallory", Role: auth.RoleChannel})
+	agentAPI := as(auth.Claims{Subject: "bot", Role: auth.RoleAgent, Agents: []string{"x"}})
+	alice.openSSE("/v0/channels/stream?channel_id=phone&peer_id=a1&ack=explicit").close()
+	ack := obj{"role": "channel", "id": "phone", "consumer_id": "a1", "sequence": 0}
+	alice.json("POST", "/v0/peers/ack", ack, 200)
+	mallory.fail("POST", "/v0/peers/ack", ack, 404, "NOT_FOUND")
+	agentAPI.fail("POST", "/v0/peers/ack", ack, 403, "FORBIDDEN")
+	alice.fail("POST", "/v0/peers/ack", obj{"role": "channel", "id": "phone", "consumer_id": "nobody"}, 404, "NOT_FOUND")
+}
