@@ -78,16 +78,17 @@ func (s *Server) execution(ctx context.Context, p *auth.Principal, act auth.Acti
 	return v, nil
 }
 
-// actForExecution checks that p may speak as the agent of execution id. An
-// admin without a tenant needs no look-up: the kernel answers an unknown id
-// itself, with missing's words.
-func (s *Server) actForExecution(ctx context.Context, p *auth.Principal, id string, missing error) error {
-	if err := p.Can(auth.ActAct, auth.KindExecution); err != nil {
+// touch checks that p may perform act on execution id, for a route that
+// hands the id to the kernel next. An admin without a tenant needs no
+// look-up: the kernel answers an unknown id itself, with missing's words
+// (nil: the kernel's own). An empty id is left to the kernel to refuse.
+func (s *Server) touch(ctx context.Context, p *auth.Principal, act auth.Action, id string, missing error) error {
+	if err := p.Can(act, auth.KindExecution); err != nil {
 		return err
 	}
 	if p.Unconfined() || id == "" {
-		return nil // the kernel answers a missing field
+		return nil
 	}
-	_, err := s.execution(ctx, p, auth.ActAct, id, missing)
+	_, err := s.execution(ctx, p, act, id, missing)
 	return err
 }

@@ -133,7 +133,7 @@ func (s *Server) getExecution(c *call) {
 }
 
 func (s *Server) cancelExecution(c *call) {
-	if _, err := s.execution(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
+	if err := s.touch(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
@@ -146,7 +146,7 @@ func (s *Server) cancelExecution(c *call) {
 }
 
 func (s *Server) signalExecution(c *call) {
-	if _, err := s.execution(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
+	if err := s.touch(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
@@ -164,7 +164,7 @@ func (s *Server) signalExecution(c *call) {
 }
 
 func (s *Server) listEvents(c *call) {
-	if _, err := s.execution(c.ctx, c.principal, auth.ActRead, c.params[0], nil); err != nil {
+	if err := s.touch(c.ctx, c.principal, auth.ActRead, c.params[0], nil); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
@@ -254,7 +254,7 @@ func (s *Server) intent(ctx context.Context, p *auth.Principal, body []byte, m k
 	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
 		return nil, nil, err
 	}
-	if err := s.actForExecution(ctx, p, req.ExecutionID, nil); err != nil {
+	if err := s.touch(ctx, p, auth.ActAct, req.ExecutionID, nil); err != nil {
 		return nil, nil, err
 	}
 	if req.Intent.IdempotencyKey == "" {
@@ -273,7 +273,7 @@ func (s *Server) stepResult(ctx context.Context, p *auth.Principal, body []byte,
 		return nil, err
 	}
 	// A step of an execution that does not exist is an unknown step.
-	if err := s.actForExecution(ctx, p, req.ExecutionID, notFound("step", req.StepID)); err != nil {
+	if err := s.touch(ctx, p, auth.ActAct, req.ExecutionID, notFound("step", req.StepID)); err != nil {
 		return nil, err
 	}
 	return s.k.StepResult(ctx, req, m)
