@@ -148,9 +148,10 @@ type createClaim struct {
 	done chan struct{}
 }
 
-// claim looks the key of meta up. A key seen within the window answers with
-// the execution it created (replayed) or, for another request, a conflict.
-// Otherwise the caller gets the claim and creates; it must release it.
+// claimCreate looks the key of meta up. A key seen within the window
+// answers with the execution it created (replayed) or, for another request,
+// a conflict. Otherwise the caller gets the claim and creates; it must
+// release it.
 func (k *Kernel) claimCreate(ctx context.Context, meta Meta, hash string) (*createClaim, View, bool, error) {
 	c := k.creates
 	key := newCreateKey(meta)

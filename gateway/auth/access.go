@@ -63,13 +63,13 @@ const (
 	// ActRead reads: get, list, events, streams, presence.
 	ActRead Action = "read"
 	// ActWrite changes: create, cancel, signal; register or remove a
-	// channel; acknowledge deliveries.
+	// channel, acknowledge its deliveries.
 	ActWrite Action = "write"
 	// ActDecide answers a permission prompt.
 	ActDecide Action = "decide"
 	// ActAct speaks as the resource's agent or runner: an agent's intents
-	// and step results for an execution, a runner's streams, results and
-	// capabilities.
+	// and step results for an execution; an agent's or runner's streams,
+	// acknowledgements, results, capabilities and removal.
 	ActAct Action = "act"
 )
 
@@ -102,8 +102,8 @@ var roleActs = map[Kind]map[Action][]Role{
 	KindExecution: {ActRead: {RoleClient}, ActWrite: {RoleClient}, ActAct: {RoleAgent}},
 	KindAction:    {ActRead: {RoleClient, RoleChannel}, ActDecide: {RoleClient, RoleChannel}},
 	KindChannel:   {ActRead: {RoleClient, RoleChannel}, ActWrite: {RoleClient, RoleChannel}},
-	KindAgent:     {ActRead: {RoleAgent}, ActWrite: {RoleAgent}, ActAct: {RoleAgent}},
-	KindRunner:    {ActRead: {RoleRunner}, ActWrite: {RoleRunner}, ActAct: {RoleRunner}},
+	KindAgent:     {ActRead: {RoleAgent}, ActAct: {RoleAgent}},
+	KindRunner:    {ActRead: {RoleRunner}, ActAct: {RoleRunner}},
 	KindPeer:      {ActRead: {RoleAgent, RoleRunner}},
 	KindMetrics:   {ActRead: {RoleClient}},
 }
@@ -119,7 +119,20 @@ func (p *Principal) Can(act Action, k Kind) error {
 	if p.Role == RoleAdmin || slices.Contains(roleActs[k][act], p.Role) {
 		return nil
 	}
-	return fmt.Errorf("%w: %s %q may not %s %ss", ErrForbidden, p.Role, p.Subject, act, k)
+	return fmt.Errorf("%w: %s %q may not %s", ErrForbidden, p.Role, p.Subject, describe(act, k))
+}
+
+// describe says what act on k is, for refusals.
+func describe(act Action, k Kind) string {
+	verb := map[Action]string{ActRead: "read", ActWrite: "change", ActDecide: "answer", ActAct: "act for"}[act]
+	noun := map[Kind]string{
+		KindExecution: "executions", KindAction: "permission prompts", KindChannel: "human channels",
+		KindAgent: "agent ids", KindRunner: "runner ids", KindPeer: "peers", KindMetrics: "metrics",
+	}[k]
+	if verb == "" || noun == "" {
+		return fmt.Sprintf("%s %s", act, k)
+	}
+	return verb + " " + noun
 }
 
 // Authorize is the access rule of the gateway: it decides whether p may

@@ -130,3 +130,20 @@ func TestUnconfinedIsTheAdminWithoutTenant(t *testing.T) {
 		}
 	}
 }
+
+func TestRefusalsSayWhat(t *testing.T) {
+	runner := &Principal{Subject: "r-svc", Role: RoleRunner, Runners: []string{"r1"}}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{runner.Can(ActRead, KindExecution), `forbidden: runner "r-svc" may not read executions`},
+		{runner.Authorize(ActDecide, Resource{Kind: KindAction, ID: "a1"}), `forbidden: runner "r-svc" may not answer permission prompts`},
+		{runner.Authorize(ActAct, Resource{Kind: KindRunner, ID: "r2", RunnerID: "r2"}), `forbidden: runner "r-svc" may not use runner "r2"`},
+		{(&Principal{Subject: "bob", Role: RoleClient}).Authorize(ActRead, Resource{Kind: KindExecution, ID: "x1", Owner: Owner{Principal: "alice"}}), `not visible to the caller: execution x1`},
+	} {
+		if c.err == nil || c.err.Error() != c.want {
+			t.Errorf("got %v, want %q", c.err, c.want)
+		}
+	}
+}
