@@ -114,11 +114,6 @@ func (s *Server) respondAction(c *call) {
 // respond is the shared answer path of HTTP, channel sockets and chat bots
 // (which answer over HTTP).
 func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string, req RespondRequest, m kernel.Meta) (int, any, kernel.After, error) {
-	// An agent must never approve its own tool calls, nor a runner: their
-	// roles never decide.
-	if err := p.Can(auth.ActDecide, auth.KindAction); err != nil {
-		return 0, nil, nil, err
-	}
 	if len(req.Reason) > 4096 || len(req.ChannelID) > 256 || len(req.NativePeerID) > 256 {
 		return 0, nil, nil, kernelValidation("reason is limited to 4096 bytes, channel_id and native_peer_id to 256")
 	}
@@ -126,15 +121,9 @@ func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string
 	if err != nil {
 		return 0, nil, nil, actionError(err)
 	}
-	rec, err := s.opts.Bridge.Get(actionID)
+	rec, err := s.decidable(p, actionID, actionMissing(actionID))
 	if err != nil {
-		return 0, nil, nil, actionError(err)
-	}
-	if err := allow(p, auth.ActDecide, actionResource(&rec), actionMissing(actionID)); err != nil {
 		return 0, nil, nil, err
-	}
-	if rec.State != bridge.StatePending {
-		return 0, nil, nil, recordedConflict(rec)
 	}
 	d := kernel.Decision{Outcome: outcome, Scope: scope, Reason: req.Reason, DecidedBy: &kernel.DecidedBy{
 		Principal: p.Subject, ChannelID: req.ChannelID, NativePeerID: req.NativePeerID,
@@ -160,6 +149,27 @@ func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string
 	return fasthttp.StatusOK, cur, after, nil
 }
 
+// decidable returns the prompt actionID if p may answer it now: every door
+// to a decision asks it. An agent or runner never may (403): an agent must
+// never approve its own tool calls. Another owner's prompt answers
+// missing; a settled one is 409 with its record.
+func (s *Server) decidable(p *auth.Principal, actionID string, missing error) (bridge.Record, error) {
+	if err := p.Can(auth.ActDecide, auth.KindAction); err != nil {
+		return bridge.Record{}, err
+	}
+	rec, err := s.opts.Bridge.Get(actionID)
+	if err != nil {
+		return bridge.Record{}, actionError(err)
+	}
+	if err := allow(p, auth.ActDecide, actionResource(&rec), missing); err != nil {
+		return bridge.Record{}, err
+	}
+	if rec.State != bridge.StatePending {
+		return bridge.Record{}, recordedConflict(rec)
+	}
+	return rec, nil
+}
+
 // signal delivers a signal to an execution the caller may write to. A
 // step.approve that answers a permission prompt is a decision like the
 // answers of channels: the same rule decides who may give it (no agent or
@@ -176,18 +186,8 @@ func (s *Server) signal(ctx context.Context, p *auth.Principal, execID string, r
 		}
 	}
 	if actionID != "" {
-		if err := p.Can(auth.ActDecide, auth.KindAction); err != nil {
+		if _, err := s.decidable(p, actionID, notFound("execution", execID)); err != nil {
 			return nil, err
-		}
-		rec, err := s.opts.Bridge.Get(actionID)
-		if err != nil {
-			return nil, actionError(err)
-		}
-		if err := allow(p, auth.ActDecide, actionResource(&rec), notFound("execution", execID)); err != nil {
-			return nil, err
-		}
-		if rec.State != bridge.StatePending {
-			return nil, recordedConflict(rec)
 		}
 	}
 	after, err := s.k.Signal(ctx, execID, req, m)
