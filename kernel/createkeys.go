@@ -40,7 +40,7 @@ func (c createKey) String() string { return hex.EncodeToString(c[:]) }
 // createKeys remembers the idempotency keys of creates: each for the window,
 // and at most limit of them, the oldest making room for a new one. The
 // records are in the store, written in the batch that creates the
-// execution; memory keeps the time of each (about 60 bytes a key) so that a
+// execution; memory keeps the time of each (about 64 bytes a key) so that a
 // create with a new key reads nothing, and the order to evict them in.
 type createKeys struct {
 	window time.Duration
