@@ -46,4 +46,5 @@ token() { "$bin" token --secret "$secret" --iss ci --aud gatehouse --sub "$1" --
 "$bin" conformance --url "http://$addr" --token admin-token \
   --restart-cmd "$0 restart" --approval-tool conformance.approve \
   --runner-token "$(token ci-runner runner --runners ci-runner)" --runner-token-id ci-runner \
-  --agent-token "$(token ci-agent agent --agents ci-agent)" --agent-token-id ci-agent
+  --agent-token "$(token ci-agent agent --agents ci-agent)" --agent-token-id ci-agent \
+  --client-token "$(token ci-alice client)" --other-client-token "$(token ci-bob client)"

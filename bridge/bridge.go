@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -270,12 +271,16 @@ func (b *Bridge) Pending(owner string) []Record {
 }
 
 // List returns records in action id order (oldest first), after the
-// cursor (an action id), filtered by state and owner when not empty.
-func (b *Bridge) List(ctx context.Context, state, owner, after string, limit int) ([]Record, string, error) {
+// cursor (an action id), filtered by state when not empty and by visible
+// when not nil: the records the caller may see.
+func (b *Bridge) List(ctx context.Context, state string, visible func(*Record) bool, after string, limit int) ([]Record, string, error) {
 	if state == StatePending {
-		all := b.Pending(owner)
+		all := b.Pending("")
 		i := sort.Search(len(all), func(i int) bool { return all[i].ActionID > after })
 		all = all[i:]
+		if visible != nil {
+			all = slices.DeleteFunc(all, func(r Record) bool { return !visible(&r) })
+		}
 		next := ""
 		if len(all) > limit {
 			all, next = all[:limit], all[limit-1].ActionID
@@ -289,7 +294,7 @@ func (b *Bridge) List(ctx context.Context, state, owner, after string, limit int
 			return ctx.Err() == nil
 		}
 		var r Record
-		if decode(&r) != nil || (state != "" && r.State != state) || (owner != "" && r.Owner != owner) {
+		if decode(&r) != nil || (state != "" && r.State != state) || (visible != nil && !visible(&r)) {
 			return ctx.Err() == nil
 		}
 		if len(out) == limit {

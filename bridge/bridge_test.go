@@ -109,13 +109,17 @@ func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 	if _, err := b.Get("nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("unknown action: %v", err)
 	}
-	all, next, err := b.List(context.Background(), "", "alice", "", 1)
+	alices := func(r *Record) bool { return r.Owner == "alice" }
+	all, next, err := b.List(context.Background(), "", alices, "", 1)
 	if err != nil || len(all) != 1 || all[0].ActionID != "a1" || next != "a1" {
 		t.Fatalf("list page 1: %+v %q %v", all, next, err)
 	}
-	all, next, err = b.List(context.Background(), "", "alice", next, 1)
+	all, next, err = b.List(context.Background(), "", alices, next, 1)
 	if err != nil || len(all) != 1 || all[0].ActionID != "a2" || next != "" {
 		t.Fatalf("list page 2: %+v %q %v", all, next, err)
+	}
+	if all, _, err := b.List(context.Background(), StatePending, func(*Record) bool { return false }, "", 10); err != nil || len(all) != 0 {
+		t.Fatalf("pending list of a caller who sees nothing: %+v %v", all, err)
 	}
 }
 

@@ -82,8 +82,9 @@ func checkAgentTokenScope(t *tc) {
 		t.fatalf("an agent token opened a runner stream")
 	}
 	theirs, _ := t.create(map[string]any{"agent_id": other}).str("id")
-	t.wantForbidden(t.call(http.MethodPost, "/v0/agents/intent", map[string]any{
+	// Another agent's execution is not there for this token.
+	t.expectError(t.call(http.MethodPost, "/v0/agents/intent", map[string]any{
 		"execution_id": theirs, "session_id": uuidLike(), "intent": map[string]any{"type": "complete"},
-	}, bearer(tok)), "intent on another agent's execution")
+	}, bearer(tok)), http.StatusNotFound, "NOT_FOUND")
 	t.expectJSON(mine.intent(map[string]any{"type": "complete"}, bearer(tok)), http.StatusOK)
 }

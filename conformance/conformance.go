@@ -94,6 +94,11 @@ type Options struct {
 	// AgentToken is a bearer token scoped to the single agent id
 	// AgentTokenID; both enable the agent token-scope checks.
 	AgentToken, AgentTokenID string
+	// ClientToken and OtherClientToken are bearer tokens of two different
+	// principals with the rights of a client (create and read their own
+	// executions, answer their own prompts); both enable the ownership
+	// checks.
+	ClientToken, OtherClientToken string
 }
 
 // Result is the outcome of one check.
@@ -147,6 +152,7 @@ func suite() []check {
 	all = append(all, deliveryChecks()...)
 	all = append(all, bridgeChecks()...)
 	all = append(all, securityChecks()...)
+	all = append(all, ownershipChecks()...)
 	all = append(all, seed001Checks()...)
 	return all
 }

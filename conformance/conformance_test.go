@@ -133,8 +133,13 @@ func (g *testGateway) restart(ctx context.Context) error {
 
 func mint(t *testing.T, role auth.Role, agents, runners []string) string {
 	t.Helper()
+	return mintFor(t, "conformance-"+string(role), role, agents, runners)
+}
+
+func mintFor(t *testing.T, subject string, role auth.Role, agents, runners []string) string {
+	t.Helper()
 	tok, err := auth.MintHS256([]byte(hmacSecret), auth.Claims{
-		Subject: "conformance-" + string(role), Role: role, Agents: agents, Runners: runners,
+		Subject: subject, Role: role, Agents: agents, Runners: runners,
 		TTL: time.Hour, Issuer: issuer, Audience: audience,
 	}, time.Now())
 	if err != nil {
@@ -147,15 +152,17 @@ func mint(t *testing.T, role auth.Role, agents, runners []string) string {
 // check enabled.
 func options(t *testing.T, g *testGateway) conformance.Options {
 	return conformance.Options{
-		URL:           g.url(),
-		Token:         adminToken,
-		Restart:       g.restart,
-		Timeout:       30 * time.Second,
-		ApprovalTool:  "conformance.approve",
-		RunnerToken:   mint(t, auth.RoleRunner, nil, []string{"conf-scoped-runner"}),
-		RunnerTokenID: "conf-scoped-runner",
-		AgentToken:    mint(t, auth.RoleAgent, []string{"conf-scoped-agent"}, nil),
-		AgentTokenID:  "conf-scoped-agent",
+		URL:              g.url(),
+		Token:            adminToken,
+		Restart:          g.restart,
+		Timeout:          30 * time.Second,
+		ApprovalTool:     "conformance.approve",
+		RunnerToken:      mint(t, auth.RoleRunner, nil, []string{"conf-scoped-runner"}),
+		RunnerTokenID:    "conf-scoped-runner",
+		AgentToken:       mint(t, auth.RoleAgent, []string{"conf-scoped-agent"}, nil),
+		AgentTokenID:     "conf-scoped-agent",
+		ClientToken:      mintFor(t, "conformance-alice", auth.RoleClient, nil, nil),
+		OtherClientToken: mintFor(t, "conformance-bob", auth.RoleClient, nil, nil),
 	}
 }
 
@@ -241,6 +248,7 @@ func TestWrongServer(t *testing.T) {
 		URL: srv.URL, Token: "t", Timeout: 5 * time.Second, ApprovalTool: "conformance.approve",
 		Restart:     func(context.Context) error { return nil },
 		RunnerToken: "r", RunnerTokenID: "r", AgentToken: "a", AgentTokenID: "a",
+		ClientToken: "c", OtherClientToken: "d",
 	}
 	results := run(t, o)
 	for _, r := range results {

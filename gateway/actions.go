@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -21,18 +23,6 @@ func (s *Server) actionRoutes(r *router) {
 	r.add("POST", "/v0/actions/{}/respond", false, s.respondAction)
 }
 
-// mayRead reports whether p may see the prompts of owner: admins see all;
-// a person (channel or client role) sees their own.
-func mayRead(p *auth.Principal, owner string) error {
-	switch {
-	case p.Role == auth.RoleAdmin:
-		return nil
-	case (p.Role == auth.RoleChannel || p.Role == auth.RoleClient) && p.Subject == owner:
-		return nil
-	}
-	return &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: " + string(p.Role) + " " + strconv.Quote(p.Subject) + " may not see or answer prompts of " + strconv.Quote(owner)}
-}
-
 // actionError maps bridge errors like the kernel's.
 func actionError(err error) error {
 	if errors.Is(err, bridge.ErrNotFound) {
@@ -42,6 +32,11 @@ func actionError(err error) error {
 		return kernelValidation(err.Error())
 	}
 	return err
+}
+
+// actionMissing is the answer for an unknown prompt, and for another's.
+func actionMissing(actionID string) error {
+	return actionError(fmt.Errorf("%w: %s", bridge.ErrNotFound, actionID))
 }
 
 // listActions answers GET /v0/actions[?status=&cursor=&limit=].
@@ -54,19 +49,20 @@ func (s *Server) listActions(c *call) {
 		s.writeError(c.ctx, kernelValidation("invalid status filter "+strconv.Quote(state)))
 		return
 	}
-	owner := ""
-	if c.principal.Role != auth.RoleAdmin {
-		if err := mayRead(c.principal, c.principal.Subject); err != nil {
-			s.writeError(c.ctx, err)
-			return
-		}
-		owner = c.principal.Subject
+	p := c.principal
+	if err := p.Can(auth.ActRead, auth.KindAction); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	var visible func(*bridge.Record) bool
+	if !p.Unconfined() {
+		visible = func(r *bridge.Record) bool { return p.Authorize(auth.ActRead, actionResource(r)) == nil }
 	}
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
 	if limit <= 0 || limit > 200 {
 		limit = 50
 	}
-	recs, next, err := s.opts.Bridge.List(c.ctx, state, owner, string(args.Peek("cursor")), limit)
+	recs, next, err := s.opts.Bridge.List(c.ctx, state, visible, string(args.Peek("cursor")), limit)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -75,12 +71,16 @@ func (s *Server) listActions(c *call) {
 }
 
 func (s *Server) getAction(c *call) {
+	if err := c.principal.Can(auth.ActRead, auth.KindAction); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
 	rec, err := s.opts.Bridge.Get(c.params[0])
 	if err != nil {
 		s.writeError(c.ctx, actionError(err))
 		return
 	}
-	if err := mayRead(c.principal, rec.Owner); err != nil {
+	if err := allow(c.principal, auth.ActRead, actionResource(&rec), actionMissing(rec.ActionID)); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
@@ -111,7 +111,8 @@ func (s *Server) respondAction(c *call) {
 	s.writeJSONThen(c.ctx, status, body, after)
 }
 
-// respond is the shared answer path of HTTP and channel sockets.
+// respond is the shared answer path of HTTP, channel sockets and chat bots
+// (which answer over HTTP).
 func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string, req RespondRequest, m kernel.Meta) (int, any, kernel.After, error) {
 	if len(req.Reason) > 4096 || len(req.ChannelID) > 256 || len(req.NativePeerID) > 256 {
 		return 0, nil, nil, kernelValidation("reason is limited to 4096 bytes, channel_id and native_peer_id to 256")
@@ -120,19 +121,9 @@ func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string
 	if err != nil {
 		return 0, nil, nil, actionError(err)
 	}
-	rec, err := s.opts.Bridge.Get(actionID)
+	rec, err := s.decidable(p, actionID, actionMissing(actionID))
 	if err != nil {
-		return 0, nil, nil, actionError(err)
-	}
-	if p.Role == auth.RoleAgent || p.Role == auth.RoleRunner {
-		// An agent must never approve its own tool calls, nor a runner.
-		return 0, nil, nil, &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: an " + string(p.Role) + " may not answer permission prompts"}
-	}
-	if err := mayRead(p, rec.Owner); err != nil {
 		return 0, nil, nil, err
-	}
-	if rec.State != bridge.StatePending {
-		return 0, nil, nil, recordedConflict(rec)
 	}
 	d := kernel.Decision{Outcome: outcome, Scope: scope, Reason: req.Reason, DecidedBy: &kernel.DecidedBy{
 		Principal: p.Subject, ChannelID: req.ChannelID, NativePeerID: req.NativePeerID,
@@ -157,6 +148,60 @@ func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string
 	}
 	return fasthttp.StatusOK, cur, after, nil
 }
+
+// decidable returns the prompt actionID if p may answer it now: every door
+// to a decision asks it. An agent or runner never may (403): an agent must
+// never approve its own tool calls. Another owner's prompt answers
+// missing; a settled one is 409 with its record.
+func (s *Server) decidable(p *auth.Principal, actionID string, missing error) (bridge.Record, error) {
+	if err := p.Can(auth.ActDecide, auth.KindAction); err != nil {
+		return bridge.Record{}, err
+	}
+	rec, err := s.opts.Bridge.Get(actionID)
+	if err != nil {
+		return bridge.Record{}, actionError(err)
+	}
+	if err := allow(p, auth.ActDecide, actionResource(&rec), missing); err != nil {
+		return bridge.Record{}, err
+	}
+	if rec.State != bridge.StatePending {
+		return bridge.Record{}, recordedConflict(rec)
+	}
+	return rec, nil
+}
+
+// signal delivers a signal to an execution the caller may write to. A
+// step.approve that answers a permission prompt is a decision like the
+// answers of channels: the same rule decides who may give it (no agent or
+// runner ever does), the first answer wins, a late one gets 409 with the
+// recorded outcome, and the record's audit names the channel "signal".
+func (s *Server) signal(ctx context.Context, p *auth.Principal, execID string, req kernel.SignalRequest, m kernel.Meta) (kernel.After, error) {
+	actionID := ""
+	if req.SignalType == signalStepApprove && s.opts.Bridge != nil {
+		var ref struct {
+			StepID string `json:"step_id"`
+		}
+		if json.Unmarshal(req.Payload, &ref) == nil && ref.StepID != "" {
+			actionID = s.k.ApprovalOf(execID, ref.StepID)
+		}
+	}
+	if actionID != "" {
+		if _, err := s.decidable(p, actionID, notFound("execution", execID)); err != nil {
+			return nil, err
+		}
+	}
+	after, err := s.k.Signal(ctx, execID, req, m)
+	if err != nil && actionID != "" && errors.Is(err, kernel.ErrConflict) {
+		// Another answer won between the check and the kernel's lock.
+		if rec, gerr := s.opts.Bridge.Get(actionID); gerr == nil && rec.State != bridge.StatePending {
+			return nil, recordedConflict(rec)
+		}
+	}
+	return after, err
+}
+
+// signalStepApprove is the kernel API's signal that answers an approval.
+const signalStepApprove = "step.approve"
 
 // recordedConflict is the answer to a late or repeated response.
 func recordedConflict(rec bridge.Record) error {

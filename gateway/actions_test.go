@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"strings"
 	"sync"
 	"testing"
 
@@ -248,8 +249,13 @@ func TestWhoMayAnswer(t *testing.T) {
 	a.token = agentTok // the agent can never answer its own prompt
 	a.fail("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once"}, 403, "FORBIDDEN")
 	a.token = mint(t, auth.Claims{Subject: "mallory", Role: auth.RoleChannel})
-	a.fail("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once"}, 403, "FORBIDDEN")
-	a.fail("GET", "/v0/actions/"+action, nil, 403, "FORBIDDEN")
+	// Another person's prompt is not there for mallory: 404, word for word
+	// the answer for an id that does not exist.
+	hidden := a.fail("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once"}, 404, "NOT_FOUND")
+	if missing := a.fail("POST", "/v0/actions/"+action+"x/respond", obj{"decision": "allow_once"}, 404, "NOT_FOUND"); strings.ReplaceAll(missing["error"].(string), action+"x", action) != hidden["error"] {
+		t.Fatalf("hidden %q, missing %q", hidden["error"], missing["error"])
+	}
+	a.fail("GET", "/v0/actions/"+action, nil, 404, "NOT_FOUND")
 	if got := a.json("GET", "/v0/actions?status=pending", nil, 200)["actions"].([]any); len(got) != 0 {
 		t.Fatalf("mallory sees %v", got)
 	}

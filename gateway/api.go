@@ -59,17 +59,12 @@ func (s *Server) ready(c *call) {
 	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]string{"status": "ready"})
 }
 
-// admin checks that the caller may use the execution API.
-func (s *Server) admin(c *call) bool {
-	if err := c.principal.MayAdminister(); err != nil {
-		s.writeError(c.ctx, err)
-		return false
-	}
-	return true
-}
-
+// createExecution answers POST /v0/executions: 201 with the new execution,
+// owned by the caller, or 200 with the one an earlier create with the same
+// Idempotency-Key made.
 func (s *Server) createExecution(c *call) {
-	if !s.admin(c) {
+	if err := c.principal.Can(auth.ActWrite, auth.KindExecution); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	var req kernel.CreateRequest
@@ -77,16 +72,22 @@ func (s *Server) createExecution(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	v, err := s.k.Create(c.ctx, req, meta(c.ctx))
+	v, replayed, err := s.k.Create(c.ctx, req, meta(c.ctx))
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	s.writeJSON(c.ctx, fasthttp.StatusCreated, v)
+	status := fasthttp.StatusCreated
+	if replayed {
+		status = fasthttp.StatusOK
+	}
+	s.writeJSON(c.ctx, status, v)
 }
 
 func (s *Server) listExecutions(c *call) {
-	if !s.admin(c) {
+	p := c.principal
+	if err := p.Can(auth.ActRead, auth.KindExecution); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	args := c.ctx.QueryArgs()
@@ -111,6 +112,9 @@ func (s *Server) listExecutions(c *call) {
 		req.Labels[key] = val
 	}
 	req.Limit, _ = strconv.Atoi(string(args.Peek("limit")))
+	if !p.Unconfined() {
+		req.Visible = func(sum *kernel.Summary) bool { return p.Authorize(auth.ActRead, summaryResource(sum)) == nil }
+	}
 	page, err := s.k.List(c.ctx, req)
 	if err != nil {
 		s.writeError(c.ctx, err)
@@ -120,10 +124,7 @@ func (s *Server) listExecutions(c *call) {
 }
 
 func (s *Server) getExecution(c *call) {
-	if !s.admin(c) {
-		return
-	}
-	v, err := s.k.Get(c.ctx, c.params[0])
+	v, err := s.execution(c.ctx, c.principal, auth.ActRead, c.params[0], nil)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -132,7 +133,8 @@ func (s *Server) getExecution(c *call) {
 }
 
 func (s *Server) cancelExecution(c *call) {
-	if !s.admin(c) {
+	if err := s.touch(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	v, err := s.k.Cancel(c.ctx, c.params[0], meta(c.ctx))
@@ -144,7 +146,8 @@ func (s *Server) cancelExecution(c *call) {
 }
 
 func (s *Server) signalExecution(c *call) {
-	if !s.admin(c) {
+	if err := s.touch(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	var req kernel.SignalRequest
@@ -152,7 +155,7 @@ func (s *Server) signalExecution(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	after, err := s.k.Signal(c.ctx, c.params[0], req, meta(c.ctx))
+	after, err := s.signal(c.ctx, c.principal, c.params[0], req, meta(c.ctx))
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -161,7 +164,8 @@ func (s *Server) signalExecution(c *call) {
 }
 
 func (s *Server) listEvents(c *call) {
-	if !s.admin(c) {
+	if err := s.touch(c.ctx, c.principal, auth.ActRead, c.params[0], nil); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	args := c.ctx.QueryArgs()
@@ -250,7 +254,7 @@ func (s *Server) intent(ctx context.Context, p *auth.Principal, body []byte, m k
 	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
 		return nil, nil, err
 	}
-	if err := s.mayActForExecution(ctx, p, req.ExecutionID); err != nil {
+	if err := s.touch(ctx, p, auth.ActAct, req.ExecutionID, nil); err != nil {
 		return nil, nil, err
 	}
 	if req.Intent.IdempotencyKey == "" {
@@ -268,32 +272,15 @@ func (s *Server) stepResult(ctx context.Context, p *auth.Principal, body []byte,
 	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
 		return nil, err
 	}
-	if err := s.mayActForExecution(ctx, p, req.ExecutionID); err != nil {
+	// A step of an execution that does not exist is an unknown step.
+	if err := s.touch(ctx, p, auth.ActAct, req.ExecutionID, notFound("step", req.StepID)); err != nil {
 		return nil, err
 	}
 	return s.k.StepResult(ctx, req, m)
 }
 
-// mayActForExecution checks that an agent principal holds the agent id of
-// the execution it writes to. Admins pass without a lookup.
-func (s *Server) mayActForExecution(ctx context.Context, p *auth.Principal, execID string) error {
-	// Only admins skip the lookup: a client may drive the execution API
-	// but never speak as the agent of an execution.
-	if p.Role == auth.RoleAdmin {
-		return nil
-	}
-	if execID == "" {
-		return nil // the kernel answers the missing field
-	}
-	v, err := s.k.Get(ctx, execID)
-	if err != nil {
-		return err
-	}
-	return p.MayActAsAgent(v.AgentID)
-}
-
 func (s *Server) runnerResult(ctx context.Context, p *auth.Principal, runnerID string, body []byte, m kernel.Meta) (kernel.After, error) {
-	if err := p.MayActAsRunner(runnerID); err != nil {
+	if err := p.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
 		return nil, err
 	}
 	var req kernel.RunnerResultRequest
@@ -311,10 +298,11 @@ func (s *Server) stepStarted(ctx context.Context, p *auth.Principal, stepID stri
 	if err := decodeBody(body, &req, s.opts.MaxBodyBytes); err != nil {
 		return err
 	}
-	if req.RunnerID != "" {
-		if err := p.MayActAsRunner(req.RunnerID); err != nil {
-			return err
-		}
+	if req.ExecutionID == "" || req.RunnerID == "" {
+		return kernelValidation("execution_id and runner_id are required")
+	}
+	if err := p.Authorize(auth.ActAct, runnerResource(req.RunnerID)); err != nil {
+		return err
 	}
 	return s.k.StepStarted(ctx, stepID, req, m)
 }
@@ -327,7 +315,7 @@ type capabilitiesRequest struct {
 const maxCapabilities = 4096
 
 func (s *Server) runnerCapabilities(p *auth.Principal, runnerID string, body []byte) error {
-	if err := p.MayActAsRunner(runnerID); err != nil {
+	if err := p.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
 		return err
 	}
 	var req capabilitiesRequest
@@ -380,7 +368,7 @@ func decodeBody(body []byte, v any, max int) error {
 // streams and re-queues the jobs it held.
 func (s *Server) deleteRunner(c *call) {
 	runnerID := c.params[0]
-	if err := c.principal.MayActAsRunner(runnerID); err != nil {
+	if err := c.principal.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}

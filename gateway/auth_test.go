@@ -61,15 +61,19 @@ func TestJWTScopes(t *testing.T) {
 	runner1.json("POST", "/v0/runners/scoped-r1/results", obj{"job_id": job["id"], "execution_id": id, "step_id": step, "success": true}, 200)
 	ag.expect("tool.result")
 
-	// An agent token cannot write to another agent's execution.
+	// An agent token cannot write to another agent's execution, and is not
+	// told that it exists.
 	other := admin.create("scoped-b", nil)["id"].(string)
-	agentA.fail("POST", "/v0/agents/intent", obj{"execution_id": other, "session_id": "x", "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
+	agentA.fail("POST", "/v0/agents/intent", obj{"execution_id": other, "session_id": "x", "intent": obj{"type": "complete"}}, 404, "NOT_FOUND")
 	runner1.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
 	client := newAPI(t, s)
 	client.token = mint(t, auth.Claims{Subject: "dashboard", Role: auth.RoleClient})
 	client.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
 	client.fail("POST", "/v0/agents/step-result", obj{"execution_id": id, "session_id": lease, "step_id": step, "success": true}, 403, "FORBIDDEN")
-	client.json("GET", "/v0/executions/"+id, nil, 200)
+	// A client sees the executions it created, not the admin's.
+	client.fail("GET", "/v0/executions/"+id, nil, 404, "NOT_FOUND")
+	mine := client.create("scoped-b", nil)["id"].(string)
+	client.json("GET", "/v0/executions/"+mine, nil, 200)
 	agentA.intent(id, lease, obj{"type": "complete"}, 200)
 
 	for name, tok := range map[string]string{

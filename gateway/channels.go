@@ -24,15 +24,32 @@ func (s *Server) channelRoutes(r *router) {
 	r.add("DELETE", "/v0/channels/webhook", false, s.removeWebhook)
 }
 
-// person returns the principal a human channel acts for: channel and
-// client principals act for themselves, an admin (and the open embedded
-// default, whose caller is the admin "local") for itself too.
-func person(p *auth.Principal) (string, error) {
-	switch p.Role {
-	case auth.RoleChannel, auth.RoleClient, auth.RoleAdmin:
-		return p.Subject, nil
+// person returns the principal whose own channels p uses for act: channel
+// and client principals act for themselves, an admin (and the open
+// embedded default, whose caller is the admin "local") for itself too.
+// Agents and runners have no human channels.
+func person(p *auth.Principal, act auth.Action) (string, error) {
+	if err := p.Authorize(act, channelResource(p.Subject, p.Tenant)); err != nil {
+		return "", err
 	}
-	return "", &gatewayError{kind: auth.ErrForbidden, msg: "forbidden: an " + string(p.Role) + " token cannot open a human channel"}
+	return p.Subject, nil
+}
+
+// ownChannel checks that the channel (channelID, peerID) is one of p's own;
+// missing answers for a channel that is not, or does not exist.
+func (s *Server) ownChannel(p *auth.Principal, channelID, peerID string, missing error) error {
+	owner, err := person(p, auth.ActWrite)
+	if err != nil {
+		return err
+	}
+	if s.opts.Channels != nil {
+		for _, ch := range s.opts.Channels.List(owner) {
+			if ch.ChannelID == channelID && ch.PeerID == peerID {
+				return nil
+			}
+		}
+	}
+	return missing
 }
 
 // channelError maps channel registry errors like the kernel's.
@@ -92,7 +109,7 @@ func (s *Server) connectChannel(c *call) (owner string, key peer.Key, err error)
 	if channelID == "" || peerID == "" {
 		return "", peer.Key{}, kernelValidation("channel_id and peer_id query params are required")
 	}
-	if owner, err = person(c.principal); err != nil {
+	if owner, err = person(c.principal, auth.ActWrite); err != nil {
 		return "", peer.Key{}, err
 	}
 	ch, fresh, err := s.opts.Channels.Connect(c.ctx, owner, channelID, peerID)
@@ -124,13 +141,13 @@ func (s *Server) channelCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any
 			return commandError(kernelValidation("action_id is required"))
 		}
 		req.ChannelID, req.NativePeerID = ps.key.ID, ps.key.Consumer
-		status, body, after, err := s.respond(w.ctx, p, req.ActionID, req.RespondRequest, kernel.Meta{Principal: p.Subject})
+		status, body, after, err := s.respond(w.ctx, p, req.ActionID, req.RespondRequest, kernel.Meta{Principal: p.Subject, Tenant: p.Tenant})
 		if err != nil {
 			return commandError(err)
 		}
 		return status, body, after
 	case cmdMessage:
-		owner, err := person(p)
+		owner, err := person(p, auth.ActWrite)
 		if err == nil {
 			err = s.opts.Channels.Message(owner, ps.key.ID, ps.key.Consumer, fr.Body)
 		}
@@ -149,21 +166,30 @@ const (
 )
 
 func (s *Server) listChannels(c *call) {
-	owner, err := person(c.principal)
+	owner, err := person(c.principal, auth.ActRead)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	if c.principal.Role == auth.RoleAdmin && string(c.ctx.QueryArgs().Peek("owner")) != "" {
-		owner = string(c.ctx.QueryArgs().Peek("owner"))
+	chans := []channel.Channel{}
+	if other := string(c.ctx.QueryArgs().Peek("owner")); other != "" {
+		// Channel registrations keep no tenant: another person's channels
+		// are for an admin without one to see.
+		owner = other
+		if c.principal.Authorize(auth.ActRead, channelResource(other, "")) != nil {
+			owner = ""
+		}
 	}
-	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"channels": s.opts.Channels.List(owner)})
+	if owner != "" {
+		chans = s.opts.Channels.List(owner)
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"channels": chans})
 }
 
 // channelEvents answers GET /v0/channels/events: the caller's channel.*
 // log, paged like an execution's events.
 func (s *Server) channelEvents(c *call) {
-	owner, err := person(c.principal)
+	owner, err := person(c.principal, auth.ActRead)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -189,7 +215,7 @@ type webhookRequest struct {
 // setWebhook answers PUT /v0/channels/webhook: the caller's chat-bot
 // channel. A new webhook first receives every pending prompt.
 func (s *Server) setWebhook(c *call) {
-	owner, err := person(c.principal)
+	owner, err := person(c.principal, auth.ActWrite)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -214,7 +240,7 @@ func (s *Server) setWebhook(c *call) {
 }
 
 func (s *Server) removeWebhook(c *call) {
-	owner, err := person(c.principal)
+	owner, err := person(c.principal, auth.ActWrite)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return

@@ -60,7 +60,8 @@ func statusOf(err error) (int, errorBody) {
 	case errors.Is(err, kernel.ErrUnavailable):
 		return fasthttp.StatusServiceUnavailable, errorBody{err.Error(), CodeUnavailable, details}
 	case errors.Is(err, auth.ErrForbidden):
-		return fasthttp.StatusForbidden, errorBody{"forbidden: " + err.Error(), CodeForbidden, nil}
+		// The error says "forbidden: …" itself.
+		return fasthttp.StatusForbidden, errorBody{err.Error(), CodeForbidden, nil}
 	case errors.Is(err, auth.ErrMissingToken), errors.Is(err, auth.ErrMalformed),
 		errors.Is(err, auth.ErrInvalidToken), errors.Is(err, auth.ErrExpiredToken):
 		return fasthttp.StatusUnauthorized, errorBody{"unauthorized: " + err.Error(), CodeUnauthorized, nil}
@@ -170,13 +171,16 @@ type gatewayError struct {
 func (e *gatewayError) Error() string { return e.msg }
 func (e *gatewayError) Unwrap() error { return e.kind }
 
-// meta reads the tracing and idempotency headers of a request.
-// principalKey is the request's user-value key for the caller's subject.
+// principalKey is the request's user-value key for the caller.
 type principalKey struct{}
 
+// meta reads the caller, who owns what the request creates, and the tracing
+// and idempotency headers of a request.
 func meta(ctx *fasthttp.RequestCtx) kernel.Meta {
 	m := kernel.Meta{IdempotencyKey: string(ctx.Request.Header.Peek("Idempotency-Key"))}
-	m.Principal, _ = ctx.UserValue(principalKey{}).(string)
+	if p, _ := ctx.UserValue(principalKey{}).(*auth.Principal); p != nil {
+		m.Principal, m.Tenant = p.Subject, p.Tenant
+	}
 	m.TraceID = traceID(ctx.Request.Header.Peek("traceparent"))
 	if len(m.IdempotencyKey) > 256 {
 		m.IdempotencyKey = ""

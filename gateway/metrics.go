@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -45,7 +46,8 @@ func (m *metrics) observe(route, method string, code int, d time.Duration) {
 }
 
 func (s *Server) serveMetrics(c *call) {
-	if !s.admin(c) {
+	if err := c.principal.Authorize(auth.ActRead, auth.Resource{Kind: auth.KindMetrics}); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	families, err := s.metrics.reg.Gather()

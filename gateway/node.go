@@ -135,8 +135,8 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 // Addr returns the address the node listens on.
 func (n *Node) Addr() net.Addr { return n.ln.Addr() }
 
-// gcLoop prunes finished executions past retention and reclaims Badger
-// value-log space, now and then.
+// gcLoop prunes finished executions past retention and expired idempotency
+// keys, and reclaims Badger value-log space, now and then.
 func (n *Node) gcLoop() {
 	retention := n.cfg.Retention
 	if retention <= 0 {
@@ -150,6 +150,9 @@ func (n *Node) gcLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			if _, err := n.Kernel.Prune(ctx, time.Now().Add(-retention), n.cfg.RetentionCount); err != nil {
 				n.log.Warn("retention", "err", err)
+			}
+			if _, err := n.Kernel.ExpireIdempotencyKeys(ctx); err != nil {
+				n.log.Warn("idempotency keys", "err", err)
 			}
 			cancel()
 			n.Store.RunGC()

@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"slices"
+
 	"github.com/valyala/fasthttp"
 
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
@@ -13,9 +16,11 @@ func (s *Server) peerRoutes(r *router) {
 }
 
 // listPeers answers GET /v0/peers[?role=agent|runner]: every known consumer
-// with its presence and how far it has acknowledged.
+// the caller may see, with its presence and how far it has acknowledged.
 func (s *Server) listPeers(c *call) {
-	if !s.admin(c) {
+	p := c.principal
+	if err := p.Can(auth.ActRead, auth.KindPeer); err != nil {
+		s.writeError(c.ctx, err)
 		return
 	}
 	role := string(c.ctx.QueryArgs().Peek("role"))
@@ -25,7 +30,24 @@ func (s *Server) listPeers(c *call) {
 		s.writeError(c.ctx, kernelValidation("role must be agent or runner"))
 		return
 	}
-	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"epoch": s.k.Epoch(), "peers": s.hub.Peers(role)})
+	peers := s.hub.Peers(role)
+	if !p.Unconfined() {
+		peers = slices.DeleteFunc(peers, func(i peer.Info) bool { return p.Authorize(auth.ActRead, peerResource(i)) != nil })
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"epoch": s.k.Epoch(), "peers": peers})
+}
+
+// peerResource is what a consumer is, for the access rule: an agent or
+// runner id, or a channel, whose owner the hub does not know (so only an
+// admin without a tenant sees it here; people list their own channels).
+func peerResource(i peer.Info) auth.Resource {
+	switch i.Role {
+	case kernel.RoleAgent:
+		return agentResource(i.ID)
+	case kernel.RoleRunner:
+		return runnerResource(i.ID)
+	}
+	return channelResource("", "")
 }
 
 type ackRequest struct {
@@ -47,20 +69,22 @@ func (s *Server) ackPeer(c *call) {
 		s.writeError(c.ctx, kernelValidation("role, id and consumer_id are required"))
 		return
 	}
+	k := peer.Key{Role: req.Role, ID: req.ID, Consumer: req.ConsumerID}
 	var err error
 	switch req.Role {
 	case kernel.RoleAgent:
-		err = c.principal.MayActAsAgent(req.ID)
+		err = c.principal.Authorize(auth.ActAct, agentResource(req.ID))
 	case kernel.RoleRunner:
-		err = c.principal.MayActAsRunner(req.ID)
+		err = c.principal.Authorize(auth.ActAct, runnerResource(req.ID))
+	case roleChannel:
+		err = s.ownChannel(c.principal, req.ID, req.ConsumerID, notFound("consumer", k.String()))
 	default:
-		err = kernelValidation("role must be agent or runner")
+		err = kernelValidation("role must be agent, runner or channel")
 	}
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	k := peer.Key{Role: req.Role, ID: req.ID, Consumer: req.ConsumerID}
 	if !s.hub.Ack(k, req.Sequence) {
 		s.writeError(c.ctx, notFound("consumer", k.String()))
 		return

@@ -240,7 +240,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		c.principal = p
-		ctx.SetUserValue(principalKey{}, p.Subject)
+		ctx.SetUserValue(principalKey{}, p)
 	}
 	r.handle(c)
 }

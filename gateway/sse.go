@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -79,11 +80,8 @@ func cursor(ctx *fasthttp.RequestCtx) uint64 {
 // streamExecution streams an execution's events from a cursor and ends
 // right after the terminal event, also when the cursor is already past it.
 func (s *Server) streamExecution(c *call) {
-	if !s.admin(c) {
-		return
-	}
 	id := c.params[0]
-	if _, err := s.k.Get(c.ctx, id); err != nil {
+	if _, err := s.execution(c.ctx, c.principal, auth.ActRead, id, nil); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}

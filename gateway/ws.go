@@ -133,7 +133,7 @@ func agentParams(c *call) (peer.Key, error) {
 	if err := checkIDs(map[string]string{"agent_id": agentID, "consumer_id": consumerID}); err != nil {
 		return peer.Key{}, err
 	}
-	if err := c.principal.MayActAsAgent(agentID); err != nil {
+	if err := c.principal.Authorize(auth.ActAct, agentResource(agentID)); err != nil {
 		return peer.Key{}, err
 	}
 	return peer.Key{Role: kernel.RoleAgent, ID: agentID, Consumer: consumerID}, nil
@@ -159,7 +159,7 @@ func runnerParams(c *call) (peer.Key, []string, error) {
 	if err := validTools(caps); err != nil {
 		return peer.Key{}, nil, err
 	}
-	if err := c.principal.MayActAsRunner(runnerID); err != nil {
+	if err := c.principal.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
 		return peer.Key{}, nil, err
 	}
 	return peer.Key{Role: kernel.RoleRunner, ID: runnerID, Consumer: consumerID}, caps, nil
@@ -209,16 +209,15 @@ func (s *Server) upgradePeer(c *call, ps *peerSocket) {
 }
 
 func (s *Server) executionWS(c *call) {
-	if !s.admin(c) {
-		return
-	}
 	id := c.params[0]
-	if _, err := s.k.Get(c.ctx, id); err != nil {
+	v, err := s.execution(c.ctx, c.principal, auth.ActRead, id, nil)
+	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
+	res := executionResource(&v)
 	after := max(cursor(c.ctx), parseSeq(c.ctx.QueryArgs().Peek("cursor")))
-	s.upgrade(c, "ws_execution", func(w *wsConn) { s.serveExecution(w, id, after) })
+	s.upgrade(c, "ws_execution", func(w *wsConn) { s.serveExecution(w, res, after) })
 }
 
 // upgrade accepts the WebSocket handshake and runs serve on the socket once
@@ -524,12 +523,12 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 func (p *peerSession) scope(pr *auth.Principal) error {
 	switch p.ps.role {
 	case kernel.RoleRunner:
-		return pr.MayActAsRunner(p.ps.key.ID)
+		return pr.Authorize(auth.ActAct, runnerResource(p.ps.key.ID))
 	case roleChannel:
-		_, err := person(pr) // the refresh already requires the same subject
+		_, err := person(pr, auth.ActWrite) // the refresh already requires the same subject
 		return err
 	}
-	return pr.MayActAsAgent(p.ps.key.ID)
+	return pr.Authorize(auth.ActAct, agentResource(p.ps.key.ID))
 }
 
 // frameRefused answers a well-formed frame that this socket cannot take: an
@@ -584,7 +583,8 @@ func commandError(err error) (int, any, kernel.After) {
 
 // serveExecution streams an execution's events from the store on a
 // socket; it closes with 1000 right after the terminal event.
-func (s *Server) serveExecution(w *wsConn, id string, last uint64) {
+func (s *Server) serveExecution(w *wsConn, res auth.Resource, last uint64) {
+	id := res.ID
 	src := newEventSource(s.k, id, last)
 	w.open(frameEvent, executionClose)
 	if w.send(appendHello(nil, s.k.Epoch(), "execution", id, "", s.opts.PingInterval)) != nil {
@@ -604,7 +604,7 @@ func (s *Server) serveExecution(w *wsConn, id string, last uint64) {
 		case frameCommand:
 			w.frameRefused(fr, "the execution socket takes no commands")
 		case frameRefresh:
-			w.refresh(fr, (*auth.Principal).MayAdminister)
+			w.refresh(fr, func(p *auth.Principal) error { return p.Authorize(auth.ActRead, res) })
 		}
 	})
 	w.finish()

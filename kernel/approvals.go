@@ -34,6 +34,7 @@ type Approval struct {
 	ActionID    string          `json:"action_id" msgpack:"a"`
 	SessionID   string          `json:"session_id" msgpack:"s"`
 	Owner       string          `json:"owner" msgpack:"o"`
+	Tenant      string          `json:"tenant,omitempty" msgpack:"tn,omitempty"`
 	ExecutionID string          `json:"execution_id" msgpack:"e"`
 	StepID      string          `json:"step_id" msgpack:"st"`
 	AgentID     string          `json:"agent_id" msgpack:"ag"`
@@ -111,7 +112,7 @@ func (k *Kernel) requestApproval(t *tx, fx *effects, st stepCreatedPayload, step
 	})
 	if k.approvals != nil {
 		apply, publish := k.approvals.Requested(&t.batch, Approval{
-			ActionID: actionID, SessionID: ex.SessionID, Owner: ex.Owner, ExecutionID: ex.ID, StepID: stepID,
+			ActionID: actionID, SessionID: ex.SessionID, Owner: ex.Owner, Tenant: ex.Tenant, ExecutionID: ex.ID, StepID: stepID,
 			AgentID: ex.AgentID, ToolID: st.ToolID, Arguments: args, ArgsHash: hash, Reason: reason, RuleID: ruleID,
 			RequestedAt: t.now, ExpiresAt: expires, OnExpiry: onExpiry,
 		})
@@ -171,6 +172,25 @@ func (k *Kernel) ResolveApproval(ctx context.Context, execID, actionID string, d
 	fx.add(t.publish())
 	k.afterResume(ex, &fx)
 	return k.after(fx), nil
+}
+
+// ApprovalOf returns the action id of the latest permission prompt of step
+// stepID of the live execution execID, or "" when there is none: the step
+// or the execution is unknown or finished, or the step never needed an
+// approval.
+func (k *Kernel) ApprovalOf(execID, stepID string) string {
+	k.mu.Lock()
+	ex := k.live[execID]
+	k.mu.Unlock()
+	if ex == nil {
+		return ""
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if st := ex.Steps[stepID]; st != nil {
+		return st.ActionID
+	}
+	return ""
 }
 
 func (st *Step) stopExpiry() {

@@ -39,32 +39,47 @@ type CreateRequest struct {
 
 // Create starts an execution. If an agent consumer for it is online, the
 // execution is assigned before Create returns, so the answer says running.
-func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View, error) {
+//
+// With meta.IdempotencyKey, a create that repeats an earlier one of the
+// same owner (same key, same request) within Options.IdempotencyWindow
+// creates nothing and returns that execution as it is now, with replayed
+// true; the same key with another request is a conflict.
+func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v View, replayed bool, err error) {
 	if req.AgentID == "" {
-		return View{}, invalid("agent_id is required")
+		return View{}, false, invalid("agent_id is required")
 	}
-	if err := checkLen("agent_id", req.AgentID, maxIDLen); err != nil {
-		return View{}, err
-	}
-	if err := checkLen("session_id", req.SessionID, maxIDLen); err != nil {
-		return View{}, err
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{{"agent_id", req.AgentID, maxIDLen}, {"session_id", req.SessionID, maxIDLen}, {"idempotency key", meta.IdempotencyKey, maxIdempotencyKey}} {
+		if err := checkLen(f.name, f.v, f.max); err != nil {
+			return View{}, false, err
+		}
 	}
 	if len(req.Labels) > maxLabels {
-		return View{}, invalid("labels: at most %d labels", maxLabels)
+		return View{}, false, invalid("labels: at most %d labels", maxLabels)
 	}
 	for key, v := range req.Labels {
 		if key == "" || len(key) > maxLabelLen || len(v) > maxLabelLen {
-			return View{}, invalid("labels: keys must be 1-%d bytes and values at most %d bytes", maxLabelLen, maxLabelLen)
+			return View{}, false, invalid("labels: keys must be 1-%d bytes and values at most %d bytes", maxLabelLen, maxLabelLen)
 		}
 	}
 	if isNull(req.Input) {
 		req.Input = nil
 	}
+	var claim *createClaim
+	if meta.IdempotencyKey != "" {
+		claim, v, replayed, err = k.claimCreate(ctx, meta, requestHash(req))
+		if claim == nil {
+			return v, replayed, err
+		}
+		defer claim.release()
+	}
 	k.mu.Lock()
 	full := len(k.live) >= k.opts.MaxLive
 	k.mu.Unlock()
 	if full {
-		return View{}, newErr(ErrUnavailable, "service unavailable: %d executions are live, the configured maximum", k.opts.MaxLive)
+		return View{}, false, newErr(ErrUnavailable, "service unavailable: %d executions are live, the configured maximum", k.opts.MaxLive)
 	}
 	ex := &Execution{ID: event.NewID(), SessionID: req.SessionID, TraceID: meta.TraceID, Steps: map[string]*Step{}}
 	if ex.SessionID == "" {
@@ -73,7 +88,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	t := k.begin(ex, meta)
-	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal})
+	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal, Tenant: meta.Tenant})
 	consumer := k.pickAgentConsumer(req.AgentID)
 	var lease *Lease
 	if consumer != "" {
@@ -87,8 +102,11 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 			ExecutionID: ex.ID, SessionID: lease.ID, AgentID: req.AgentID, Input: orNull(req.Input), Labels: labels,
 		}, "")
 	}
+	if claim != nil {
+		claim.stage(t, ex.ID)
+	}
 	if err := t.commit(ctx); err != nil {
-		return View{}, err
+		return View{}, false, err
 	}
 	if isNull(ex.Input) {
 		ex.Input = nil
@@ -113,7 +131,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (View
 	if publish := t.publish(); publish != nil {
 		publish()
 	}
-	return ex.view(), nil
+	return ex.view(), false, nil
 }
 
 // Get returns an execution's state.
@@ -149,6 +167,7 @@ func (k *Kernel) loadView(id string) (View, error) {
 	if !isNull(first.Input) {
 		v.Input = first.Input
 	}
+	v.Owner, v.Tenant = first.Owner, first.Tenant
 	if sum.Status == StatusCompleted {
 		var last completedPayload
 		if err := k.readPayload(id, sum.Seq, &last); err != nil {
@@ -178,6 +197,9 @@ type ListRequest struct {
 	Labels  map[string]string
 	Cursor  string
 	Limit   int
+	// Visible, when set, keeps only the executions it accepts: the caller's
+	// own. Pages fill up with visible rows only.
+	Visible func(*Summary) bool
 }
 
 // ListPage is one page of executions.
@@ -225,7 +247,15 @@ func (k *Kernel) List(ctx context.Context, req ListRequest) (ListPage, error) {
 		if !s.Status.Terminal() {
 			s = k.currentRow(s)
 		}
-		if !matches(&s, req) {
+		if req.Visible != nil && s.Owner == "" {
+			// An entry written before entries kept their owner: its first
+			// event says whose it is.
+			var first createdPayload
+			if k.readPayload(s.ID, 1, &first) == nil {
+				s.Owner, s.Tenant = first.Owner, first.Tenant
+			}
+		}
+		if !matches(&s, req) || (req.Visible != nil && !req.Visible(&s)) {
 			return true
 		}
 		if len(page.Executions) == req.Limit {
@@ -353,13 +383,26 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	}
 	defer ex.mu.Unlock()
 	var approval *approvalPayload
-	if req.SignalType == signalStepApprove && ex.Status == StatusBlocked && ex.BlockReason == "approval" {
-		approval = &approvalPayload{}
-		if isNull(req.Payload) || json.Unmarshal(req.Payload, approval) != nil || approval.Approved == nil {
-			return nil, invalid(`step.approve payload must be an object {"step_id": string, "approved": bool, "reason"?: string}`)
+	if req.SignalType == signalStepApprove {
+		awaited := ex.pendingApproval()
+		// An answer to a prompt that is already settled (the first answer
+		// won, or it expired) is a late answer, not a signal to keep.
+		var ref approvalPayload
+		if json.Unmarshal(req.Payload, &ref) == nil {
+			if st := ex.Steps[ref.StepID]; st != nil && st.ActionID != "" && st != awaited {
+				e := conflict("conflict: action %s is already settled", st.ActionID)
+				e.Details = map[string]any{"action_id": st.ActionID}
+				return nil, e
+			}
 		}
-		if approval.StepID != ex.BlockRef {
-			return nil, invalid("step.approve for step %s, but the execution awaits approval of step %s", approval.StepID, ex.BlockRef)
+		if awaited != nil {
+			approval = &approvalPayload{}
+			if isNull(req.Payload) || json.Unmarshal(req.Payload, approval) != nil || approval.Approved == nil {
+				return nil, invalid(`step.approve payload must be an object {"step_id": string, "approved": bool, "reason"?: string}`)
+			}
+			if approval.StepID != ex.BlockRef {
+				return nil, invalid("step.approve for step %s, but the execution awaits approval of step %s", approval.StepID, ex.BlockRef)
+			}
 		}
 	}
 	if len(ex.Signals) >= k.opts.MaxSignals {

@@ -83,6 +83,11 @@ type Options struct {
 	MaxSteps          int           // 10000: steps per execution
 	MaxSignals        int           // 1000: unconsumed signals per execution
 	MaxLive           int           // 100000: non-terminal executions
+
+	// Idempotency-Key of creates: a retried create with the same key (from
+	// the same owner) answers with the execution the first one made.
+	IdempotencyWindow time.Duration // 24h: how long a key is remembered
+	IdempotencyKeys   int           // 100000: keys remembered at most; the oldest make room
 }
 
 func (o *Options) defaults() {
@@ -97,6 +102,10 @@ func (o *Options) defaults() {
 	def(&o.RunnerGrace, 30*time.Second)
 	def(&o.RetryBase, time.Second)
 	def(&o.RetryMax, 30*time.Second)
+	def(&o.IdempotencyWindow, 24*time.Hour)
+	if o.IdempotencyKeys <= 0 {
+		o.IdempotencyKeys = 100000
+	}
 	if o.RemoteMaxAttempts <= 0 {
 		o.RemoteMaxAttempts = 3
 	}
@@ -143,6 +152,8 @@ type Kernel struct {
 	watchMu  sync.Mutex
 	watchers map[string]map[*Watch]struct{}
 
+	creates *createKeys // idempotency keys of creates
+
 	counters counters
 	wg       sync.WaitGroup // running effects, so Close can wait for them
 }
@@ -163,9 +174,13 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
 		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{},
+		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
 	}
 	if err := k.recover(ctx); err != nil {
 		return nil, fmt.Errorf("kernel: recover: %w", err)
+	}
+	if err := k.creates.load(ctx, k.store, time.Now()); err != nil {
+		return nil, fmt.Errorf("kernel: %w", err)
 	}
 	return k, nil
 }

@@ -16,7 +16,7 @@ func TestListShowsEveryChange(t *testing.T) {
 	k, closeKernel := openKernel(t, dir, nil)
 	defer func() { closeKernel() }()
 	disconnect := k.AgentConnected("ag", "c1")
-	v, err := k.Create(ctx, CreateRequest{AgentID: "ag", Labels: map[string]string{"team": "a"}}, Meta{})
+	v, _, err := k.Create(ctx, CreateRequest{AgentID: "ag", Labels: map[string]string{"team": "a"}}, Meta{})
 	if err != nil || v.Status != StatusRunning {
 		t.Fatalf("create: %+v %v", v, err)
 	}

@@ -62,7 +62,8 @@ type Execution struct {
 
 	ID        string
 	AgentID   string
-	Owner     string // principal whose channels answer its prompts
+	Owner     string // principal that created it, whose channels answer its prompts
+	Tenant    string // the owner's tenant
 	SessionID string // the durable session (work container), not the agent lease
 	TraceID   string
 	Labels    map[string]string
@@ -177,6 +178,8 @@ type View struct {
 	Output    json.RawMessage   `json:"output,omitempty"`
 	HasOutput bool              `json:"-"`
 	SessionID string            `json:"-"`
+	Owner     string            `json:"-"` // the principal that created it
+	Tenant    string            `json:"-"` // the owner's tenant
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 }
@@ -185,7 +188,7 @@ func (ex *Execution) view() View {
 	return View{
 		ID: ex.ID, Status: ex.Status, AgentID: ex.AgentID, Labels: ex.Labels,
 		Input: ex.Input, Output: ex.Output, HasOutput: ex.HasOutput, SessionID: ex.SessionID,
-		CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt,
+		Owner: ex.Owner, Tenant: ex.Tenant, CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt,
 	}
 }
 
@@ -196,7 +199,8 @@ func (ex *Execution) summary() *Summary {
 		labels = map[string]string{}
 	}
 	return &Summary{ID: ex.ID, Status: ex.Status, AgentID: ex.AgentID, Labels: labels,
-		CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt, SessionID: ex.SessionID, Seq: ex.Seq}
+		CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt, SessionID: ex.SessionID, Seq: ex.Seq,
+		Owner: ex.Owner, Tenant: ex.Tenant}
 }
 
 // Summary is an execution's list entry.
@@ -210,4 +214,8 @@ type Summary struct {
 	// The fields below are kept for reads of finished executions.
 	SessionID string `json:"-" msgpack:"ss"`
 	Seq       uint64 `json:"-" msgpack:"sq"`
+	// Owner and Tenant say whose it is, so that lists show each caller its
+	// own. Entries written before they existed have them empty.
+	Owner  string `json:"-" msgpack:"ow,omitempty"`
+	Tenant string `json:"-" msgpack:"tn,omitempty"`
 }

@@ -13,7 +13,8 @@ type createdPayload struct {
 	AgentID string            `json:"agent_id"`
 	Input   json.RawMessage   `json:"input"`
 	Labels  map[string]string `json:"labels"`
-	Owner   string            `json:"owner,omitempty"` // extension: the principal whose channels answer its prompts
+	Owner   string            `json:"owner,omitempty"`  // extension: the principal whose channels answer its prompts
+	Tenant  string            `json:"tenant,omitempty"` // extension: the owner's tenant
 }
 
 type startedPayload struct {

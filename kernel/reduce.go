@@ -31,7 +31,7 @@ func (ex *Execution) apply(f fact) {
 	ex.UpdatedAt = f.at
 	switch p := f.payload.(type) {
 	case *createdPayload:
-		ex.AgentID, ex.Input, ex.Labels, ex.Owner = p.AgentID, p.Input, p.Labels, p.Owner
+		ex.AgentID, ex.Input, ex.Labels, ex.Owner, ex.Tenant = p.AgentID, p.Input, p.Labels, p.Owner, p.Tenant
 		ex.Status, ex.CreatedAt = StatusPending, f.at
 		if ex.Steps == nil {
 			ex.Steps = map[string]*Step{}

@@ -64,7 +64,7 @@ func TestReplayRebuildsLiveState(t *testing.T) {
 	ctx := context.Background()
 	defer k.AgentConnected("ag", "c1")()
 	defer k.RunnerConnected("rn", "r1", []string{"remote.tool"})()
-	v, err := k.Create(ctx, CreateRequest{AgentID: "ag", Input: json.RawMessage(`{"x":1}`), Labels: map[string]string{"l": "v"}}, Meta{TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"})
+	v, _, err := k.Create(ctx, CreateRequest{AgentID: "ag", Input: json.RawMessage(`{"x":1}`), Labels: map[string]string{"l": "v"}}, Meta{TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"})
 	if err != nil || v.Status != StatusRunning {
 		t.Fatalf("create: %+v %v", v, err)
 	}

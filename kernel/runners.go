@@ -580,12 +580,17 @@ func (k *Kernel) StepStarted(ctx context.Context, stepID string, req StepStarted
 	if st == nil {
 		return notFound("step", stepID)
 	}
+	if st.Remote && !st.dispatchedTo(req.RunnerID) {
+		// A runner speaks only for the jobs it was given.
+		return conflict("conflict: step %s was never dispatched to runner %s", st.ID, req.RunnerID)
+	}
 	if st.Status != StepPending && st.Status != StepDispatched {
 		return nil
 	}
-	if st.Remote && st.JobID == "" {
+	if st.Remote && (st.JobID == "" || st.RunnerID != req.RunnerID) {
 		// A late call for an attempt that already failed: the retry is
-		// queued and no runner holds the step, so nothing has started.
+		// queued or held by another runner, so nothing of this runner's
+		// has started.
 		return nil
 	}
 	if st.Approval {
@@ -595,6 +600,17 @@ func (k *Kernel) StepStarted(ctx context.Context, stepID string, req StepStarted
 	t.add(event.StepStarted, st.ID, &stepStartedPayload{RunnerID: req.RunnerID})
 	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, st.JobID)
 	return t.commit(ctx)
+}
+
+// dispatchedTo reports whether a job of the step was ever dispatched to
+// runnerID.
+func (st *Step) dispatchedTo(runnerID string) bool {
+	for _, r := range st.Jobs {
+		if r == runnerID {
+			return true
+		}
+	}
+	return false
 }
 
 // UpdateCapabilities replaces the tool list of every connection of a runner.

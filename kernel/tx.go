@@ -33,8 +33,12 @@ type Meta struct {
 	TraceID string
 	// IdempotencyKey is the producer's key for the request.
 	IdempotencyKey string
-	// Principal is who made the request (the token's subject).
+	// Principal is who made the request (the token's subject). An
+	// execution it creates is owned by it: kernel records keep the owner as
+	// plain strings; the gateway decides what an owner may do.
 	Principal string
+	// Tenant is the principal's tenant, stored with the owner.
+	Tenant string
 }
 
 // tx collects the events and records of one change to one execution. The
@@ -248,11 +252,12 @@ func (t *tx) prepare() (empty bool, err error) {
 	sum := Summary{
 		ID: ex.ID, Status: status, AgentID: ex.AgentID, Labels: ex.Labels,
 		CreatedAt: ex.CreatedAt, UpdatedAt: t.now, SessionID: ex.SessionID, Seq: t.seq,
+		Owner: ex.Owner, Tenant: ex.Tenant,
 	}
 	if ex.Seq == 0 {
 		sum.CreatedAt = t.now
 		if p, ok := t.facts[0].payload.(*createdPayload); ok {
-			sum.AgentID, sum.Labels = p.AgentID, p.Labels
+			sum.AgentID, sum.Labels, sum.Owner, sum.Tenant = p.AgentID, p.Labels, p.Owner, p.Tenant
 		}
 		key := summaryKey(sum.CreatedAt, ex.ID)
 		if err := t.batch.Put(kindIndex, ex.ID, key); err != nil {
@@ -320,4 +325,6 @@ func nextStatus(s Status, typ string) Status {
 type idemRecord struct {
 	Hash   string          `msgpack:"h"`
 	Result json.RawMessage `msgpack:"r"`
+	// At is when it was written, for the records that expire (creates').
+	At time.Time `msgpack:"t,omitempty"`
 }

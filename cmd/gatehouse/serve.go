@@ -30,6 +30,8 @@ type config struct {
 	outboxRetention, writeTimeout   time.Duration
 	retention                       time.Duration
 	retentionCount                  int
+	idemWindow                      time.Duration
+	idemKeys                        int
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -77,6 +79,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.DurationVar(&c.retention, "retention", 168*time.Hour, "finished executions are deleted this long after they end")
 	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
+	fs.DurationVar(&c.idemWindow, "idempotency-window", 24*time.Hour, "how long the Idempotency-Key of a create is remembered")
+	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
@@ -157,6 +161,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
+			IdempotencyWindow: c.idemWindow, IdempotencyKeys: c.idemKeys,
 		},
 		Server: gateway.Options{Heartbeat: c.heartbeat, WriteTimeout: c.writeTimeout, MaxBodyBytes: c.maxBody, CORSOrigins: origins},
 	})

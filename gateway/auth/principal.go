@@ -1,17 +1,16 @@
 // Package auth decides who is calling the gateway and what they may touch.
 //
 // An [Authenticator] turns the Authorization header of a request into a
-// [Principal]; the Principal's May* methods then answer scope questions
-// (may this caller act as agent X, drive runner Y, read session Z). Every
-// failure is one of the sentinel errors below, wrapped with detail, so HTTP
-// handlers can map them with errors.Is: the authentication errors to 401
-// UNAUTHORIZED and [ErrForbidden] to 403 FORBIDDEN.
+// [Principal]; [Principal.Authorize] then decides, in one place, what that
+// caller may do with a resource, from the resource's [Owner] and the
+// credential's role and scope. Every failure is one of the sentinel errors
+// of this package, wrapped with detail, so HTTP handlers can map them with
+// errors.Is: the authentication errors to 401 UNAUTHORIZED, [ErrForbidden]
+// to 403 FORBIDDEN and [ErrHidden] to 404 NOT_FOUND.
 package auth
 
 import (
 	"errors"
-	"fmt"
-	"slices"
 	"time"
 )
 
@@ -28,8 +27,8 @@ var (
 	// ErrExpiredToken reports a correctly signed JWT whose exp has passed
 	// (beyond the configured leeway).
 	ErrExpiredToken = errors.New("expired token")
-	// ErrForbidden reports an authenticated principal acting outside its
-	// scope.
+	// ErrForbidden reports an authenticated principal acting outside what
+	// its role and credential allow, whatever the resource.
 	ErrForbidden = errors.New("forbidden")
 )
 
@@ -71,78 +70,13 @@ type Principal struct {
 	Agents []string
 	// Runners lists the runner ids a runner principal may act as.
 	Runners []string
-	// Sessions lists the session ids a channel principal may access.
+	// Sessions is the credential's sessions claim. Nothing interprets it
+	// yet: a channel sees every prompt of its principal, on every door.
 	Sessions []string
-	// Tenant is carried through from the token for callers that partition
-	// by tenant; this package does not interpret it.
+	// Tenant partitions owned resources: a principal with a tenant touches
+	// only resources of its tenant (see Authorize).
 	Tenant string
 	// ExpiresAt is zero when the credential does not expire (open mode,
 	// static token).
 	ExpiresAt time.Time
-}
-
-// MayActAsAgent reports whether p may speak for agentID: admins always, agent
-// principals for the ids listed in their credential, nobody else.
-func (p *Principal) MayActAsAgent(agentID string) error {
-	return p.mayUse(RoleAgent, "agent", agentID)
-}
-
-// MayActAsRunner reports whether p may speak for runnerID: admins always,
-// runner principals for the ids listed in their credential, nobody else.
-func (p *Principal) MayActAsRunner(runnerID string) error {
-	return p.mayUse(RoleRunner, "runner", runnerID)
-}
-
-// MayAccessSession reports whether p may read or write the channel session
-// sessionID. Admins always may. A channel principal whose credential lists
-// sessions may access exactly those. A channel principal whose credential
-// lists none passes this check for every session: such a credential stands
-// for a person whose sessions are whatever the store records as theirs, so
-// the caller must additionally check that the session belongs to p.Subject.
-// Every other role is refused.
-func (p *Principal) MayAccessSession(sessionID string) error {
-	if p != nil && p.Role == RoleChannel && len(p.Sessions) == 0 {
-		return nil
-	}
-	return p.mayUse(RoleChannel, "session", sessionID)
-}
-
-// MayAdminister reports whether p may use the general execution API (create,
-// list, cancel and signal executions): admins and clients may. Clients get no
-// agent or runner identity from this; those stay behind MayActAsAgent and
-// MayActAsRunner.
-func (p *Principal) MayAdminister() error {
-	if p == nil {
-		return fmt.Errorf("%w: no principal", ErrForbidden)
-	}
-	if p.Role == RoleAdmin || p.Role == RoleClient {
-		return nil
-	}
-	return fmt.Errorf("%w: %s %q may not use the execution API", ErrForbidden, p.Role, p.Subject)
-}
-
-// mayUse is the shared shape of the scoped checks: admin passes, the owning
-// role passes for the ids its credential lists, everything else is
-// forbidden. An empty id never matches so that a missing path parameter
-// cannot be mistaken for a grant.
-func (p *Principal) mayUse(owner Role, kind, id string) error {
-	if p == nil {
-		return fmt.Errorf("%w: no principal", ErrForbidden)
-	}
-	if p.Role == RoleAdmin {
-		return nil
-	}
-	var granted []string
-	switch owner {
-	case RoleAgent:
-		granted = p.Agents
-	case RoleRunner:
-		granted = p.Runners
-	case RoleChannel:
-		granted = p.Sessions
-	}
-	if p.Role == owner && id != "" && slices.Contains(granted, id) {
-		return nil
-	}
-	return fmt.Errorf("%w: %s %q may not access %s %q", ErrForbidden, p.Role, p.Subject, kind, id)
 }
