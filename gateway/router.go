@@ -3,6 +3,8 @@ package gateway
 import (
 	"sort"
 	"strings"
+
+	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
 // route is one method and path pattern; "{}" segments capture a parameter.
@@ -12,6 +14,9 @@ type route struct {
 	segs    []string
 	public  bool // no authentication (health and readiness probes)
 	handle  func(*call)
+	// surface, when set, is the protocol surface the route belongs to: it
+	// words the gateway's refusals in its protocol.
+	surface protocol.Surface
 }
 
 // router matches requests to routes. It is built once and read-only after.
@@ -24,6 +29,21 @@ func (r *router) add(method, pattern string, public bool, h func(*call)) {
 		method: method, pattern: pattern, public: public, handle: h,
 		segs: strings.Split(strings.Trim(pattern, "/"), "/"),
 	})
+}
+
+// mount adds a protocol surface's routes under its prefix.
+func (s *Server) mount(r *router, sf protocol.Surface) {
+	prefix := strings.TrimSuffix(sf.Mount(), "/")
+	for _, pr := range sf.Routes() {
+		h := func(c *call) {
+			pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Streams: s})
+		}
+		if pr.Stream {
+			h = s.admit(h)
+		}
+		r.add(pr.Method, prefix+"/"+strings.TrimPrefix(pr.Pattern, "/"), false, h)
+		r.routes[len(r.routes)-1].surface = sf
+	}
 }
 
 // match finds the route for a request. When the path exists under other

@@ -22,6 +22,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
 // Options configure a Server. Kernel, Hub and Auth are required; zero
@@ -32,6 +33,8 @@ type Options struct {
 	Auth     *auth.Authenticator
 	Bridge   *bridge.Bridge    // nil: no /v0/actions (approvals only through signals)
 	Channels *channel.Registry // nil (or no Bridge): no human channels
+	// Surfaces are the protocol surfaces mounted beside /v0.
+	Surfaces []protocol.Surface
 	Logger   *slog.Logger
 	// Registry receives the gateway's metrics; nil makes a private one.
 	Registry *prometheus.Registry
@@ -115,6 +118,9 @@ func New(o Options) (*Server, error) {
 	s.peerRoutes(s.routes)
 	s.actionRoutes(s.routes)
 	s.channelRoutes(s.routes)
+	for _, sf := range o.Surfaces {
+		s.mount(s.routes, sf)
+	}
 	s.srv = &fasthttp.Server{
 		Handler:     s.serve,
 		Name:        "gatehouse",
@@ -236,6 +242,11 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	if !r.public {
 		p, err := s.auth.Authenticate(ctx.Request.Header.Peek("Authorization"), time.Now())
 		if err != nil {
+			if r.surface != nil {
+				status, body := statusOf(err)
+				r.surface.WriteError(ctx, status, body.Code, body.Error)
+				return
+			}
 			s.writeError(ctx, err)
 			return
 		}

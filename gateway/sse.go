@@ -12,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/store"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
@@ -38,25 +39,35 @@ func sseHeaders(ctx *fasthttp.RequestCtx) {
 // stream without it (an execution's, which ends after its terminal event)
 // leaves the connection to the client's next request.
 func (s *Server) sseStream(c *call, kind string, r stream.Renderer, presence bool, open func(*stream.Options) (stream.Source, func())) {
-	sseHeaders(c.ctx)
-	conn := c.ctx.Conn()
-	o := stream.Options{Heartbeat: s.opts.Heartbeat, Expires: c.principal.ExpiresAt, Closing: s.closing}
+	so := stream.SSEOptions{Retry: 5 * time.Second, Notice: expiredNotice}
+	s.carrySSE(c.ctx, c.principal, kind, r, so, presence, open)
+}
+
+// SSE carries a protocol surface's stream; see protocol.Streams.
+func (s *Server) SSE(req *protocol.Request, kind string, r stream.Renderer, so stream.SSEOptions, presence bool, open func(*stream.Options) (stream.Source, func())) {
+	s.carrySSE(req.Ctx, req.Principal, kind, r, so, presence, open)
+}
+
+// carrySSE is sseStream with the surface's own SSE options.
+func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind string, r stream.Renderer, so stream.SSEOptions, presence bool, open func(*stream.Options) (stream.Source, func())) {
+	sseHeaders(ctx)
+	conn := ctx.Conn()
+	o := stream.Options{Heartbeat: s.opts.Heartbeat, Expires: p.ExpiresAt, Closing: s.closing}
 	if presence {
-		c.ctx.SetConnectionClose()
+		ctx.SetConnectionClose()
 		o.Gone = stream.ClientGone(conn)
 	}
+	so.WriteTimeout = s.opts.WriteTimeout
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
-	c.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer s.streams.Done()
 		defer s.metrics.streams.WithLabelValues(kind).Dec()
 		src, ended := open(&o)
 		if ended != nil {
 			defer ended()
 		}
-		tr := stream.NewSSE(w, conn, stream.SSEOptions{
-			WriteTimeout: s.opts.WriteTimeout, Retry: 5 * time.Second, Notice: expiredNotice,
-		})
+		tr := stream.NewSSE(w, conn, so)
 		if tr.Open() != nil {
 			src.Close()
 			return
