@@ -270,6 +270,10 @@ type Intent struct {
 	Output         json.RawMessage `json:"output"`
 	Error          string          `json:"error"`
 	SignalType     string          `json:"signal_type"`
+	// Account (extension) names the connected account a remote tool runs
+	// with: only a runner that serves it (capability "<tool>@<account>")
+	// gets the job.
+	Account string `json:"account,omitempty"`
 }
 
 // IntentResult answers an intent. A policy denial is a result, not an error.
@@ -300,7 +304,8 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 		max     int
 	}{{"execution_id", req.ExecutionID, maxIDLen}, {"session_id", req.SessionID, maxIDLen},
 		{"intent.tool_id", in.ToolID, maxIDLen}, {"intent.error", in.Error, maxErrorLen},
-		{"intent.signal_type", in.SignalType, maxIDLen}, {"intent.idempotency_key", in.IdempotencyKey, maxIdempotencyKey}} {
+		{"intent.signal_type", in.SignalType, maxIDLen}, {"intent.idempotency_key", in.IdempotencyKey, maxIdempotencyKey},
+		{"intent.account", in.Account, maxIDLen}} {
 		if err := checkLen(f.name, f.v, f.max); err != nil {
 			return IntentResult{}, nil, err
 		}
@@ -505,7 +510,7 @@ func (k *Kernel) invokeTool(t *tx, fx *effects, in *Intent) IntentResult {
 	}})
 	created := stepCreatedPayload{
 		ToolID: in.ToolID, Arguments: orNull(in.Arguments), MaxAttempts: maxAttempts, Attempt: 1,
-		Deadline: t.now.Add(timeout), Remote: in.Remote, TimeoutMS: dec.Timeout.Milliseconds(),
+		Deadline: t.now.Add(timeout), Remote: in.Remote, TimeoutMS: dec.Timeout.Milliseconds(), Account: in.Account,
 	}
 	t.add(event.StepCreated, stepID, &created)
 	if dec.Decision == policy.RequireApproval {
@@ -566,6 +571,9 @@ func (k *Kernel) resolveApproval(t *tx, fx *effects, st *Step, outcome string, a
 		t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: reason, Retryable: false})
 	}
 	t.addWith(event.ExecutionResumed, "", st.ActionID, &reasonPayload{Reason: resumed})
+	if !allow && ex.Tool != nil {
+		t.add(event.ExecutionFailed, "", &errorPayload{Error: reason})
+	}
 	if ex.Lease != nil {
 		t.push(k.agentPeer(ex), event.PushApprovalResolved, &approvalResolvedPush{
 			Approved: allow, ExecutionID: ex.ID, SessionID: ex.Lease.ID,
@@ -579,7 +587,7 @@ func (k *Kernel) resolveApproval(t *tx, fx *effects, st *Step, outcome string, a
 // The caller holds ex.mu, after a commit.
 func (k *Kernel) afterResume(ex *Execution, fx *effects) {
 	k.armStepTimers(ex)
-	if ex.Status != StatusRunning || ex.Lease != nil {
+	if ex.Status != StatusRunning || ex.Lease != nil || ex.Tool != nil {
 		return
 	}
 	t := k.begin(ex, Meta{})
@@ -642,16 +650,12 @@ func (k *Kernel) StepResult(ctx context.Context, req StepResultRequest, meta Met
 		meta.IdempotencyKey = req.IdempotencyKey // the body's key wins over the header's
 	}
 	t := k.begin(ex, meta)
-	var push toolResultPush
 	if req.Success {
 		t.add(event.StepCompleted, st.ID, &stepCompletedPayload{Result: orNull(req.Data)})
-		push = toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepSucceeded), Result: req.Data}
+		k.toolResult(t, st, StepSucceeded, req.Data, "")
 	} else {
 		t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: req.Error})
-		push = toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Result: req.Data, Error: req.Error}
-	}
-	if ex.Lease != nil {
-		t.push(k.agentPeer(ex), event.PushToolResult, &push, "")
+		k.toolResult(t, st, StepFailed, req.Data, req.Error)
 	}
 	if err := t.commit(ctx); err != nil {
 		return nil, err

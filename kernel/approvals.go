@@ -170,6 +170,9 @@ func (k *Kernel) ResolveApproval(ctx context.Context, execID, actionID string, d
 	}
 	st.stopExpiry()
 	fx.add(t.publish())
+	if ex.Status.Terminal() {
+		k.finish(ex)
+	}
 	k.afterResume(ex, &fx)
 	return k.after(fx), nil
 }

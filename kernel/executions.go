@@ -35,6 +35,9 @@ type CreateRequest struct {
 	Input     json.RawMessage   `json:"input"`
 	Labels    map[string]string `json:"labels"`
 	SessionID string            `json:"session_id"` // extension: the durable session to file it under
+	// Tool (extension) makes a direct execution: one tool call run without
+	// an agent; AgentID must then be empty.
+	Tool *ToolCall `json:"tool,omitempty"`
 }
 
 // Create starts an execution. If an agent consumer for it is online, the
@@ -45,7 +48,14 @@ type CreateRequest struct {
 // creates nothing and returns that execution as it is now, with replayed
 // true; the same key with another request is a conflict.
 func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v View, replayed bool, err error) {
-	if req.AgentID == "" {
+	switch {
+	case req.Tool != nil && req.AgentID != "":
+		return View{}, false, invalid("agent_id and tool exclude each other: a direct execution runs without an agent")
+	case req.Tool != nil:
+		if err := checkToolCall(req.Tool); err != nil {
+			return View{}, false, err
+		}
+	case req.AgentID == "":
 		return View{}, false, invalid("agent_id is required")
 	}
 	for _, f := range []struct {
@@ -88,9 +98,17 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	t := k.begin(ex, meta)
-	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal, Tenant: meta.Tenant})
-	consumer := k.pickAgentConsumer(req.AgentID)
-	var lease *Lease
+	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal, Tenant: meta.Tenant, Tool: req.Tool})
+	var (
+		consumer string
+		lease    *Lease
+		fx       effects
+	)
+	if req.Tool != nil {
+		k.startDirect(t, &fx, &req, meta)
+	} else {
+		consumer = k.pickAgentConsumer(req.AgentID)
+	}
 	if consumer != "" {
 		lease = &Lease{ID: event.NewID(), ConsumerID: consumer}
 		t.add(event.ExecutionStarted, "", &startedPayload{SessionID: lease.ID, ConsumerID: consumer})
@@ -112,6 +130,9 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 		ex.Input = nil
 	}
 	k.counters.created.Add(1)
+	if req.Tool != nil {
+		return k.startedDirect(ex, t, fx), false, nil
+	}
 	k.mu.Lock()
 	k.live[ex.ID] = ex
 	as := k.agentSetLocked(ex.AgentID)
@@ -167,7 +188,7 @@ func (k *Kernel) loadView(id string) (View, error) {
 	if !isNull(first.Input) {
 		v.Input = first.Input
 	}
-	v.Owner, v.Tenant = first.Owner, first.Tenant
+	v.Owner, v.Tenant, v.Tool = first.Owner, first.Tenant, first.Tool
 	if sum.Status == StatusCompleted {
 		var last completedPayload
 		if err := k.readPayload(id, sum.Seq, &last); err != nil {

@@ -65,6 +65,9 @@ type Execution struct {
 	Owner     string // principal that created it, whose channels answer its prompts
 	Tenant    string // the owner's tenant
 	SessionID string // the durable session (work container), not the agent lease
+	// Tool is set for a direct execution: one tool call run without an
+	// agent, which ends when its step does.
+	Tool      *ToolCall
 	TraceID   string
 	Labels    map[string]string
 	Input     json.RawMessage
@@ -137,6 +140,7 @@ type Step struct {
 	ActionID    string // the approval action, when one was required
 	ExpiresAt   time.Time
 	OnExpiry    string
+	Account     string // the connected account the step runs with, if any
 	Result      json.RawMessage
 	Error       string
 	CompletedAt time.Time
@@ -180,15 +184,17 @@ type View struct {
 	SessionID string            `json:"-"`
 	Owner     string            `json:"-"` // the principal that created it
 	Tenant    string            `json:"-"` // the owner's tenant
-	CreatedAt time.Time         `json:"created_at"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	// Tool is the one step of a direct execution (extension).
+	Tool      *ToolCall `json:"tool,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (ex *Execution) view() View {
 	return View{
 		ID: ex.ID, Status: ex.Status, AgentID: ex.AgentID, Labels: ex.Labels,
 		Input: ex.Input, Output: ex.Output, HasOutput: ex.HasOutput, SessionID: ex.SessionID,
-		Owner: ex.Owner, Tenant: ex.Tenant, CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt,
+		Owner: ex.Owner, Tenant: ex.Tenant, Tool: ex.Tool, CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt,
 	}
 }
 

@@ -15,6 +15,7 @@ type createdPayload struct {
 	Labels  map[string]string `json:"labels"`
 	Owner   string            `json:"owner,omitempty"`  // extension: the principal whose channels answer its prompts
 	Tenant  string            `json:"tenant,omitempty"` // extension: the owner's tenant
+	Tool    *ToolCall         `json:"tool,omitempty"`   // extension: the one step of a direct execution
 }
 
 type startedPayload struct {
@@ -77,6 +78,7 @@ type stepCreatedPayload struct {
 	Deadline    time.Time       `json:"deadline"`
 	Remote      bool            `json:"remote"`               // extension
 	TimeoutMS   int64           `json:"timeout_ms,omitempty"` // extension: policy step timeout, reused by retries
+	Account     string          `json:"account,omitempty"`    // extension: the connected account a runner must serve
 }
 
 type dispatchedPayload struct {
@@ -189,6 +191,7 @@ type jobPush struct {
 	Arguments   json.RawMessage `json:"arguments"`
 	Deadline    time.Time       `json:"deadline"`
 	NotBefore   time.Time       `json:"not_before"`
+	Account     string          `json:"account,omitempty"` // extension: the connected account to run it with
 }
 
 // orNull keeps an absent user value as JSON null on the wire.

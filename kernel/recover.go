@@ -40,14 +40,15 @@ func (k *Kernel) recover(ctx context.Context) error {
 	for _, ex := range exs {
 		ex.row.Store(ex.summary())
 		k.live[ex.ID] = ex
-		as := k.agentSetLocked(ex.AgentID)
-		if ex.Lease == nil {
-			if ex.Status == StatusPending {
-				as.pending = append(as.pending, ex.ID)
-			}
-		} else {
+		switch {
+		case ex.Tool != nil:
+			// A direct execution has no agent: its step is all there is.
+		case ex.Lease != nil:
 			// Its agent gets the grace period to come back after the restart.
 			k.bindLeaseLocked(ex.AgentID, ex.Lease.ConsumerID, ex.ID, ex.Lease.ID)
+		case ex.Status == StatusPending:
+			as := k.agentSetLocked(ex.AgentID)
+			as.pending = append(as.pending, ex.ID)
 		}
 		for _, sid := range ex.StepOrder {
 			st := ex.Steps[sid]
@@ -55,7 +56,7 @@ func (k *Kernel) recover(ctx context.Context) error {
 				continue
 			}
 			if st.JobID == "" {
-				k.queue = append(k.queue, &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, notBefore: st.NotBefore})
+				k.queue = append(k.queue, &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, account: st.Account, notBefore: st.NotBefore})
 				continue
 			}
 			rs := k.runnerSetLocked(st.RunnerID)
@@ -67,7 +68,7 @@ func (k *Kernel) recover(ctx context.Context) error {
 				runnerID, consumerID, gen := c.runnerID, c.id, c.gen
 				c.grace = time.AfterFunc(k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
 			}
-			c.job = &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, jobID: st.JobID}
+			c.job = &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, account: st.Account, jobID: st.JobID}
 		}
 		k.armExecutionTimer(ex)
 		k.armStepTimers(ex)

@@ -31,14 +31,16 @@ func (ex *Execution) apply(f fact) {
 	ex.UpdatedAt = f.at
 	switch p := f.payload.(type) {
 	case *createdPayload:
-		ex.AgentID, ex.Input, ex.Labels, ex.Owner, ex.Tenant = p.AgentID, p.Input, p.Labels, p.Owner, p.Tenant
+		ex.AgentID, ex.Input, ex.Labels, ex.Owner, ex.Tenant, ex.Tool = p.AgentID, p.Input, p.Labels, p.Owner, p.Tenant, p.Tool
 		ex.Status, ex.CreatedAt = StatusPending, f.at
 		if ex.Steps == nil {
 			ex.Steps = map[string]*Step{}
 		}
 	case *startedPayload:
 		ex.Status = StatusRunning
-		ex.Lease = &Lease{ID: p.SessionID, ConsumerID: p.ConsumerID}
+		if ex.Tool == nil { // a direct execution runs without an agent's lease
+			ex.Lease = &Lease{ID: p.SessionID, ConsumerID: p.ConsumerID}
+		}
 	case *blockedPayload:
 		ex.Status, ex.BlockReason, ex.BlockRef = StatusBlocked, p.Reason, p.Ref
 	case *reasonPayload:
@@ -73,6 +75,7 @@ func (ex *Execution) apply(f fact) {
 			ID: f.stepID, ToolID: p.ToolID, Arguments: p.Arguments, Remote: p.Remote,
 			Status: StepPending, Attempt: p.Attempt, MaxAttempts: p.MaxAttempts,
 			Timeout: time.Duration(p.TimeoutMS) * time.Millisecond, Deadline: p.Deadline, CreatedAt: f.at,
+			Account: p.Account,
 		}
 		ex.StepOrder = append(ex.StepOrder, f.stepID)
 	case *approvalRequiredPayload:

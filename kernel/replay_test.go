@@ -23,6 +23,17 @@ func newKernel(t *testing.T, pol Policy) *Kernel {
 // returned function.
 func openKernel(t *testing.T, dir string, pol Policy) (*Kernel, func()) {
 	t.Helper()
+	st, hub := openStoreAndHubIn(t, dir)
+	k, err := New(context.Background(), Options{Store: st, Deliverer: hubAdapter{hub}, Policy: pol, RetryBase: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, func() { k.Close(); hub.Close(); st.Close() }
+}
+
+// openStoreAndHubIn opens a store on dir and a peer hub on it.
+func openStoreAndHubIn(t *testing.T, dir string) (*store.Store, *peer.Hub) {
+	t.Helper()
 	st, err := store.Open(store.Options{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -31,11 +42,16 @@ func openKernel(t *testing.T, dir string, pol Policy) (*Kernel, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := New(context.Background(), Options{Store: st, Deliverer: hubAdapter{hub}, Policy: pol, RetryBase: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k, func() { k.Close(); hub.Close(); st.Close() }
+	return st, hub
+}
+
+// openStoreAndHub opens a store and hub in a fresh folder, closed when the
+// test ends, for tests that need their own kernel options.
+func openStoreAndHub(t *testing.T) (*store.Store, *peer.Hub) {
+	t.Helper()
+	st, hub := openStoreAndHubIn(t, t.TempDir())
+	t.Cleanup(func() { hub.Close(); st.Close() })
+	return st, hub
 }
 
 // hubAdapter is the gateway's adapter, repeated here because the kernel

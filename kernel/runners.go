@@ -34,8 +34,20 @@ func (c *runnerConsumer) stopGrace() {
 // job is a remote step waiting for, or held by, a runner.
 type job struct {
 	execID, stepID, toolID string
+	account                string // the connected account its runner must serve
 	jobID                  string // set once dispatched
 	notBefore              time.Time
+}
+
+// capability is what a runner consumer must declare to take the job: the
+// tool, or "<tool>@<account>" for a job bound to a connected account.
+func (j *job) capability() string { return capability(j.toolID, j.account) }
+
+func capability(toolID, account string) string {
+	if account == "" {
+		return toolID
+	}
+	return toolID + "@" + account
 }
 
 func (k *Kernel) runnerSetLocked(runnerID string) *runnerSet {
@@ -134,6 +146,9 @@ func (k *Kernel) requeueLost(j *job, reason string) {
 	k.failAttempt(t, &fx, st, reason, true, nil)
 	err = t.commit(context.Background())
 	fx.add(t.publish())
+	if err == nil && ex.Status.Terminal() {
+		k.finish(ex)
+	}
 	ex.mu.Unlock()
 	if err == nil {
 		// Effects take execution locks themselves: never run them under ex.mu.
@@ -160,9 +175,7 @@ func (k *Kernel) failAttempt(t *tx, fx *effects, st *Step, errText string, retry
 		return
 	}
 	t.add(event.StepFailed, st.ID, &stepFailedPayload{Error: errText, Retryable: false})
-	if ex.Lease != nil {
-		t.push(k.agentPeer(ex), event.PushToolResult, &toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Result: data, Error: errText}, "")
-	}
+	k.toolResult(t, st, StepFailed, data, errText)
 }
 
 // enqueue puts a remote step in the job queue and dispatches. The step's
@@ -177,7 +190,7 @@ func (k *Kernel) enqueue(execID, stepID string) {
 		ex.mu.Unlock()
 		return
 	}
-	j := &job{execID: execID, stepID: stepID, toolID: st.ToolID, notBefore: st.NotBefore}
+	j := &job{execID: execID, stepID: stepID, toolID: st.ToolID, account: st.Account, notBefore: st.NotBefore}
 	ex.mu.Unlock()
 	k.mu.Lock()
 	for _, q := range k.queue {
@@ -205,18 +218,19 @@ func (k *Kernel) dispatchNow(t *tx, fx *effects, stepID string, st *stepCreatedP
 		k.mu.Unlock()
 		return false
 	}
+	j := &job{execID: t.ex.ID, stepID: stepID, toolID: st.ToolID, account: st.Account}
 	for _, q := range k.queue {
-		if q.toolID == st.ToolID {
+		if q.capability() == j.capability() {
 			k.mu.Unlock()
 			return false
 		}
 	}
-	c := k.pickRunnerLocked(st.ToolID)
+	c := k.pickRunnerLocked(j.capability())
 	if c == nil {
 		k.mu.Unlock()
 		return false
 	}
-	j := &job{execID: t.ex.ID, stepID: stepID, toolID: st.ToolID, jobID: event.NewID()}
+	j.jobID = event.NewID()
 	c.job = j
 	k.mu.Unlock()
 	t.onAbort(func() { k.release(c, j.jobID) })
@@ -262,7 +276,7 @@ func (k *Kernel) dispatch() {
 			rest = append(rest, j)
 			continue
 		}
-		c := k.pickRunnerLocked(j.toolID)
+		c := k.pickRunnerLocked(j.capability())
 		if c == nil {
 			rest = append(rest, j)
 			continue
@@ -279,8 +293,8 @@ func (k *Kernel) dispatch() {
 	}
 }
 
-// pickRunnerLocked picks an idle online consumer able to run tool,
-// round-robin per tool in (runner, consumer) order.
+// pickRunnerLocked picks an idle online consumer that declared capability
+// tool, round-robin per capability in (runner, consumer) order.
 func (k *Kernel) pickRunnerLocked(tool string) *runnerConsumer {
 	if k.runnerOrder == nil {
 		for _, rid := range sortedKeys(k.runners) {
@@ -372,7 +386,7 @@ func (k *Kernel) sent(ex *Execution) {
 func (k *Kernel) unsend(c *runnerConsumer, j *job) {
 	k.release(c, j.jobID)
 	k.mu.Lock()
-	k.queue = append(k.queue, &job{execID: j.execID, stepID: j.stepID, toolID: j.toolID})
+	k.queue = append(k.queue, &job{execID: j.execID, stepID: j.stepID, toolID: j.toolID, account: j.account})
 	k.mu.Unlock()
 }
 
@@ -390,7 +404,7 @@ func (k *Kernel) claimNext(c *runnerConsumer, held string) (*Execution, *job) {
 	}
 	now := time.Now()
 	for i, j := range k.queue {
-		if j.execID == held || j.notBefore.After(now) || !c.caps[j.toolID] {
+		if j.execID == held || j.notBefore.After(now) || !c.caps[j.capability()] {
 			continue
 		}
 		ex := k.live[j.execID]
@@ -513,9 +527,7 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, req.JobID)
 	if req.Success {
 		t.add(event.StepCompleted, st.ID, &stepCompletedPayload{Result: orNull(req.Data)})
-		if ex.Lease != nil {
-			t.push(k.agentPeer(ex), event.PushToolResult, &toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepSucceeded), Result: req.Data}, "")
-		}
+		k.toolResult(t, st, StepSucceeded, req.Data, "")
 	} else {
 		k.failAttempt(t, &fx, st, req.Error, req.Retryable, req.Data)
 	}
@@ -537,6 +549,9 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	fx.add(t.publish())
 	if st.Status.Terminal() {
 		st.stopTimer()
+	}
+	if ex.Status.Terminal() {
+		k.finish(ex)
 	}
 	k.mu.Lock()
 	k.dropQueuedStepLocked(ex.ID, st.ID)

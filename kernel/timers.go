@@ -75,12 +75,13 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
 	t := k.begin(ex, Meta{})
 	t.add(event.StepTimedOut, st.ID, &emptyPayload{})
 	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, jobID)
-	if ex.Lease != nil {
-		t.push(k.agentPeer(ex), event.PushToolResult, &toolResultPush{ExecutionID: ex.ID, StepID: st.ID, Status: string(StepFailed), Error: "step timed out"}, "")
-	}
+	k.toolResult(t, st, StepFailed, nil, "step timed out")
 	if err := t.commit(context.Background()); err != nil {
 		st.timer = time.AfterFunc(time.Second, func() { k.stepTimedOut(execID, stepID, deadline) })
 		return
+	}
+	if ex.Status.Terminal() {
+		k.finish(ex)
 	}
 	k.releaseJob(jobID)
 	k.mu.Lock()
