@@ -52,6 +52,7 @@ var storedTypes = [...]string{
 	StepCreated, StepDispatched, StepStarted, StepCompleted, StepFailed,
 	StepRetried, StepTimedOut, StepCancelled, StepApprovalRequired,
 	SignalReceived, AgentTimeout, PermissionRequested, PermissionResolved,
+	AgentOutput,
 }
 
 // AppendStored appends the event's stored form to b: a compact binary

@@ -31,6 +31,11 @@ const (
 
 	PermissionRequested = "permission.requested"
 	PermissionResolved  = "permission.resolved"
+
+	// AgentOutput is an agent's text, reasoning, status or checkpoint in an
+	// execution filed in no durable session (an extension; in a session it
+	// is a fact of the session's log).
+	AgentOutput = "agent.output"
 )
 
 // Push types: transient deliveries to agents and runners, not logged.

@@ -7,6 +7,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/session"
 )
 
 // Every door asks auth.Principal.Authorize; the helpers below only describe
@@ -91,4 +92,30 @@ func (s *Server) touch(ctx context.Context, p *auth.Principal, act auth.Action, 
 	}
 	_, err := s.execution(ctx, p, act, id, missing)
 	return err
+}
+
+// Sessions is what the gateway reads of the durable sessions.
+type Sessions interface {
+	Get(ctx context.Context, id string) (session.Session, error)
+}
+
+func sessionResource(s *session.Session) auth.Resource {
+	return auth.Resource{Kind: auth.KindSession, ID: s.ID, Owner: ownerOf(s.Owner, s.Tenant), AgentID: s.AgentID}
+}
+
+// maySessionWork checks that p may file new work in session id: a session
+// that exists must be p's (another's answers as a missing one would); one
+// that does not is made for p.
+func (s *Server) maySessionWork(ctx context.Context, p *auth.Principal, id string) error {
+	if id == "" || s.opts.Sessions == nil {
+		return nil
+	}
+	sess, err := s.opts.Sessions.Get(ctx, id)
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		return nil
+	case err != nil:
+		return &gatewayError{kind: kernel.ErrUnavailable, msg: "service unavailable: " + err.Error()}
+	}
+	return allow(p, auth.ActWrite, sessionResource(&sess), notFound("session", id))
 }

@@ -72,6 +72,10 @@ func (s *Server) createExecution(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
+	if err := s.maySessionWork(c.ctx, c.principal, req.SessionID); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
 	v, replayed, err := s.k.Create(c.ctx, req, meta(c.ctx))
 	if err != nil {
 		s.writeError(c.ctx, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/session"
 )
 
 // Error codes of the kernel API.
@@ -49,11 +50,11 @@ func statusOf(err error) (int, errorBody) {
 		details = derr.Details()
 	}
 	switch {
-	case errors.Is(err, kernel.ErrValidation):
+	case errors.Is(err, kernel.ErrValidation), errors.Is(err, session.ErrInvalid):
 		return fasthttp.StatusBadRequest, errorBody{err.Error(), CodeValidation, details}
-	case errors.Is(err, kernel.ErrNotFound):
+	case errors.Is(err, kernel.ErrNotFound), errors.Is(err, session.ErrNotFound):
 		return fasthttp.StatusNotFound, errorBody{err.Error(), CodeNotFound, details}
-	case errors.Is(err, kernel.ErrConflict):
+	case errors.Is(err, kernel.ErrConflict), errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived):
 		return fasthttp.StatusConflict, errorBody{err.Error(), CodeConflict, details}
 	case errors.Is(err, kernel.ErrUnauthorized):
 		return fasthttp.StatusUnauthorized, errorBody{err.Error(), CodeUnauthorized, details}

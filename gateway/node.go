@@ -14,6 +14,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -44,6 +45,7 @@ type Config struct {
 // Node is a running gateway with everything it owns.
 type Node struct {
 	Store    *store.Store
+	Sessions *session.Registry
 	Bridge   *bridge.Bridge
 	Channels *channel.Registry
 	Kernel   *kernel.Kernel
@@ -96,8 +98,15 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	sessions, err := session.New(session.Options{Store: st, Logger: c.Logger})
+	if err != nil {
+		chans.Close()
+		hub.Close()
+		_ = st.Close()
+		return nil, err
+	}
 	ko := c.Kernel
-	ko.Store, ko.Deliverer, ko.Policy, ko.Logger, ko.Approvals = st, Deliverer(hub), c.Policy, c.Logger, br
+	ko.Store, ko.Deliverer, ko.Policy, ko.Logger, ko.Approvals, ko.Sessions = st, Deliverer(hub), c.Policy, c.Logger, br, sessions
 	k, err := kernel.New(ctx, ko)
 	if err != nil {
 		chans.Close()
@@ -105,10 +114,19 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	if err := sessions.Start(ctx, k); err != nil {
+		sessions.Close()
+		k.Close()
+		chans.Close()
+		hub.Close()
+		_ = st.Close()
+		return nil, err
+	}
 	so := c.Server
-	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels = k, hub, authn, c.Logger, br, chans
+	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, c.Logger, br, chans, sessions
 	srv, err := New(so)
 	if err != nil {
+		sessions.Close()
 		k.Close()
 		chans.Close()
 		hub.Close()
@@ -117,6 +135,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
+		sessions.Close()
 		k.Close()
 		chans.Close()
 		hub.Close()
@@ -124,7 +143,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		return nil, fmt.Errorf("gateway: listen: %w", err)
 	}
 	n := &Node{
-		Store: st, Bridge: br, Channels: chans, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
+		Store: st, Sessions: sessions, Bridge: br, Channels: chans, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
 		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
 	}
 	go func() { n.served <- srv.Serve(ln) }()
@@ -171,6 +190,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if err := <-n.served; err != nil && serr == nil {
 		serr = err
 	}
+	n.Sessions.Close()
 	n.Kernel.Close()
 	n.Channels.Close()
 	n.Hub.Close()

@@ -200,3 +200,20 @@ func TestChannelAckIsTheOwnersOnly(t *testing.T) {
 	agentAPI.fail("POST", "/v0/peers/ack", ack, 403, "FORBIDDEN")
 	alice.fail("POST", "/v0/peers/ack", obj{"role": "channel", "id": "phone", "consumer_id": "nobody"}, 404, "NOT_FOUND")
 }
+
+// TestSessionsAreTheirOwnersOnly: an execution filed under a durable
+// session makes the session its creator's; another client filing work
+// there is answered as for a session that does not exist.
+func TestSessionsAreTheirOwnersOnly(t *testing.T) {
+	as := jwtBridgeServer(t)
+	alice := as(auth.Claims{Subject: "alice", Role: auth.RoleClient})
+	bob := as(auth.Claims{Subject: "bob", Role: auth.RoleClient})
+	alice.json("POST", "/v0/executions", obj{"agent_id": "a", "session_id": "alice-chat"}, 201)
+	alice.json("POST", "/v0/executions", obj{"agent_id": "a", "session_id": "alice-chat"}, 201)
+	hidden := bob.fail("POST", "/v0/executions", obj{"agent_id": "a", "session_id": "alice-chat"}, 404, "NOT_FOUND")
+	if !strings.Contains(hidden["error"].(string), "session alice-chat") {
+		t.Fatalf("hidden session: %v", hidden)
+	}
+	bob.json("POST", "/v0/executions", obj{"agent_id": "a", "session_id": "bob-chat"}, 201)
+	alice.fail("POST", "/v0/executions", obj{"agent_id": "a", "session_id": "bad id/with slash"}, 400, "VALIDATION_ERROR")
+}

@@ -35,6 +35,9 @@ type Options struct {
 	Channels *channel.Registry // nil (or no Bridge): no human channels
 	// Surfaces are the protocol surfaces mounted beside /v0.
 	Surfaces []protocol.Surface
+	// Sessions are the durable sessions executions may be filed under;
+	// nil: none (a session_id only labels the execution).
+	Sessions Sessions
 	Logger   *slog.Logger
 	// Registry receives the gateway's metrics; nil makes a private one.
 	Registry *prometheus.Registry

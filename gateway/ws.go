@@ -439,13 +439,15 @@ type peerSession struct {
 	// current is the outbox connection that acks go to; a resume frame
 	// replaces it.
 	current atomic.Pointer[peer.Conn]
+	// saying counts the output intents waiting to be durable.
+	saying chan struct{}
 }
 
 // servePeer serves an agent's or runner's outbox on a socket. Unlike legacy
 // SSE, a delivery is not acknowledged by writing it: the client acks, and
 // what it has not acked comes again on its next connection.
 func (s *Server) servePeer(w *wsConn, ps *peerSocket) {
-	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch()}
+	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch(), saying: make(chan struct{}, maxSaying)}
 	p.render = outboxRenderer(p.epoch)
 	conn, reset := s.attach(ps.key, ps.cursor, ps.epochOK)
 	p.current.Store(conn)
@@ -511,12 +513,60 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 	case frameRefresh:
 		w.refresh(fr, p.scope)
 	case frameCommand:
+		if p.ps.role == kernel.RoleAgent && fr.Command == cmdIntent && p.say(fr) {
+			return
+		}
 		status, resp, after := p.s.peerCommand(w, p.ps, fr)
 		_ = w.reply(fr.ID, status, resp)
 		// After the reply is written, so that pushes the command caused
 		// cannot overtake it.
 		after.Run()
 	}
+}
+
+// maxSaying bounds the output intents of one socket waiting to be durable;
+// past it the socket reads no further frame until one is.
+const maxSaying = 1024
+
+// say takes an output intent, if fr is one, and reports whether it did: it
+// takes its place in order here, on the socket's reader, and its reply goes
+// out once it is durable, without holding up the frames after it (an agent
+// streams deltas faster than a disk write each).
+func (p *peerSession) say(fr inFrame) bool {
+	if !bytes.Contains(fr.Body, []byte(`"output"`)) {
+		return false
+	}
+	var req kernel.IntentRequest
+	if decodeBody(fr.Body, &req, p.s.opts.MaxBodyBytes) != nil || req.Intent.Type != kernel.IntentOutput {
+		return false
+	}
+	w := p.w
+	fail := func(err error) bool {
+		status, body := statusOf(err)
+		_ = w.reply(fr.ID, status, body)
+		return true
+	}
+	if err := p.s.touch(w.ctx, w.principal.Load(), auth.ActAct, req.ExecutionID, nil); err != nil {
+		return fail(err)
+	}
+	done, err := p.s.k.Say(w.ctx, req, kernel.Meta{})
+	if err != nil {
+		return fail(err)
+	}
+	p.saying <- struct{}{}
+	go func() {
+		defer func() { <-p.saying }()
+		select {
+		case err := <-done:
+			if err != nil {
+				fail(err)
+				return
+			}
+			_ = w.reply(fr.ID, fasthttp.StatusOK, kernel.IntentResult{Accepted: true})
+		case <-w.Ending():
+		}
+	}()
+	return true
 }
 
 // scope checks that a refreshed credential still grants the socket's id.

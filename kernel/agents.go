@@ -290,6 +290,9 @@ const (
 	IntentComplete   = "complete"
 	IntentFail       = "fail"
 	IntentWait       = "wait"
+	// IntentOutput (extension) is an agent's text, reasoning, status or
+	// checkpoint; see Kernel.Say.
+	IntentOutput = "output"
 )
 
 // Intent handles an agent's intent. Retrying it with the same idempotency
@@ -312,6 +315,16 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 	}
 	if isNull(in.Arguments) {
 		in.Arguments = nil
+	}
+	if in.Type == IntentOutput {
+		said, err := k.Say(ctx, req, meta)
+		if err == nil {
+			err = waitSaid(ctx, said)
+		}
+		if err != nil {
+			return IntentResult{}, nil, err
+		}
+		return IntentResult{Accepted: true}, nil, nil
 	}
 	meta.IdempotencyKey = in.IdempotencyKey
 	hash := requestHash(req)

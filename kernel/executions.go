@@ -38,6 +38,10 @@ type CreateRequest struct {
 	// Tool (extension) makes a direct execution: one tool call run without
 	// an agent; AgentID must then be empty.
 	Tool *ToolCall `json:"tool,omitempty"`
+	// ThreadID and TurnID name the session turn the execution runs; the
+	// session package sets them when it starts a turn.
+	ThreadID string `json:"-"`
+	TurnID   string `json:"-"`
 }
 
 // Create starts an execution. If an agent consumer for it is online, the
@@ -94,11 +98,25 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 	ex := &Execution{ID: event.NewID(), SessionID: req.SessionID, TraceID: meta.TraceID, Steps: map[string]*Step{}}
 	if ex.SessionID == "" {
 		ex.SessionID = "sess-" + ex.ID
+	} else if k.sessions != nil {
+		// The filing is set before the first transaction, which files the
+		// execution's creation with the rest of its first batch.
+		thread, turn, err := k.sessions.Open(ctx, Opening{
+			SessionID: req.SessionID, ExecutionID: ex.ID, AgentID: req.AgentID, Owner: meta.Principal, Tenant: meta.Tenant,
+			ThreadID: req.ThreadID, TurnID: req.TurnID, Input: req.Input,
+		})
+		if err != nil {
+			return View{}, false, err
+		}
+		ex.Filed, ex.ThreadID, ex.TurnID = true, thread, turn
 	}
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	t := k.begin(ex, meta)
-	t.add(event.ExecutionCreated, "", &createdPayload{AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal, Tenant: meta.Tenant, Tool: req.Tool})
+	t.add(event.ExecutionCreated, "", &createdPayload{
+		AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal, Tenant: meta.Tenant, Tool: req.Tool,
+		Filed: ex.Filed, ThreadID: ex.ThreadID, TurnID: ex.TurnID,
+	})
 	var (
 		consumer string
 		lease    *Lease

@@ -71,6 +71,7 @@ type Options struct {
 	Deliverer Deliverer    // required
 	Policy    Policy       // nil: the built-in default policy
 	Approvals Approvals    // nil: approvals only through the step.approve signal
+	Sessions  Sessions     // nil: no durable sessions; session_id only labels executions
 	Logger    *slog.Logger
 
 	StepTimeout       time.Duration // 5m: step deadline unless policy sets one
@@ -133,6 +134,7 @@ type Kernel struct {
 	out       Deliverer
 	pol       Policy
 	approvals Approvals
+	sessions  Sessions
 	log       *slog.Logger
 
 	// mu guards the maps below. It is never held while waiting for the
@@ -171,7 +173,7 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 	}
 	o.defaults()
 	k := &Kernel{
-		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, log: o.Logger,
+		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, sessions: o.Sessions, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
 		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{},
 		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),

@@ -67,7 +67,12 @@ type Execution struct {
 	SessionID string // the durable session (work container), not the agent lease
 	// Tool is set for a direct execution: one tool call run without an
 	// agent, which ends when its step does.
-	Tool      *ToolCall
+	Tool *ToolCall
+	// Filed says the execution's events are filed in its durable
+	// session's log, as the turn TurnID of thread ThreadID.
+	Filed     bool
+	ThreadID  string
+	TurnID    string
 	TraceID   string
 	Labels    map[string]string
 	Input     json.RawMessage

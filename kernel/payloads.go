@@ -16,6 +16,11 @@ type createdPayload struct {
 	Owner   string            `json:"owner,omitempty"`  // extension: the principal whose channels answer its prompts
 	Tenant  string            `json:"tenant,omitempty"` // extension: the owner's tenant
 	Tool    *ToolCall         `json:"tool,omitempty"`   // extension: the one step of a direct execution
+	// Filed (extension) says the execution is filed in its durable
+	// session, in the thread and turn named.
+	Filed    bool   `json:"filed,omitempty"`
+	ThreadID string `json:"thread_id,omitempty"`
+	TurnID   string `json:"turn_id,omitempty"`
 }
 
 type startedPayload struct {

@@ -218,7 +218,10 @@ func (t *tx) commitWith(ctx context.Context, other *tx) error {
 	if batch == nil {
 		return nil
 	}
-	if err := t.k.store.Write(ctx, batch); err != nil {
+	filed := t.k.stageSessions(batch, txs)
+	err := t.k.store.Write(ctx, batch)
+	filed(err == nil)
+	if err != nil {
 		for _, x := range txs {
 			x.abort()
 		}

@@ -53,6 +53,10 @@ const (
 	KindPeer Kind = "peer"
 	// KindMetrics is the gateway's metrics: counts over every owner.
 	KindMetrics Kind = "metrics"
+	// KindSession is a durable session with everything in it: its log,
+	// threads, turns and read models. It has an owner; its executions are
+	// executions of that owner.
+	KindSession Kind = "session"
 )
 
 // Action is what a caller wants to do with a resource.
@@ -106,6 +110,7 @@ var roleActs = map[Kind]map[Action][]Role{
 	KindRunner:    {ActRead: {RoleRunner}, ActAct: {RoleRunner}},
 	KindPeer:      {ActRead: {RoleAgent, RoleRunner}},
 	KindMetrics:   {ActRead: {RoleClient}},
+	KindSession:   {ActRead: {RoleClient, RoleChannel}, ActWrite: {RoleClient}},
 }
 
 // Can reports whether p's role may ever perform act on resources of kind k.
@@ -128,6 +133,7 @@ func describe(act Action, k Kind) string {
 	noun := map[Kind]string{
 		KindExecution: "executions", KindAction: "permission prompts", KindChannel: "human channels",
 		KindAgent: "agent ids", KindRunner: "runner ids", KindPeer: "peers", KindMetrics: "metrics",
+		KindSession: "sessions",
 	}[k]
 	if verb == "" || noun == "" {
 		return fmt.Sprintf("%s %s", act, k)
@@ -159,7 +165,7 @@ func (p *Principal) Authorize(act Action, r Resource) error {
 	if err := p.Can(act, r.Kind); err != nil {
 		return err
 	}
-	owned := r.Kind == KindExecution || r.Kind == KindAction || r.Kind == KindChannel
+	owned := r.Kind == KindExecution || r.Kind == KindAction || r.Kind == KindChannel || r.Kind == KindSession
 	if owned && p.Tenant != "" && r.Owner.Tenant != p.Tenant {
 		return p.hidden(r)
 	}
@@ -172,7 +178,7 @@ func (p *Principal) Authorize(act Action, r Resource) error {
 			return p.listed(p.Agents, r.AgentID, r, ErrHidden)
 		}
 		return p.owns(r)
-	case KindAction, KindChannel:
+	case KindAction, KindChannel, KindSession:
 		return p.owns(r)
 	case KindAgent:
 		return p.listed(p.Agents, r.AgentID, r, ErrForbidden)
