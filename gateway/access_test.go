@@ -125,6 +125,9 @@ func TestAccessMatrix(t *testing.T) {
 	answerers, others := []string{"admin", "alice", "alice-channel"}, []string{"bob", "mallory", "tenant-admin"}
 	workers := []string{"admin", "tenant-admin", "agent", "other-agent", "runner", "other-runner"}
 	x := "/v0/executions/" + done
+	alice.json("POST", "/agent-runtime/sessions", obj{"sessionId": "m-sess", "agentId": "m-agent"}, 201)
+	readers, sessionStrangers := []string{"admin", "alice", "alice-channel"}, []string{"bob", "mallory", "tenant-admin"}
+	ar := "/agent-runtime/sessions/m-sess"
 
 	rows := map[string]matrixRow{
 		"GET /v0/health": {req: do("GET", "/v0/health", nil), status: 200, ok: everyone, public: true},
@@ -162,6 +165,14 @@ func TestAccessMatrix(t *testing.T) {
 		"GET /v0/channels/events":     {req: do("GET", "/v0/channels/events", nil), status: 200, ok: people},
 		"PUT /v0/channels/webhook":    {req: do("PUT", "/v0/channels/webhook", obj{"url": "not a url", "secret": "0123456789abcdef"}), status: 400, ok: people},
 		"DELETE /v0/channels/webhook": {req: do("DELETE", "/v0/channels/webhook", nil), status: 404, ok: people},
+
+		"GET /agent-runtime/sessions":               {req: do("GET", "/agent-runtime/sessions", nil), status: 200, ok: readers, hidden: sessionStrangers, list: "m-sess"},
+		"POST /agent-runtime/sessions":              {req: do("POST", "/agent-runtime/sessions", obj{"agentId": "m-agent"}), status: 201, ok: clients},
+		"GET /agent-runtime/sessions/{}":            {req: do("GET", ar, nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"GET /agent-runtime/sessions/{}/events":     {req: do("GET", ar+"/events", nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"GET /agent-runtime/sessions/{}/threads/{}": {req: do("GET", ar+"/threads/main", nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"POST /agent-runtime/commands/{}":           {req: do("POST", "/agent-runtime/commands/get_session", obj{"session_id": "m-sess"}), status: 200, ok: readers, hidden: sessionStrangers},
+		"GET /agent-runtime/exports/{}":             {req: do("GET", "/agent-runtime/exports/m-sess", nil), status: 200, ok: readers, hidden: sessionStrangers},
 	}
 
 	routes := gateway.RouteKeys(s.Node.Server)

@@ -12,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
 func (s *Server) actionRoutes(r *router) {
@@ -218,3 +219,21 @@ type detailedError struct {
 
 // Details returns the error's details for the error body.
 func (e *detailedError) Details() any { return e.details }
+
+// Respond answers a permission prompt for a protocol surface, on the path
+// of POST /v0/actions/{id}/respond (protocol.Gateway).
+func (s *Server) Respond(ctx context.Context, p *auth.Principal, actionID string, r protocol.Response) (bridge.Record, kernel.After, error) {
+	if s.opts.Bridge == nil {
+		return bridge.Record{}, nil, notFound("action", actionID)
+	}
+	_, _, after, err := s.respond(ctx, p, actionID, RespondRequest{Decision: r.Decision, Reason: r.Reason, ChannelID: r.ChannelID, NativePeerID: r.NativePeerID}, kernel.Meta{Principal: p.Subject, Tenant: p.Tenant})
+	if err != nil {
+		return bridge.Record{}, nil, err
+	}
+	rec, err := s.opts.Bridge.Get(actionID)
+	if err != nil {
+		after.Run()
+		return bridge.Record{}, nil, actionError(err)
+	}
+	return rec, after, nil
+}

@@ -30,7 +30,7 @@ func (echoSurface) Routes() []protocol.Route {
 			r.Ctx.SetBodyString(`{"thing":"` + r.Params[0] + `","by":"` + r.Principal.Subject + `"}`)
 		}},
 		{Method: "GET", Pattern: "/things/{}/events", Stream: true, Handle: func(r *protocol.Request) {
-			r.Streams.SSE(r, "echo", echoRender, stream.SSEOptions{}, false, func(*stream.Options) (stream.Source, func()) {
+			r.Gateway.SSE(r, "echo", echoRender, stream.SSEOptions{}, false, func(*stream.Options) (stream.Source, func()) {
 				return &sliceSource{items: []string{"a", "b", r.Params[0]}}, nil
 			})
 		}},

@@ -36,7 +36,7 @@ func (s *Server) mount(r *router, sf protocol.Surface) {
 	prefix := strings.TrimSuffix(sf.Mount(), "/")
 	for _, pr := range sf.Routes() {
 		h := func(c *call) {
-			pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Streams: s})
+			pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Gateway: s})
 		}
 		if pr.Stream {
 			h = s.admit(h)

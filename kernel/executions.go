@@ -543,3 +543,32 @@ func (k *Kernel) ReadEvents(id string, after uint64, fn func(seq uint64, data []
 	}
 	return nil
 }
+
+// ReadEventValues is ReadEvents for readers that render the events in
+// another shape: fn gets each event decoded, valid only during the call.
+func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error {
+	var derr error
+	err := k.store.Scan(streamOf(id), after, func(seq uint64, data []byte) bool {
+		var ev event.Event
+		if len(data) > 0 && data[0] == '{' {
+			derr = json.Unmarshal(data, &ev)
+		} else {
+			ev, derr = event.DecodeStored(data, id)
+		}
+		if derr != nil {
+			derr = fmt.Errorf("decode event %d of %s: %w", seq, id, derr)
+			return false
+		}
+		return fn(&ev)
+	})
+	if err == nil {
+		err = derr
+	}
+	if err != nil {
+		if errors.Is(err, store.ErrClosed) {
+			return newErr(ErrUnavailable, "service unavailable: shutting down")
+		}
+		return newErr(ErrUnavailable, "service unavailable: %v", err)
+	}
+	return nil
+}

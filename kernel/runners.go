@@ -669,3 +669,36 @@ func (k *Kernel) RemoveRunner(runnerID string) {
 	}
 	k.dispatch()
 }
+
+// ServedTool is a capability that connected runners serve: a tool id, or
+// "<tool>@<account>" for a connected account.
+type ServedTool struct {
+	ID string `json:"id"`
+	// Runners are the runner ids with an online connection that serves it.
+	Runners []string `json:"runners"`
+}
+
+// Tools returns what connected runners serve, by capability.
+func (k *Kernel) Tools() []ServedTool {
+	k.mu.Lock()
+	by := map[string]map[string]bool{}
+	for rid, rs := range k.runners {
+		for _, c := range rs.consumers {
+			if !c.online {
+				continue
+			}
+			for tool := range c.caps {
+				if by[tool] == nil {
+					by[tool] = map[string]bool{}
+				}
+				by[tool][rid] = true
+			}
+		}
+	}
+	k.mu.Unlock()
+	out := make([]ServedTool, 0, len(by))
+	for _, id := range sortedKeys(by) {
+		out = append(out, ServedTool{ID: id, Runners: sortedKeys(by[id])})
+	}
+	return out
+}

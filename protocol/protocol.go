@@ -10,11 +10,16 @@
 // authentication, metrics. A route's handler then speaks the protocol: it
 // checks access with the one rule (auth.Principal.Authorize), calls the
 // kernel, sessions, bridge or memory, and writes the protocol's answer,
-// carrying streams on the gateway's stream engine through Streams.
+// carrying streams on the gateway's stream engine through Gateway.
 package protocol
 
 import (
+	"context"
+
 	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/kernel"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/stream"
@@ -51,14 +56,31 @@ type Request struct {
 	Principal *auth.Principal
 	// Params are the path parameters, in the order of the pattern's "{}".
 	Params []string
-	// Streams carries streams on this request's connection.
-	Streams Streams
+	// Gateway offers what surfaces share with the /v0 API.
+	Gateway Gateway
 }
 
-// Streams is how a surface carries a stream on the gateway's stream
-// engine, with the gateway's heartbeats, write timeout, shutdown and
-// bookkeeping.
-type Streams interface {
+// Response answers a permission prompt.
+type Response struct {
+	// Decision is allow_once, allow_always or deny.
+	Decision string
+	Reason   string
+	// ChannelID and NativePeerID name where the answer came from, for the
+	// audit (the surface's own name when not a human channel's).
+	ChannelID    string
+	NativePeerID string
+}
+
+// Gateway is what a surface does through the gateway so that every door
+// behaves the same: streams on the gateway's stream engine (its
+// heartbeats, write timeout, shutdown and bookkeeping), and permission
+// decisions through the one path every channel takes.
+type Gateway interface {
+	// Respond answers permission prompt actionID for p as every channel
+	// does: the same access rule (another's prompt is not found), the
+	// first answer wins (a late one fails with the recorded outcome), the
+	// audit names r.ChannelID. after runs once the answer has been given.
+	Respond(ctx context.Context, p *auth.Principal, actionID string, r Response) (rec bridge.Record, after kernel.After, err error)
 	// SSE answers the request with a Server-Sent Events stream. open runs
 	// on the stream's goroutine once the response has begun: it returns
 	// the source, may set options (Final, Flushed), and returns what to

@@ -284,6 +284,18 @@ func (r *Registry) Read(ctx context.Context, id string, after uint64, fn func(It
 	return nil
 }
 
+// First returns the first sequence session id's log keeps: 1 until
+// retention removes the log's beginning, 0 for an empty log.
+func (r *Registry) First(ctx context.Context, id string) (uint64, error) {
+	b, err := r.book(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.first, nil
+}
+
 // Last returns the last sequence of session id's log, durable or open.
 func (r *Registry) Last(ctx context.Context, id string) (uint64, error) {
 	b, err := r.book(ctx, id)

@@ -542,3 +542,56 @@ func (r *Registry) update(ctx context.Context, id string, change func(*Session) 
 	}
 	return b.sess.clone(), nil
 }
+
+// kindCursor keeps the sequence each reader of a session acknowledged.
+const kindCursor = "scursor" // session id "/" reader -> uint64
+
+// Acknowledge records that reader (a channel, a UI) has processed session
+// id's log up to seq; it never moves back. It writes no fact to the log.
+func (r *Registry) Acknowledge(ctx context.Context, id, reader string, seq uint64) (uint64, error) {
+	if err := validID("reader", reader); err != nil {
+		return 0, err
+	}
+	b, err := r.book(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if seq > b.last {
+		return 0, fmt.Errorf("%w: sequence %d is past the log's last, %d", ErrInvalid, seq, b.last)
+	}
+	var cur uint64
+	if err := r.st.Get(kindCursor, id+"/"+reader, &cur); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return 0, err
+	}
+	if seq <= cur {
+		return cur, nil
+	}
+	var batch store.Batch
+	if err := batch.Put(kindCursor, id+"/"+reader, seq); err != nil {
+		return 0, err
+	}
+	if err := r.st.Write(ctx, &batch); err != nil {
+		return 0, fmt.Errorf("session: acknowledge %s: %w", id, err)
+	}
+	return seq, nil
+}
+
+// Cursors returns what each reader of session id acknowledged.
+func (r *Registry) Cursors(ctx context.Context, id string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	var derr error
+	err := r.st.RecordsWithPrefix(kindCursor, id+"/", func(key string, decode func(any) error) bool {
+		var seq uint64
+		if derr = decode(&seq); derr != nil {
+			return false
+		}
+		out[strings.TrimPrefix(key, id+"/")] = seq
+		return true
+	})
+	if err == nil {
+		err = derr
+	}
+	return out, err
+}

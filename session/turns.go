@@ -507,3 +507,47 @@ func jsonEqual(a, b json.RawMessage) bool {
 	by, _ := json.Marshal(y)
 	return bytes.Equal(ax, by)
 }
+
+// Resume makes a thread of session id go on when it can: an idle thread
+// with queued turns starts the first (a session archived with turns queued
+// keeps them until it is resumed like this). It returns the thread.
+func (r *Registry) Resume(ctx context.Context, id, threadID string) (Thread, error) {
+	b, err := r.book(ctx, id)
+	if err != nil {
+		return Thread{}, err
+	}
+	b.mu.Lock()
+	if threadID == "" && len(b.sess.Threads) > 0 {
+		threadID = b.sess.Threads[0].ID
+	}
+	th := b.sess.thread(threadID)
+	if th == nil {
+		b.mu.Unlock()
+		return Thread{}, fmt.Errorf("%w: thread %s of session %s", ErrNotFound, threadID, id)
+	}
+	if th.Active != "" || len(th.Queue) == 0 {
+		cur := *th
+		b.mu.Unlock()
+		return cur, nil
+	}
+	var next Turn
+	err = r.write(ctx, b, func(a *appender, s *Session) error {
+		th := s.thread(threadID)
+		if err := r.st.Get(kindTurn, id+"/"+th.Queue[0], &next); err != nil {
+			return err
+		}
+		th.Queue = th.Queue[1:]
+		next.Status, th.Active, th.Status = TurnRunning, next.ID, ThreadRunning
+		if err := a.fact(FactQueueChanged, threadID, next.ID, &QueueFact{ThreadID: threadID, Queued: th.Queue, Reason: "resumed", TurnID: next.ID}); err != nil {
+			return err
+		}
+		return a.batch.Put(kindTurn, id+"/"+next.ID, &next)
+	})
+	cur := *b.sess.thread(threadID)
+	b.mu.Unlock()
+	if err != nil {
+		return Thread{}, err
+	}
+	r.startTurn(next)
+	return cur, nil
+}

@@ -32,6 +32,11 @@ type Item struct {
 	Type string
 	// Data is the stored fact, usually one JSON value.
 	Data []byte
+	// Value is the fact decoded, for sources that decode what they read
+	// (a session's log resolves its references to execution events);
+	// renderers read it instead of Data. Like Data it is only valid until
+	// the source's next call to Next.
+	Value any
 }
 
 // Source is a sequence read from a position. Implementations are safe for

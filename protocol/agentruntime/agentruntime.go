@@ -1,0 +1,418 @@
+// Package agentruntime serves the Agent Runtime standard (seed 001,
+// limecloud/agentruntime v0.3.9) under /agent-runtime: every fact of a
+// durable session as a schema-valid Agent Runtime event (replayed and
+// tailed over SSE, or paged as JSON), the session snapshot and thread read
+// model folded from those events, the control-plane commands that map onto
+// Gatehouse's sessions, kernel and permission bridge, and evidence and
+// replay exports a third party can verify.
+//
+// docs/agent-runtime.md maps each Gatehouse fact to its event type and
+// says which commands and summaries Gatehouse cannot offer, and why.
+package agentruntime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
+	"github.com/gatehouse-dev/gatehouse/session"
+	"github.com/gatehouse-dev/gatehouse/stream"
+)
+
+// Kernel is what the surface needs of the execution kernel.
+type Kernel interface {
+	ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error
+	Get(ctx context.Context, id string) (kernel.View, error)
+	Cancel(ctx context.Context, id string, meta kernel.Meta) (kernel.View, error)
+	Tools() []kernel.ServedTool
+}
+
+// Options configure the surface.
+type Options struct {
+	Kernel   Kernel
+	Sessions *session.Registry
+}
+
+// Surface is the Agent Runtime surface; see the package doc.
+type Surface struct {
+	o Options
+
+	mu     sync.Mutex
+	models map[string]*cachedModel
+}
+
+// New returns the surface.
+func New(o Options) *Surface {
+	return &Surface{o: o, models: map[string]*cachedModel{}}
+}
+
+// Mount is where the surface is served.
+func (s *Surface) Mount() string { return "/agent-runtime" }
+
+// Routes lists the surface's routes.
+func (s *Surface) Routes() []protocol.Route {
+	return []protocol.Route{
+		{Method: "GET", Pattern: "/sessions", Handle: s.listSessions},
+		{Method: "POST", Pattern: "/sessions", Handle: s.createSession},
+		{Method: "GET", Pattern: "/sessions/{}", Handle: s.getSession},
+		{Method: "GET", Pattern: "/sessions/{}/events", Stream: true, Handle: s.events},
+		{Method: "GET", Pattern: "/sessions/{}/threads/{}", Handle: s.getThread},
+		{Method: "POST", Pattern: "/commands/{}", Handle: s.command},
+		{Method: "GET", Pattern: "/exports/{}", Handle: s.export},
+	}
+}
+
+// Error codes of the surface, beside the gateway's (VALIDATION_ERROR,
+// NOT_FOUND, CONFLICT, ...).
+const (
+	codeCursorExpired  = "CURSOR_EXPIRED"
+	codeNotImplemented = "NOT_IMPLEMENTED"
+	codeUnknownCommand = "UNKNOWN_COMMAND"
+)
+
+// errorBody is every error answer: a sentence and a machine code.
+type errorBody struct {
+	Error   string `json:"error"`
+	Code    string `json:"code"`
+	Details any    `json:"details,omitempty"`
+}
+
+// WriteError answers a request the gateway refused.
+func (s *Surface) WriteError(ctx *fasthttp.RequestCtx, status int, code, msg string) {
+	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = fasthttp.StatusInternalServerError, []byte(`{"error":"internal error","code":"INTERNAL_ERROR"}`)
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(append(data, '\n'))
+}
+
+// fail answers err with its status and code.
+func fail(ctx *fasthttp.RequestCtx, err error) {
+	status, code := fasthttp.StatusInternalServerError, "INTERNAL_ERROR"
+	msg := err.Error()
+	var details any
+	var kerr *kernel.Error
+	if errors.As(err, &kerr) {
+		details = kerr.Details
+	}
+	switch {
+	case errors.Is(err, errInvalid), errors.Is(err, session.ErrInvalid), errors.Is(err, kernel.ErrValidation):
+		status, code = fasthttp.StatusBadRequest, "VALIDATION_ERROR"
+	case errors.Is(err, session.ErrNotFound), errors.Is(err, kernel.ErrNotFound), errors.Is(err, auth.ErrHidden):
+		status, code = fasthttp.StatusNotFound, "NOT_FOUND"
+	case errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived), errors.Is(err, kernel.ErrConflict):
+		status, code = fasthttp.StatusConflict, "CONFLICT"
+	case errors.Is(err, session.ErrCursorExpired):
+		status, code = fasthttp.StatusGone, codeCursorExpired
+	case errors.Is(err, auth.ErrForbidden):
+		status, code = fasthttp.StatusForbidden, "FORBIDDEN"
+	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
+		status, code = fasthttp.StatusServiceUnavailable, "SERVICE_UNAVAILABLE"
+	default:
+		msg = "internal error"
+	}
+	writeJSON(ctx, status, errorBody{Error: msg, Code: code, Details: details})
+}
+
+var errInvalid = errors.New("invalid request")
+
+func invalid(msg string) error { return errors.Join(errInvalid, errors.New(msg)) }
+
+// sessionResource describes a session to the access rule.
+func sessionResource(sess *session.Session) auth.Resource {
+	return auth.Resource{Kind: auth.KindSession, ID: sess.ID, Owner: auth.Owner{Principal: sess.Owner, Tenant: sess.Tenant}, AgentID: sess.AgentID}
+}
+
+// session returns session id if p may act on it; another's is not found,
+// word for word as a missing one.
+func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, error) {
+	if err := p.Can(act, auth.KindSession); err != nil {
+		return session.Session{}, err
+	}
+	sess, err := s.o.Sessions.Get(ctx, id)
+	if err != nil {
+		return session.Session{}, err
+	}
+	if err := p.Authorize(act, sessionResource(&sess)); err != nil {
+		if errors.Is(err, auth.ErrHidden) {
+			return session.Session{}, session.ErrNotFound
+		}
+		return session.Session{}, err
+	}
+	return sess, nil
+}
+
+// sessionView is a session in a list.
+type sessionView struct {
+	SessionID string `json:"sessionId"`
+	Title     string `json:"title"`
+	Status    string `json:"status"`
+	Source    string `json:"source"`
+	AgentID   string `json:"agentId,omitempty"`
+	CreatedAt string `json:"createdAt"`
+	UpdatedAt string `json:"updatedAt"`
+}
+
+func viewOf(s *session.Session) sessionView {
+	return sessionView{SessionID: s.ID, Title: s.Title, Status: string(s.Status), Source: s.Source, AgentID: s.AgentID,
+		CreatedAt: timestamp(s.Created), UpdatedAt: timestamp(s.Updated)}
+}
+
+// listSessions answers GET /sessions?after=&limit= (extension): the
+// caller's sessions, in id order; next is absent on the last page.
+func (s *Surface) listSessions(r *protocol.Request) {
+	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	args := r.Ctx.QueryArgs()
+	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
+		After: string(args.Peek("after")), Limit: limit,
+		Visible: func(x *session.Session) bool { return r.Principal.Authorize(auth.ActRead, sessionResource(x)) == nil },
+	})
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	out := struct {
+		Sessions []sessionView `json:"sessions"`
+		Next     string        `json:"next,omitempty"`
+	}{Sessions: []sessionView{}, Next: page.Next}
+	for i := range page.Sessions {
+		out.Sessions = append(out.Sessions, viewOf(&page.Sessions[i]))
+	}
+	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+}
+
+// createSession answers POST /sessions (extension): a session for the
+// caller with the agent that runs its turns.
+func (s *Surface) createSession(r *protocol.Request) {
+	if err := r.Principal.Can(auth.ActWrite, auth.KindSession); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	var req struct {
+		SessionID string `json:"sessionId"`
+		Title     string `json:"title"`
+		AgentID   string `json:"agentId"`
+	}
+	if err := decode(r.Ctx.PostBody(), &req); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	sess, err := s.o.Sessions.Create(r.Ctx, session.CreateRequest{
+		ID: req.SessionID, Title: req.Title, AgentID: req.AgentID, Owner: r.Principal.Subject, Tenant: r.Principal.Tenant,
+	})
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	snap, err := s.snapshot(r.Ctx, sess.ID)
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	writeJSON(r.Ctx, fasthttp.StatusCreated, snap)
+}
+
+// snapshotOf returns session id's snapshot, decoded: a copy the caller
+// owns.
+func (s *Surface) snapshotOf(ctx context.Context, id string) (Snapshot, error) {
+	var snap Snapshot
+	data, err := s.snapshot(ctx, id)
+	if err == nil {
+		err = json.Unmarshal(data, &snap)
+	}
+	return snap, err
+}
+
+// decode reads a JSON body; an empty body is an empty object.
+func decode(body []byte, v any) error {
+	if len(body) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return invalid("invalid JSON: " + err.Error())
+	}
+	return nil
+}
+
+// getSession answers GET /sessions/{id}: the session snapshot.
+func (s *Surface) getSession(r *protocol.Request) {
+	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0]); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	snap, err := s.snapshot(r.Ctx, r.Params[0])
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	writeJSON(r.Ctx, fasthttp.StatusOK, snap)
+}
+
+// getThread answers GET /sessions/{id}/threads/{threadId}: the thread read
+// model.
+func (s *Surface) getThread(r *protocol.Request) {
+	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0]); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	snap, err := s.snapshotOf(r.Ctx, r.Params[0])
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	for _, th := range snap.Threads {
+		if th.ThreadID == r.Params[1] {
+			writeJSON(r.Ctx, fasthttp.StatusOK, th)
+			return
+		}
+	}
+	fail(r.Ctx, session.ErrNotFound)
+}
+
+// events answers GET /sessions/{id}/events: with Accept: text/event-stream
+// the events after the cursor (after, or Last-Event-ID), then the live
+// tail; otherwise a JSON page {events, next}.
+func (s *Surface) events(r *protocol.Request) {
+	id := r.Params[0]
+	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, id); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	args := r.Ctx.QueryArgs()
+	after, err := cursor(string(args.Peek("after")))
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	if h := r.Ctx.Request.Header.Peek("Last-Event-ID"); len(h) > 0 {
+		if after, err = cursor(string(h)); err != nil {
+			fail(r.Ctx, err)
+			return
+		}
+	}
+	if wantsSSE(r.Ctx) {
+		src := s.source(id, after)
+		r.Gateway.SSE(r, "agent_runtime", renderer, stream.SSEOptions{Retry: 5e9}, false, func(*stream.Options) (stream.Source, func()) {
+			return src, nil
+		})
+		return
+	}
+	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	if limit <= 0 || limit > 1000 {
+		limit = 100
+	}
+	facts, err := s.read(r.Ctx, id, after, limit+1, nil)
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	page := struct {
+		Events []Event `json:"events"`
+		Next   string  `json:"next,omitempty"`
+	}{Events: []Event{}}
+	for i := range facts {
+		if i == limit {
+			page.Next = strconv.FormatUint(facts[i-1].item.Seq, 10)
+			break
+		}
+		if e, ok := render(&facts[i]); ok {
+			page.Events = append(page.Events, e)
+		}
+	}
+	writeJSON(r.Ctx, fasthttp.StatusOK, page)
+}
+
+// cursor reads a sequence cursor: empty is the start.
+func cursor(v string) (uint64, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, invalid("a cursor is a sequence: a non-negative integer")
+	}
+	return n, nil
+}
+
+// wantsSSE reports a request for an event stream.
+func wantsSSE(ctx *fasthttp.RequestCtx) bool {
+	return string(ctx.Request.Header.Peek("Accept")) == "text/event-stream"
+}
+
+// cachedModel is a session's read models folded up to a sequence.
+type cachedModel struct {
+	mu sync.Mutex
+	m  *model
+}
+
+// maxCachedModels bounds the sessions whose models stay folded in memory.
+const maxCachedModels = 256
+
+// snapshot folds the events of session id not yet folded into its cached
+// model and returns the snapshot, encoded while the model is held.
+func (s *Surface) snapshot(ctx context.Context, id string) (json.RawMessage, error) {
+	s.mu.Lock()
+	c := s.models[id]
+	if c == nil {
+		if len(s.models) >= maxCachedModels {
+			for k := range s.models {
+				delete(s.models, k)
+				break
+			}
+		}
+		c = &cachedModel{m: newModel(id)}
+		s.models[id] = c
+	}
+	s.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		facts, err := s.read(ctx, id, c.m.snap.Sequence, 1000, nil)
+		if errors.Is(err, session.ErrCursorExpired) && c.m.snap.Sequence == 0 {
+			first, ferr := s.o.Sessions.First(ctx, id)
+			if ferr != nil {
+				return nil, ferr
+			}
+			facts, err = s.read(ctx, id, first-1, 1000, nil)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for i := range facts {
+			e, ok := render(&facts[i])
+			if !ok {
+				c.m.snap.Sequence = facts[i].item.Seq
+				continue
+			}
+			data, err := json.Marshal(&e)
+			if err != nil {
+				return nil, err
+			}
+			if err := c.m.fold(data); err != nil {
+				return nil, err
+			}
+		}
+		if len(facts) < 1000 {
+			snap := c.m.snapshot()
+			return json.Marshal(&snap)
+		}
+	}
+}
