@@ -122,9 +122,9 @@ type Turn struct {
 	Submitted   time.Time       `msgpack:"su" json:"submitted_at"`
 	// FirstSeq is the sequence of the turn's first fact in the session's
 	// log: retention keeps everything from there while the turn runs.
-	FirstSeq uint64 `msgpack:"fs,omitempty" json:"-"`
-	Started     time.Time       `msgpack:"sa,omitempty" json:"started_at,omitzero"`
-	Ended       time.Time       `msgpack:"en,omitempty" json:"ended_at,omitzero"`
+	FirstSeq uint64    `msgpack:"fs,omitempty" json:"-"`
+	Started  time.Time `msgpack:"sa,omitempty" json:"started_at,omitzero"`
+	Ended    time.Time `msgpack:"en,omitempty" json:"ended_at,omitzero"`
 }
 
 // thread returns the session's thread id, or nil.
