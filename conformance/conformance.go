@@ -154,6 +154,7 @@ func suite() []check {
 	all = append(all, securityChecks()...)
 	all = append(all, ownershipChecks()...)
 	all = append(all, seed001Checks()...)
+	all = append(all, agentRuntimeChecks()...)
 	return all
 }
 

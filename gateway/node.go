@@ -172,6 +172,9 @@ func (n *Node) gcLoop() {
 			if _, err := n.Kernel.Prune(ctx, time.Now().Add(-retention), n.cfg.RetentionCount); err != nil {
 				n.log.Warn("retention", "err", err)
 			}
+			if _, err := n.Sessions.Prune(ctx, time.Now()); err != nil {
+				n.log.Warn("session retention", "err", err)
+			}
 			if _, err := n.Kernel.ExpireIdempotencyKeys(ctx); err != nil {
 				n.log.Warn("idempotency keys", "err", err)
 			}

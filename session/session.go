@@ -120,8 +120,11 @@ type Turn struct {
 	ExecutionID string          `msgpack:"x,omitempty" json:"execution_id,omitempty"`
 	Error       string          `msgpack:"e,omitempty" json:"error,omitempty"`
 	Submitted   time.Time       `msgpack:"su" json:"submitted_at"`
-	Started     time.Time       `msgpack:"sa,omitempty" json:"started_at,omitzero"`
-	Ended       time.Time       `msgpack:"en,omitempty" json:"ended_at,omitzero"`
+	// FirstSeq is the sequence of the turn's first fact in the session's
+	// log: retention keeps everything from there while the turn runs.
+	FirstSeq uint64    `msgpack:"fs,omitempty" json:"-"`
+	Started  time.Time `msgpack:"sa,omitempty" json:"started_at,omitzero"`
+	Ended    time.Time `msgpack:"en,omitempty" json:"ended_at,omitzero"`
 }
 
 // thread returns the session's thread id, or nil.

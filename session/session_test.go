@@ -482,3 +482,46 @@ func TestDueTurnStartsAfterARestart(t *testing.T) {
 		t.Fatalf("turn %+v", got)
 	}
 }
+
+func TestRetentionKeepsRunningTurnsAndSaysWhenHistoryIsGone(t *testing.T) {
+	w := open(t, t.TempDir(), session.Options{MaxEntries: 3, MaxAge: time.Hour})
+	ctx := context.Background()
+	ag := w.agent("ag")
+	s, _ := w.reg.Create(ctx, session.CreateRequest{AgentID: "ag"})
+	for i := range 3 {
+		if _, err := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: fmt.Sprint("done", i)}); err != nil {
+			t.Fatal(err)
+		}
+		exec, lease := ag.assigned()
+		ag.complete(exec, lease)
+		w.waitTurn(s.ID, fmt.Sprint("done", i), session.TurnCompleted)
+	}
+	running, _ := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: "running"})
+	ag.assigned()
+	all := w.items(s.ID)
+	removed, err := w.reg.Prune(ctx, time.Now())
+	if err != nil || removed == 0 {
+		t.Fatalf("prune removed %d: %v", removed, err)
+	}
+	first, _ := w.reg.First(ctx, s.ID)
+	if first != running.FirstSeq {
+		t.Fatalf("kept from %d, want the running turn's first fact %d", first, running.FirstSeq)
+	}
+	if err := w.reg.Read(ctx, s.ID, 0, func(session.Item) bool { return true }); !errors.Is(err, session.ErrCursorExpired) {
+		t.Fatalf("read from 0 after pruning: %v", err)
+	}
+	var kept []session.Item
+	if err := w.reg.Read(ctx, s.ID, first-1, func(it session.Item) bool { kept = append(kept, it); return true }); err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != len(all)-int(first)+1 || kept[0].Type != session.FactTurnSubmitted {
+		t.Fatalf("kept %s", summary(kept))
+	}
+	// A restart knows where the log starts.
+	w.close()
+	w2 := open(t, w.dir, session.Options{MaxEntries: 3})
+	defer w2.close()
+	if f, _ := w2.reg.First(ctx, s.ID); f != first {
+		t.Fatalf("after a restart the log starts at %d, want %d", f, first)
+	}
+}

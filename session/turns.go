@@ -131,7 +131,7 @@ func (r *Registry) submitLocked(ctx context.Context, b *book, req SubmitRequest)
 	t := Turn{ID: id, SessionID: b.id, ThreadID: threadID, Status: TurnQueued, Input: req.Input, Submitted: time.Now().UTC()}
 	start := th.Active == ""
 	err := r.write(ctx, b, func(a *appender, s *Session) error {
-		t.Submitted = a.at
+		t.Submitted, t.FirstSeq = a.at, a.next
 		th := s.thread(threadID)
 		if err := a.fact(FactTurnSubmitted, threadID, t.ID, &TurnFact{TurnID: t.ID, ThreadID: threadID, Input: t.Input}); err != nil {
 			return err
@@ -386,7 +386,7 @@ func (r *Registry) fileStart(a *appender, s *Session, op *opening, f kernel.Fili
 			return fmt.Errorf("session: turn %s: %w", f.TurnID, err)
 		}
 	} else {
-		t.Submitted = a.at
+		t.Submitted, t.FirstSeq = a.at, a.next
 		if err := a.fact(FactTurnSubmitted, t.ThreadID, t.ID, &TurnFact{TurnID: t.ID, ThreadID: t.ThreadID, Input: t.Input}); err != nil {
 			return err
 		}

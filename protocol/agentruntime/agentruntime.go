@@ -402,13 +402,7 @@ func (s *Surface) snapshot(ctx context.Context, id string) (json.RawMessage, err
 				c.m.snap.Sequence = facts[i].item.Seq
 				continue
 			}
-			data, err := json.Marshal(&e)
-			if err != nil {
-				return nil, err
-			}
-			if err := c.m.fold(data); err != nil {
-				return nil, err
-			}
+			c.m.foldEvent(&e)
 		}
 		if len(facts) < 1000 {
 			snap := c.m.snapshot()

@@ -55,7 +55,7 @@ func valid(t *testing.T, s *jsonschema.Schema, what string, data []byte) {
 
 // client talks to one server.
 type client struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 }
 
@@ -148,7 +148,7 @@ func (c *client) sse(path string, hdr ...string) *sse {
 	return s
 }
 
-func (s *sse) next(t *testing.T) [3]string {
+func (s *sse) next(t testing.TB) [3]string {
 	t.Helper()
 	select {
 	case e, ok := <-s.events:
@@ -326,6 +326,14 @@ func TestExportVerifiesAndRefolds(t *testing.T) {
 	}
 	if err := agentruntime.Verify(&x); err != nil {
 		t.Fatal(err)
+	}
+	// The gateway's own snapshot, folded without encoding, is the export's.
+	var live, exported any
+	_, snap := c.do("GET", "/agent-runtime/sessions/s1", nil)
+	_ = json.Unmarshal(snap, &live)
+	_ = json.Unmarshal(x.Snapshot, &exported)
+	if fmt.Sprint(live) != fmt.Sprint(exported) {
+		t.Fatalf("the live snapshot differs from the export's:\n%s\n%s", snap, x.Snapshot)
 	}
 	x.Events[3] = json.RawMessage(strings.Replace(string(x.Events[3]), `"sequence"`, `"sequence" `, 1))
 	if err := agentruntime.Verify(&x); err == nil {

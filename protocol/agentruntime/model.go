@@ -205,7 +205,7 @@ type foldPayload struct {
 	Decision      string   `json:"decision"`
 }
 
-// fold applies one encoded event.
+// fold applies one encoded event: what a reader of an export does.
 func (m *model) fold(data []byte) error {
 	var e folded
 	if err := json.Unmarshal(data, &e); err != nil {
@@ -215,6 +215,36 @@ func (m *model) fold(data []byte) error {
 	if len(e.Payload) > 0 && e.Payload[0] == '{' {
 		_ = json.Unmarshal(e.Payload, &p)
 	}
+	m.apply(&e, &p)
+	return nil
+}
+
+// foldEvent applies a rendered event without encoding it: what the
+// gateway does. Its payload holds the fields a fold reads with the types
+// the JSON form decodes to, so both give the same models.
+func (m *model) foldEvent(ev *Event) {
+	e := folded{
+		Type: ev.Type, Timestamp: ev.Timestamp, Sequence: ev.Sequence, ThreadID: ev.ThreadID, TurnID: ev.TurnID,
+		TaskID: ev.TaskID, RunID: ev.RunID, StepID: ev.StepID, ToolCallID: ev.ToolCallID, ActionID: ev.ActionID,
+		JobID: ev.JobID, QueueID: ev.QueueID, Status: ev.Status, StatusReason: ev.StatusReason,
+	}
+	var p foldPayload
+	if pm, ok := ev.Payload.(map[string]any); ok {
+		p.ToolName, _ = pm["toolName"].(string)
+		p.Prompt, _ = pm["prompt"].(string)
+		p.Decision, _ = pm["decision"].(string)
+		p.QueuedTurnIDs, _ = pm["queuedTurnIds"].([]string)
+	}
+	m.apply(&e, &p)
+}
+
+// maxListed bounds what a thread lists of its turns, tool calls, jobs and
+// resolved actions: the most recent. Pending actions are always listed; the
+// summaries count everything.
+const maxListed = 100
+
+// apply folds one event.
+func (m *model) apply(e *folded, p *foldPayload) {
 	s := &m.snap
 	if s.HistorySummary.FirstSequence == 0 {
 		s.HistorySummary.FirstSequence = e.Sequence
@@ -247,10 +277,10 @@ func (m *model) fold(data []byte) error {
 			}
 		}
 	case "task.created":
-		t := m.task(e)
+		t := m.task(*e)
 		t.CreatedAt = e.Timestamp
 	case "task.started", "task.resumed", "task.blocked", "task.completed", "task.failed", "task.cancelled", "task.retrying", "action.resolved":
-		m.taskStatus(th, e)
+		m.taskStatus(th, *e)
 	case "tool.started":
 		c := &ToolCall{ToolCallID: e.ToolCallID, ToolName: p.ToolName, Status: "running", TaskID: e.TaskID}
 		if m.calls[e.ToolCallID] == nil && th != nil {
@@ -295,7 +325,43 @@ func (m *model) fold(data []byte) error {
 			s.PermissionState.Resolved++
 		}
 	}
-	return nil
+	if th != nil {
+		m.trim(th)
+	}
+}
+
+// trim keeps a thread's lists within maxListed, dropping the oldest (and
+// never a pending action).
+func (m *model) trim(th *ThreadRead) {
+	if len(th.Turns) > 2*maxListed {
+		for _, t := range th.Turns[:len(th.Turns)-maxListed] {
+			delete(m.turns, t.TurnID)
+		}
+		th.Turns = slices.Clone(th.Turns[len(th.Turns)-maxListed:])
+	}
+	if len(th.ToolCalls) > 2*maxListed {
+		for _, c := range th.ToolCalls[:len(th.ToolCalls)-maxListed] {
+			delete(m.calls, c.ToolCallID)
+		}
+		th.ToolCalls = slices.Clone(th.ToolCalls[len(th.ToolCalls)-maxListed:])
+	}
+	if len(th.Jobs) > 2*maxListed {
+		for _, j := range th.Jobs[:len(th.Jobs)-maxListed] {
+			delete(m.jobs, j.JobID)
+		}
+		th.Jobs = slices.Clone(th.Jobs[len(th.Jobs)-maxListed:])
+	}
+	if len(th.Actions) > 2*maxListed {
+		keep := th.Actions[:0:0]
+		for i, a := range th.Actions {
+			if a.Status == "pending" || i >= len(th.Actions)-maxListed {
+				keep = append(keep, a)
+			} else {
+				delete(m.actions, a.ActionID)
+			}
+		}
+		th.Actions = keep
+	}
 }
 
 // jobOf returns the latest job of a tool call.
