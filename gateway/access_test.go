@@ -170,6 +170,7 @@ func TestAccessMatrix(t *testing.T) {
 		"POST /agent-runtime/sessions":              {req: do("POST", "/agent-runtime/sessions", obj{"agentId": "m-agent"}), status: 201, ok: clients},
 		"GET /agent-runtime/sessions/{}":            {req: do("GET", ar, nil), status: 200, ok: readers, hidden: sessionStrangers},
 		"GET /agent-runtime/sessions/{}/events":     {req: do("GET", ar+"/events", nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"GET /agent-runtime/sessions/{}/ws":         {req: ws(ar + "/ws"), status: 101, ok: readers, hidden: sessionStrangers},
 		"GET /agent-runtime/sessions/{}/threads/{}": {req: do("GET", ar+"/threads/main", nil), status: 200, ok: readers, hidden: sessionStrangers},
 		"POST /agent-runtime/commands/{}":           {req: do("POST", "/agent-runtime/commands/get_session", obj{"session_id": "m-sess"}), status: 200, ok: readers, hidden: sessionStrangers},
 		"GET /agent-runtime/exports/{}":             {req: do("GET", "/agent-runtime/exports/m-sess", nil), status: 200, ok: readers, hidden: sessionStrangers},

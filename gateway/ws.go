@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
 
@@ -686,4 +687,30 @@ func defaultClose(reason stream.Reason) (websocket.StatusCode, string) {
 		return CloseSlowConsumer, "slow consumer"
 	}
 	return websocket.StatusInternalError, "internal error"
+}
+
+// WebSocket carries a protocol surface's stream on a socket; see
+// protocol.Gateway.
+func (s *Server) WebSocket(req *protocol.Request, kind string, r stream.Renderer, src stream.Source) {
+	c := &call{ctx: req.Ctx, params: req.Params, principal: req.Principal}
+	s.upgrade(c, kind, func(w *wsConn) {
+		w.WS = stream.NewWS(w.raw, stream.WSOptions{
+			Encode:       func(dst []byte, f *stream.Frame) ([]byte, error) { return append(dst, f.Data...), nil },
+			WriteTimeout: s.opts.WriteTimeout, PingInterval: s.opts.PingInterval,
+		})
+		st := stream.New(src, r, w, stream.Options{})
+		w.OnEnd(st.Stop)
+		w.ExpireAt(w.principal.Load().ExpiresAt)
+		st.Start()
+		w.StartPings()
+		for {
+			if _, _, err := w.Read(); err != nil {
+				break
+			}
+		}
+		w.finish()
+	})
+	if req.Ctx.Response.StatusCode() != fasthttp.StatusSwitchingProtocols {
+		src.Close() // refused: the source never ran
+	}
 }

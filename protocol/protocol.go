@@ -88,4 +88,11 @@ type Gateway interface {
 	// the stream, watching it for a client that leaves; without it the
 	// connection stays for the client's next request.
 	SSE(req *Request, kind string, r stream.Renderer, so stream.SSEOptions, presence bool, open func(*stream.Options) (stream.Source, func()))
+	// WebSocket upgrades the request and carries a source on the socket:
+	// each frame's Data as one text message. The socket closes with 1000
+	// when the source ends, and with the gateway's codes otherwise (1001 at
+	// shutdown, 4001 for a slow consumer, 4003 when the token expires).
+	// Messages the client sends are read and dropped. A refused handshake
+	// is answered before WebSocket returns.
+	WebSocket(req *Request, kind string, r stream.Renderer, src stream.Source)
 }

@@ -64,6 +64,7 @@ func (s *Surface) Routes() []protocol.Route {
 		{Method: "POST", Pattern: "/sessions", Handle: s.createSession},
 		{Method: "GET", Pattern: "/sessions/{}", Handle: s.getSession},
 		{Method: "GET", Pattern: "/sessions/{}/events", Stream: true, Handle: s.events},
+		{Method: "GET", Pattern: "/sessions/{}/ws", Stream: true, Handle: s.eventsWS},
 		{Method: "GET", Pattern: "/sessions/{}/threads/{}", Handle: s.getThread},
 		{Method: "POST", Pattern: "/commands/{}", Handle: s.command},
 		{Method: "GET", Pattern: "/exports/{}", Handle: s.export},
@@ -338,6 +339,26 @@ func (s *Surface) events(r *protocol.Request) {
 		}
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, page)
+}
+
+// eventsWS answers GET /sessions/{id}/ws: the event stream's WebSocket
+// twin, each event a text message, resuming after ?after= or
+// Last-Event-ID.
+func (s *Surface) eventsWS(r *protocol.Request) {
+	id := r.Params[0]
+	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, id); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	after, err := cursor(string(r.Ctx.QueryArgs().Peek("after")))
+	if h := r.Ctx.Request.Header.Peek("Last-Event-ID"); err == nil && len(h) > 0 {
+		after, err = cursor(string(h))
+	}
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	r.Gateway.WebSocket(r, "agent_runtime_ws", renderer, s.source(id, after))
 }
 
 // cursor reads a sequence cursor: empty is the start.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
@@ -306,6 +307,19 @@ func TestStreamReplaysTailsAndResumes(t *testing.T) {
 	resumed := c.sse("/agent-runtime/sessions/s1/events", "Accept", "text/event-stream", "Last-Event-ID", "10")
 	if got := resumed.next(t); !strings.Contains(got[2], `"sequence":11,`) || got[0] != "11" {
 		t.Fatalf("resumed after 10 with %v", got)
+	}
+	// The WebSocket twin: the same events, one per text message.
+	ws, _, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(c.base, "http")+"/agent-runtime/sessions/s1/ws?after=2", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(1 << 20)
+	for i := 2; i < 6; i++ {
+		_, msg, err := ws.Read(t.Context())
+		if err != nil || string(msg) != string(page.Events[i]) {
+			t.Fatalf("websocket message %d: %v\n%s\nwant\n%s", i, err, msg, page.Events[i])
+		}
 	}
 	// The live tail: a new turn's submission reaches both.
 	c.command("submit_turn", obj{"session_id": "s1", "turn_id": "t3", "input": "later"}, 200)
