@@ -96,6 +96,7 @@ type Hub struct {
 	// report; stats are the totals since start.
 	dropped map[Key]*dropCount
 	stats   Stats
+	flushMu sync.Mutex
 	// started is when the hub was opened: a restart counts as a
 	// disconnect, so no consumer is collected before ConsumerRetention has
 	// passed since then, as each gets its grace period again.
@@ -525,7 +526,17 @@ func (h *Hub) deleteAckedLocked(box *outbox, b *store.Batch) {
 	}
 }
 
+// Flush persists the acknowledgements and presence not written yet, and
+// returns once they and any background write of them in flight are
+// durable (or failed, which is logged): after it, the hub has nothing
+// waiting to be written until consumers act again.
+func (h *Hub) Flush() { h.flush() }
+
 func (h *Hub) flush() {
+	// One flush at a time, its write included, so that Flush returns only
+	// after a background flush that was writing has finished.
+	h.flushMu.Lock()
+	defer h.flushMu.Unlock()
 	var b store.Batch
 	h.mu.Lock()
 	for k := range h.dirty {
