@@ -169,8 +169,8 @@ type logLines struct {
 }
 
 func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logLines) WithAttrs([]slog.Attr) slog.Handler      { return l }
-func (l *logLines) WithGroup(string) slog.Handler           { return l }
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logLines) WithGroup(string) slog.Handler            { return l }
 func (l *logLines) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
 	b.WriteString(r.Level.String() + " " + r.Message)
