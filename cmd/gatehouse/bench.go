@@ -56,10 +56,12 @@ const execTimeout = 30 * time.Second
 // create request to the answer of the agent's complete intent.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var c benchConfig
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench", stderr)
 	c.flags(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if c.executions <= 0 || c.concurrency <= 0 || c.agents <= 0 || c.runners <= 0 || c.duration <= 0 || c.repeat <= 0 {
