@@ -96,7 +96,7 @@ type Hub struct {
 	// report; stats are the totals since start.
 	dropped map[Key]*dropCount
 	stats   Stats
-	flushMu sync.Mutex
+	flushMu sync.Mutex // one flush or sweep at a time, its write included
 	// started is when the hub was opened: a restart counts as a
 	// disconnect, so no consumer is collected before ConsumerRetention has
 	// passed since then, as each gets its grace period again.
@@ -476,6 +476,10 @@ func (h *Hub) flushLoop() {
 // past their rewind window into acknowledgements, and collects consumers
 // that have been gone, with nothing to deliver, for ConsumerRetention.
 func (h *Hub) sweep() {
+	// Serialized with flush, writes included: a flush in flight must not
+	// put back the record of a consumer this sweep collects.
+	h.flushMu.Lock()
+	defer h.flushMu.Unlock()
 	var b store.Batch
 	now := time.Now()
 	cutoff := now.Add(-h.o.Rewind)
