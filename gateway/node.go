@@ -95,7 +95,12 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	if retention <= 0 {
 		retention = time.Hour
 	}
-	retention = max(retention, c.Kernel.AgentGrace, c.Kernel.RunnerGrace)
+	for _, grace := range []time.Duration{c.Kernel.AgentGrace, c.Kernel.RunnerGrace} {
+		if grace <= 0 {
+			grace = 30 * time.Second // the kernel's default
+		}
+		retention = max(retention, grace)
+	}
 	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Retention: c.OutboxRetention,
 		ConsumerRetention: retention, Logger: c.Logger})
 	if err != nil {
