@@ -2,6 +2,7 @@ package peer
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -46,6 +47,36 @@ func TestQueueMatchesASlice(t *testing.T) {
 		}
 		if cap(q.buf) > 4*max(len(model), shrinkCap) {
 			t.Fatalf("step %d: capacity %d for %d entries", step, cap(q.buf), len(model))
+		}
+	}
+}
+
+// TestFullOutboxPushCostsNoCopy: pushing to a consumer that never
+// acknowledges, through a full outbox, allocates the same small amount per
+// push whatever the outbox limit: dropping the oldest entry moves a head
+// index instead of copying the outbox (which cost 300 KB a push at the
+// default limit).
+func TestFullOutboxPushCostsNoCopy(t *testing.T) {
+	for _, limit := range []int{64, 4096} {
+		h := newHub(t, nil, Options{OutboxLimit: limit})
+		k := Key{Role: "agent", ID: "a", Consumer: "sse"}
+		c, _ := h.Attach(k, nil)
+		push := func() {
+			deliver(t, h, k, "x")
+			c.Delivered(next(t, c).Seq)
+		}
+		for range 3 * limit { // full, and the array at its steady size
+			push()
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		const n = 2000
+		for range n {
+			push()
+		}
+		runtime.ReadMemStats(&after)
+		if per := (after.TotalAlloc - before.TotalAlloc) / n; per > 1024 {
+			t.Errorf("limit %d: %d bytes allocated per push, want under 1 KiB", limit, per)
 		}
 	}
 }
