@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"sort"
@@ -102,9 +103,22 @@ type Options struct {
 	Hub *peer.Hub
 	// Logger receives warnings; nil discards.
 	Logger *slog.Logger
-	// HTTPClient sends webhooks; nil means a client with a 10s timeout that
-	// does not follow redirects (a redirected POST would lose its body).
+	// HTTPClient sends webhooks; nil means a client with a 10s timeout
+	// that follows no redirects, ignores proxy settings and, at dial time,
+	// refuses every address ErrDeniedAddress describes that WebhookAllow
+	// does not list. A client given here is used as is: its transport must
+	// apply its own address policy.
 	HTTPClient *http.Client
+	// WebhookAllow lists the networks webhooks may reach although they are
+	// loopback, private, link-local or otherwise internal (see
+	// ErrDeniedAddress); nil lets webhooks reach public addresses only.
+	WebhookAllow []netip.Prefix
+	// Retention is how long a native channel stays registered once it is
+	// neither connected nor seen (connected, disconnected, sent a message
+	// or an answer); then it is removed with its outbox, and registers
+	// afresh, with the pending prompts, when it comes back. Webhook
+	// channels stay until removed. Zero means 1h.
+	Retention time.Duration
 	// RetryBase is the first webhook retry delay, doubled per failure;
 	// zero means 500ms.
 	RetryBase time.Duration
@@ -186,6 +200,8 @@ type Registry struct {
 	hub       *peer.Hub
 	log       *slog.Logger
 	client    *http.Client
+	egress    egress
+	retention time.Duration
 	retryBase time.Duration
 	retryMax  time.Duration
 	maxChans  int
@@ -209,6 +225,7 @@ type Registry struct {
 
 	ops       sync.WaitGroup // calls in flight; Close waits for them
 	closeOnce sync.Once
+	expiring  chan struct{} // closed when expireLoop has returned
 }
 
 // New loads the registered channels from o.Store and starts a sender for
@@ -223,11 +240,12 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	g := egress{allow: slices.Clone(o.WebhookAllow)}
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{
-			Timeout:       10 * time.Second,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
+		o.HTTPClient = g.client()
+	}
+	if o.Retention <= 0 {
+		o.Retention = time.Hour
 	}
 	if o.RetryBase <= 0 {
 		o.RetryBase = 500 * time.Millisecond
@@ -243,7 +261,7 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 		o.LogLimit = 10000
 	}
 	r := &Registry{
-		st: o.Store, hub: o.Hub, log: o.Logger, client: o.HTTPClient,
+		st: o.Store, hub: o.Hub, log: o.Logger, client: o.HTTPClient, egress: g, retention: o.Retention,
 		retryBase: o.RetryBase, retryMax: o.RetryMax, maxChans: o.MaxChannels, logLimit: uint64(o.LogLimit),
 		chans: map[peer.Key]*record{}, owners: map[string]map[peer.Key]*record{}, claims: map[peer.Key]string{},
 		logs: map[string]*ownerLog{}, senders: map[peer.Key]*sender{}, settled: map[string]struct{}{},
@@ -274,6 +292,8 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 			r.startSender(rc)
 		}
 	}
+	r.expiring = make(chan struct{})
+	go r.expireLoop()
 	return r, nil
 }
 
@@ -296,7 +316,93 @@ func (r *Registry) Close() {
 		for _, s := range senders {
 			<-s.done
 		}
+		<-r.expiring
 	})
+}
+
+// expireLoop removes native channels gone for longer than the retention,
+// until the registry is closed.
+func (r *Registry) expireLoop() {
+	defer close(r.expiring)
+	t := time.NewTicker(max(10*time.Millisecond, min(time.Minute, r.retention/2)))
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			r.expire(time.Now().Add(-r.retention))
+		case <-r.ctx.Done():
+			return
+		}
+	}
+}
+
+// expire removes every native channel that is not connected and was last
+// seen before cutoff: its registration, with a channel.disconnected event
+// whose reason is "expired", and its outbox. A page that opened a channel
+// per load, or a device that never came back, does not hold a slot of its
+// owner's MaxChannels, nor memory, for ever.
+func (r *Registry) expire(cutoff time.Time) {
+	r.mu.Lock()
+	var stale []peer.Key
+	for k, rc := range r.chans {
+		if rc.Kind == KindNative && rc.LastSeen.Before(cutoff) {
+			stale = append(stale, k)
+		}
+	}
+	r.mu.Unlock()
+	for _, k := range stale {
+		if err := r.expireOne(k, cutoff); err != nil {
+			r.log.Warn("expired channel not removed", "channel", k.ID, "peer", k.Consumer, "err", err)
+		}
+	}
+}
+
+func (r *Registry) expireOne(k peer.Key, cutoff time.Time) error {
+	r.mu.Lock()
+	cur := r.chans[k]
+	var owner string
+	if cur != nil {
+		owner = cur.Owner
+	}
+	r.mu.Unlock()
+	if cur == nil {
+		return nil
+	}
+	done, err := r.enter()
+	if err != nil {
+		return nil
+	}
+	defer done()
+	// The owner's lock orders this against Connect: a channel that
+	// connects now either registered before (and is seen, so it stays)
+	// or registers afresh after.
+	ol := r.lockOwner(owner)
+	defer ol.mu.Unlock()
+	r.mu.Lock()
+	cur = r.chans[k]
+	var rc record
+	if cur != nil {
+		rc = *cur
+	}
+	r.mu.Unlock()
+	if cur == nil || rc.Owner != owner || rc.Kind != KindNative || !rc.LastSeen.Before(cutoff) || r.hub.Connected(k) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, writeTimeout)
+	defer cancel()
+	var b store.Batch
+	b.Delete(kindChannel, k.String())
+	f := fact{typ: TypeDisconnected, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: KindNative, Reason: "expired"}}
+	if err := r.commit(ctx, ol, &b, f); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if cur := r.chans[k]; cur != nil {
+		r.removeLocked(cur)
+	}
+	r.mu.Unlock()
+	r.hub.Forget(k)
+	return nil
 }
 
 // enter registers a call in flight, or fails once the registry is closed.

@@ -102,7 +102,7 @@ func Verify(secret []byte, timestamp, signature string, body []byte, now time.Ti
 }
 
 // checkWebhook validates a webhook's URL and secret.
-func checkWebhook(raw, secret string) error {
+func (r *Registry) checkWebhook(raw, secret string) error {
 	if len(raw) > MaxURL {
 		return fmt.Errorf("%w: webhook URL is longer than %d bytes", ErrInvalid, MaxURL)
 	}
@@ -115,6 +115,9 @@ func checkWebhook(raw, secret string) error {
 	}
 	if u.Host == "" {
 		return fmt.Errorf("%w: webhook URL has no host", ErrInvalid)
+	}
+	if err := r.egress.checkURL(u); err != nil {
+		return fmt.Errorf("%w: webhook URL: %w", ErrInvalid, err)
 	}
 	if len(secret) < MinSecret || len(secret) > MaxSecret {
 		return fmt.Errorf("%w: webhook secret must be %d to %d bytes", ErrInvalid, MinSecret, MaxSecret)
@@ -150,7 +153,7 @@ func (r *Registry) SetWebhook(ctx context.Context, owner, rawURL, secret string)
 	if err := checkID("owner", owner, MaxPeerID, true); err != nil {
 		return Channel{}, false, err
 	}
-	if err := checkWebhook(rawURL, secret); err != nil {
+	if err := r.checkWebhook(rawURL, secret); err != nil {
 		return Channel{}, false, err
 	}
 	done, err := r.enter()

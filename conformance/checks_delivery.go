@@ -411,8 +411,7 @@ func (t *tc) waitGone(consumer string) {
 		return
 	}
 	for {
-		r := t.call(http.MethodGet, "/v0/peers?role=agent", nil)
-		p := findObject(r.body, func(o obj) bool { c, _ := o.str("consumer_id"); return c == consumer })
+		p := t.findPeer("agent", func(o obj) bool { c, _ := o.str("consumer_id"); return c == consumer })
 		if st, _ := p.str("state"); p != nil && st != "online" {
 			return
 		}
@@ -422,6 +421,28 @@ func (t *tc) waitGone(consumer string) {
 			t.fatalf("consumer %s, which stopped reading, is still online after the flood", consumer)
 		}
 	}
+}
+
+// findPeer looks for a consumer in GET /v0/peers?role=role, following
+// next_cursor across pages (a server that does not page answers one page
+// with no cursor); nil when it is not listed.
+func (t *tc) findPeer(role string, match func(obj) bool) obj {
+	cursor := ""
+	for range 1000 {
+		r := t.call(http.MethodGet, "/v0/peers?role="+role+"&limit=1000&cursor="+url.QueryEscape(cursor), nil)
+		t.expectJSON(r, http.StatusOK)
+		if p := findObject(r.body, match); p != nil {
+			return p
+		}
+		var page struct {
+			Next string `json:"next_cursor"`
+		}
+		if json.Unmarshal(r.body, &page) != nil || page.Next == "" {
+			return nil
+		}
+		cursor = page.Next
+	}
+	return nil
 }
 
 // floodTally follows the signal deliveries of a flood across connections.

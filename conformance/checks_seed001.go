@@ -294,10 +294,8 @@ func checkMissingFacts(t *tc) {
 		t.skipf("not built: no read model reports presence (GET /v0/peers is 404), so nothing can be marked unknown, unavailable or stale")
 	}
 	rn := t.newRunner(newID("conformance.remote."))
-	state := func() (string, *response) {
-		r := t.call(http.MethodGet, "/v0/peers?role=runner", nil)
-		t.expectJSON(r, http.StatusOK)
-		p := findObject(r.body, func(o obj) bool {
+	state := func() string {
+		p := t.findPeer("runner", func(o obj) bool {
 			for _, k := range []string{"peer_id", "id", "runner_id"} {
 				if s, _ := o.str(k); s == rn.id {
 					return true
@@ -306,23 +304,22 @@ func checkMissingFacts(t *tc) {
 			return false
 		})
 		if p == nil {
-			return "", r
+			return ""
 		}
 		for _, k := range []string{"state", "status", "presence"} {
 			if s, ok := p.str(k); ok {
-				return s, r
+				return s
 			}
 		}
 		t.fatalf("peer %s has no state field: %s", rn.id, show(p))
-		return "", r
+		return ""
 	}
-	if st, r := state(); st != "online" {
-		t.fatalf("a connected runner is reported %q, want online: %s", st, r)
+	if st := state(); st != "online" {
+		t.fatalf("a connected runner %s is reported %q, want online", rn.id, st)
 	}
 	rn.s.close()
 	for {
-		st, _ := state()
-		if st != "online" {
+		if st := state(); st != "online" {
 			return
 		}
 		select {

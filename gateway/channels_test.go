@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -147,9 +148,11 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 		got = append(got, p)
 	}))
 	defer bot.Close()
-	a := bridgeServer(t, gateway.Config{})
+	// The bot listens on loopback, which webhooks reach only when allowed.
+	a := bridgeServer(t, gateway.Config{WebhookAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
 	a.json("PUT", "/v0/channels/webhook", obj{"url": bot.URL, "secret": secret}, 200)
 	a.fail("PUT", "/v0/channels/webhook", obj{"url": "ftp://x", "secret": secret}, 400, "VALIDATION_ERROR")
+	a.fail("PUT", "/v0/channels/webhook", obj{"url": "http://169.254.169.254/latest/meta-data/", "secret": secret}, 400, "VALIDATION_ERROR")
 	ag := a.agent("bot-agent", "c1")
 	_, _, _, action := pendingAction(t, a, ag, "deploy.bot")
 	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })

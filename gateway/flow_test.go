@@ -706,7 +706,10 @@ func TestBlockedExecutionOutlivesItsAgent(t *testing.T) {
 func TestQueuedJobRidesOnResultCommit(t *testing.T) {
 	s := start(t, gateway.Config{})
 	a := newAPI(t, s)
-	ag := a.agent("q-agent", "c1")
+	// The agent acknowledges explicitly (and never does here), so reading
+	// its pushes makes the hub write nothing in the background; what the
+	// hub still had to write is flushed before each measured window.
+	ag := &agent{sseStream: a.openSSE("/v0/agents/stream?agent_id=q-agent&consumer_id=c1&ack=explicit"), id: "q-agent", consumer: "c1"}
 	r := a.runner("q-runner", "c1", "work")
 	var steps []any
 	var ids []string
@@ -720,6 +723,7 @@ func TestQueuedJobRidesOnResultCommit(t *testing.T) {
 		if job["step_id"] != steps[i] {
 			t.Fatalf("job %d is for step %v, want %v (oldest first)", i, job["step_id"], steps[i])
 		}
+		s.Node.Hub.Flush()
 		before := s.Node.Store.Stats().Writes
 		a.json("POST", "/v0/runners/q-runner/results", obj{"job_id": job["id"], "execution_id": ids[i], "step_id": steps[i], "success": true, "data": i}, 200)
 		ag.expect("tool.result")

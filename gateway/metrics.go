@@ -10,6 +10,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -20,7 +21,7 @@ type metrics struct {
 	streams  *prometheus.GaugeVec
 }
 
-func newMetrics(reg *prometheus.Registry, k *kernel.Kernel) *metrics {
+func newMetrics(reg *prometheus.Registry, k *kernel.Kernel, hub *peer.Hub) *metrics {
 	m := &metrics{
 		reg: reg,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -36,7 +37,7 @@ func newMetrics(reg *prometheus.Registry, k *kernel.Kernel) *metrics {
 	}
 	reg.MustRegister(m.requests, m.latency, m.streams,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		newKernelCollector(k))
+		newKernelCollector(k), newHubCollector(hub))
 	return m
 }
 
@@ -121,4 +122,39 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.series {
 		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(ks, ss))
 	}
+}
+
+// hubCollector exports the peer hub's figures from one snapshot per scrape.
+type hubCollector struct {
+	h                             *peer.Hub
+	consumers, dropped, collected *prometheus.Desc
+}
+
+func newHubCollector(h *peer.Hub) *hubCollector {
+	return &hubCollector{
+		h: h,
+		consumers: prometheus.NewDesc("gatehouse_peer_consumers",
+			"Consumers (agent, runner and channel connection identities) the gateway remembers, connected or not.", nil, nil),
+		dropped: prometheus.NewDesc("gatehouse_outbox_dropped_total",
+			"Deliveries dropped by the outbox bounds (--outbox-limit, --outbox-retention): unacknowledged ones (the consumer is told history_gone), "+
+				"or ones already written to a consumer that cannot acknowledge, dropped from its rewind window.", []string{"kind"}, nil),
+		collected: prometheus.NewDesc("gatehouse_peer_consumers_collected_total",
+			"Consumers forgotten, with their cursors, after --peer-retention without a connection.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.consumers
+	ch <- c.dropped
+	ch <- c.collected
+}
+
+// Collect implements prometheus.Collector.
+func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.h.Stats()
+	ch <- prometheus.MustNewConstMetric(c.consumers, prometheus.GaugeValue, float64(s.Consumers))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(s.DroppedUnacknowledged), "unacknowledged")
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(s.DroppedRewind), "rewind")
+	ch <- prometheus.MustNewConstMetric(c.collected, prometheus.CounterValue, float64(s.Collected))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
@@ -35,6 +36,18 @@ type Config struct {
 
 	OutboxLimit     int           // see peer.Options
 	OutboxRetention time.Duration // see peer.Options
+
+	// PeerRetention is how long a consumer (agent, runner or human
+	// channel connection identity) that has no connection and nothing
+	// left to deliver is remembered, with its cursor and, for a native
+	// channel, its registration (see peer.Options.ConsumerRetention and
+	// channel.Options.Retention). Zero means 1h; it is raised to the
+	// longer grace period, so that no consumer is forgotten while the
+	// kernel still keeps its executions or its job.
+	PeerRetention time.Duration
+	// WebhookAllow lists the internal networks chat webhooks may reach
+	// (see channel.Options.WebhookAllow); nil: public addresses only.
+	WebhookAllow []netip.Prefix
 
 	// Retention deletes finished executions this long after they ended;
 	// zero keeps them for 168h. RetentionCount, when positive, also keeps at
@@ -81,12 +94,23 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Retention: c.OutboxRetention, Logger: c.Logger})
+	retention := c.PeerRetention
+	if retention <= 0 {
+		retention = time.Hour
+	}
+	for _, grace := range []time.Duration{c.Kernel.AgentGrace, c.Kernel.RunnerGrace} {
+		if grace <= 0 {
+			grace = 30 * time.Second // the kernel's default
+		}
+		retention = max(retention, grace)
+	}
+	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Retention: c.OutboxRetention,
+		ConsumerRetention: retention, Logger: c.Logger})
 	if err != nil {
 		_ = st.Close()
 		return nil, err
 	}
-	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: c.Logger})
+	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: c.Logger, Retention: retention, WebhookAllow: c.WebhookAllow})
 	if err != nil {
 		hub.Close()
 		_ = st.Close()

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"encoding/base64"
 	"slices"
+	"strconv"
 
 	"github.com/valyala/fasthttp"
 
@@ -15,26 +17,54 @@ func (s *Server) peerRoutes(r *router) {
 	r.add("POST", "/v0/peers/ack", false, s.ackPeer)
 }
 
-// listPeers answers GET /v0/peers[?role=agent|runner]: every known consumer
-// the caller may see, with its presence and how far it has acknowledged.
+// Peer list pages: GET /v0/peers?limit= defaults to 100 and is clamped to
+// 1000, like the events page.
+const (
+	peersPageDefault = 100
+	peersPageMax     = 1000
+)
+
+// listPeers answers GET /v0/peers[?role=agent|runner|channel][&limit=N]
+// [&cursor=C]: the known consumers the caller may see, in key order, with
+// their presence and how far they have acknowledged, a page at a time.
+// next_cursor continues the list; it is "" on the last page.
 func (s *Server) listPeers(c *call) {
 	p := c.principal
 	if err := p.Can(auth.ActRead, auth.KindPeer); err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	role := string(c.ctx.QueryArgs().Peek("role"))
+	args := c.ctx.QueryArgs()
+	role := string(args.Peek("role"))
 	switch role {
-	case "", kernel.RoleAgent, kernel.RoleRunner:
+	case "", kernel.RoleAgent, kernel.RoleRunner, roleChannel:
 	default:
-		s.writeError(c.ctx, kernelValidation("role must be agent or runner"))
+		s.writeError(c.ctx, kernelValidation("role must be agent, runner or channel"))
 		return
 	}
-	peers := s.hub.Peers(role)
-	if !p.Unconfined() {
-		peers = slices.DeleteFunc(peers, func(i peer.Info) bool { return p.Authorize(auth.ActRead, peerResource(i)) != nil })
+	limit, err := strconv.Atoi(string(args.Peek("limit")))
+	if err != nil || limit <= 0 {
+		limit = peersPageDefault
 	}
-	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"epoch": s.k.Epoch(), "peers": peers})
+	limit = min(limit, peersPageMax)
+	after, err := base64.RawURLEncoding.DecodeString(string(args.Peek("cursor")))
+	if err != nil {
+		s.writeError(c.ctx, kernelValidation("invalid cursor"))
+		return
+	}
+	page, more := s.hub.Peers(peer.Query{Role: role, After: string(after), Limit: limit})
+	next := ""
+	if more {
+		last := page[len(page)-1]
+		next = base64.RawURLEncoding.EncodeToString([]byte(peer.Key{Role: last.Role, ID: last.ID, Consumer: last.ConsumerID}.String()))
+	}
+	if !p.Unconfined() {
+		page = slices.DeleteFunc(page, func(i peer.Info) bool { return p.Authorize(auth.ActRead, peerResource(i)) != nil })
+	}
+	if page == nil {
+		page = []peer.Info{}
+	}
+	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"epoch": s.k.Epoch(), "peers": page, "next_cursor": next})
 }
 
 // peerResource is what a consumer is, for the access rule: an agent or

@@ -116,7 +116,7 @@ func New(o Options) (*Server, error) {
 	o.streamDefaults()
 	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{}), fresh: map[net.Conn]struct{}{}}
 	s.admission = newTokenBucket(o.ConnectRate, o.ConnectBurst)
-	s.metrics = newMetrics(o.Registry, o.Kernel)
+	s.metrics = newMetrics(o.Registry, o.Kernel, o.Hub)
 	s.routes = s.buildRoutes()
 	s.peerRoutes(s.routes)
 	s.actionRoutes(s.routes)

@@ -330,3 +330,73 @@ func TestUIApprovesInChromium(t *testing.T) {
 		t.Fatalf("tab id %q after a reload, want %q", got, peerID)
 	}
 }
+
+// tab opens another tab of the same browser; closing it is the returned
+// function.
+func (b *browser) tab() (*browser, func()) {
+	b.t.Helper()
+	ctx, cancel := chromedp.NewContext(b.ctx)
+	// The first run opens the tab, bound to ctx: as for the browser, it
+	// must carry no timeout, so a watchdog bounds it.
+	opened := make(chan error, 1)
+	go func() { opened <- chromedp.Do(ctx) }()
+	select {
+	case err := <-opened:
+		if err != nil {
+			b.t.Fatalf("open a tab: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		cancel()
+		b.t.Fatal("a tab did not open within 30s")
+	}
+	return &browser{t: b.t, ctx: ctx}, cancel
+}
+
+// TestUIOneChannelPerBrowser: the page registers one channel per browser,
+// not one per page load; a second tab open at the same time takes a second
+// id, which a later tab reuses once it is closed.
+func TestUIOneChannelPerBrowser(t *testing.T) {
+	br := newBrowser(t)
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	open := func(b *browser) string {
+		t.Helper()
+		b.do("open the page", 20*time.Second, chromedp.Navigate(s.URL+"/ui/"))
+		b.waitText("#status", "Live")
+		return b.eval(`sessionStorage.getItem('gatehouse.peer')`)
+	}
+	webChannels := func() []string {
+		t.Helper()
+		var ids []string
+		for _, c := range a.json("GET", "/v0/channels", nil, 200)["channels"].([]any) {
+			if c.(obj)["channel_id"] == "web" {
+				ids = append(ids, c.(obj)["native_peer_id"].(string))
+			}
+		}
+		return ids
+	}
+	first := open(br)
+	if base := br.eval(`localStorage.getItem('gatehouse.peer')`); first != base || base == "" {
+		t.Fatalf("tab id %q, browser id %q", first, base)
+	}
+	for range 3 {
+		br.do("reload", 20*time.Second, chromedp.Reload())
+		br.waitText("#status", "Live")
+		if got := br.eval(`sessionStorage.getItem('gatehouse.peer')`); got != first {
+			t.Fatalf("id %q after a reload, want %q", got, first)
+		}
+	}
+	second, closeSecond := br.tab()
+	if got := open(second); got != first+"-2" {
+		t.Fatalf("a second tab open at once took %q, want %q", got, first+"-2")
+	}
+	closeSecond()
+	third, closeThird := br.tab()
+	defer closeThird()
+	if got := open(third); got != first+"-2" {
+		t.Fatalf("a tab opened after the second closed took %q, want %q", got, first+"-2")
+	}
+	if got := webChannels(); len(got) != 2 {
+		t.Fatalf("web channels %v after five page loads in two tabs at a time, want 2", got)
+	}
+}

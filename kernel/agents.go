@@ -146,6 +146,11 @@ func (k *Kernel) agentLost(agentID, consumerID string, gen uint64) {
 		return
 	}
 	delete(as.consumers, consumerID)
+	if len(as.consumers) == 0 && len(as.pending) == 0 {
+		// An agent id that is neither connected nor awaited is not
+		// remembered: ids that connect once and vanish must not add up.
+		delete(k.agents, agentID)
+	}
 	leased := sortedKeys(c.leases)
 	k.mu.Unlock()
 	k.out.Forget(Peer{Role: RoleAgent, ID: agentID, Consumer: consumerID})

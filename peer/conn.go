@@ -79,11 +79,8 @@ func (h *Hub) Attach(k Key, cursor *uint64) (*Conn, *Reset) {
 			b.delivered = b.lostBefore - 1
 		}
 	}
-	for _, e := range b.pending {
-		if e.Seq > c.sent {
-			c.wake()
-			break
-		}
+	if b.pending.search(c.sent+1) < b.pending.len() {
+		c.wake()
 	}
 	return c, reset
 }
@@ -147,15 +144,12 @@ func (c *Conn) Err() error {
 func (c *Conn) Next() (Delivery, bool) {
 	c.h.mu.Lock()
 	defer c.h.mu.Unlock()
-	for _, e := range c.box.pending {
-		if e.Seq <= c.sent {
-			continue
+	q := &c.box.pending
+	if i := q.search(c.sent + 1); i < q.len() {
+		if e := q.at(i); e.state == published {
+			c.sent = e.Seq
+			return e.Delivery, true
 		}
-		if e.state != published {
-			break
-		}
-		c.sent = e.Seq
-		return e.Delivery, true
 	}
 	return Delivery{}, false
 }
@@ -175,10 +169,12 @@ func (b *outbox) ackLocked(seq uint64) {
 		return
 	}
 	i := 0
-	for i < len(b.pending) && b.pending[i].Seq <= seq && b.pending[i].state == published {
-		i++
+	for n := b.pending.len(); i < n; i++ {
+		if e := b.pending.at(i); e.Seq > seq || e.state != published {
+			break
+		}
 	}
-	b.pending = append(b.pending[:0:0], b.pending[i:]...)
+	b.pending.popFront(i)
 	b.acked = seq
 }
 
@@ -192,14 +188,18 @@ func (c *Conn) Delivered(seq uint64) {
 	defer c.h.mu.Unlock()
 	seq = min(seq, c.sent)
 	now := time.Now()
-	for i := range c.box.pending {
-		e := &c.box.pending[i]
-		if e.Seq > seq {
-			break
-		}
-		if e.deliveredAt.IsZero() {
+	// Entries up to box.marked carry their time already, so each entry is
+	// visited once however often this is called.
+	if seq > c.box.marked {
+		q := &c.box.pending
+		for i := q.search(c.box.marked + 1); i < q.len(); i++ {
+			e := q.at(i)
+			if e.Seq > seq {
+				break
+			}
 			e.deliveredAt = now
 		}
+		c.box.marked = seq
 	}
 	if seq > c.box.delivered {
 		c.box.delivered = seq

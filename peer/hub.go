@@ -14,11 +14,12 @@
 package peer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,17 @@ type Options struct {
 	// resumes from an earlier cursor: a written frame may still have been
 	// lost with the socket. Zero means 1m.
 	Rewind time.Duration
+	// ConsumerRetention is how long a consumer that has no connection and
+	// nothing left to deliver is remembered after it was last seen; then
+	// it is collected with its cursor, and a consumer that comes back
+	// under the same key starts a new outbox (a cursor it names is ahead
+	// of it: stream.reset cursor_ahead). Lost consumers (Forget) are
+	// collected the same way. Zero means 1h.
+	ConsumerRetention time.Duration
+	// ReportInterval is how often deliveries dropped by the outbox bounds
+	// are reported: one log line per consumer that dropped any, with the
+	// count, instead of one per drop. Zero means 1m.
+	ReportInterval time.Duration
 	// Logger receives warnings; nil discards.
 	Logger *slog.Logger
 }
@@ -80,6 +92,15 @@ type Hub struct {
 	mu    sync.Mutex
 	boxes map[Key]*outbox
 	dirty map[Key]bool // acks or presence not yet persisted
+	// dropped counts, per consumer, what the bounds dropped since the last
+	// report; stats are the totals since start.
+	dropped map[Key]*dropCount
+	stats   Stats
+	flushMu sync.Mutex // one flush or sweep at a time, its write included
+	// started is when the hub was opened: a restart counts as a
+	// disconnect, so no consumer is collected before ConsumerRetention has
+	// passed since then, as each gets its grace period again.
+	started time.Time
 
 	flushNow chan struct{}
 	stop     chan struct{}
@@ -103,17 +124,25 @@ type entry struct {
 }
 
 type outbox struct {
-	key        Key
-	next       uint64  // sequence of the next delivery
-	pending    []entry // unacknowledged, in sequence order
-	acked      uint64  // highest cumulative ack
-	delivered  uint64  // highest delivery written to a connection that cannot acknowledge
-	persisted  uint64  // highest ack already deleted from the store
-	settled    []uint64
+	key       Key
+	next      uint64 // sequence of the next delivery
+	pending   queue  // unacknowledged, in sequence order
+	acked     uint64 // highest cumulative ack
+	delivered uint64 // highest delivery written to a connection that cannot acknowledge
+	// marked is the highest sequence whose entry, if still pending, has
+	// its deliveredAt set: Delivered resumes from there.
+	marked     uint64
+	persisted  uint64 // highest ack already deleted from the store
 	lostBefore uint64 // deliveries below this were dropped unacknowledged
 	conn       *Conn
 	lastSeen   time.Time
 	lost       bool
+}
+
+// dropCount is what the bounds dropped from one outbox since the last report.
+type dropCount struct {
+	unacked, rewind uint64
+	through         uint64
 }
 
 // record is an outbox's persistent metadata.
@@ -151,11 +180,17 @@ func NewHub(ctx context.Context, o Options) (*Hub, error) {
 	if o.Rewind <= 0 {
 		o.Rewind = time.Minute
 	}
+	if o.ConsumerRetention <= 0 {
+		o.ConsumerRetention = time.Hour
+	}
+	if o.ReportInterval <= 0 {
+		o.ReportInterval = time.Minute
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Hub{
-		o: o, log: o.Logger, boxes: map[Key]*outbox{}, dirty: map[Key]bool{},
+		o: o, log: o.Logger, boxes: map[Key]*outbox{}, dirty: map[Key]bool{}, dropped: map[Key]*dropCount{}, started: time.Now(),
 		flushNow: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	if o.Store != nil {
@@ -195,7 +230,7 @@ func (h *Hub) load(ctx context.Context) error {
 		err := h.o.Store.Scan(k.stream(), r.Acked, func(seq uint64, data []byte) bool {
 			var s stored
 			if store.Decode(data, &s) == nil {
-				b.pending = append(b.pending, entry{Delivery: Delivery{Seq: seq, Type: s.Type, Data: s.Data}, settle: s.Settle, state: published, at: s.At})
+				b.pending.push(entry{Delivery: Delivery{Seq: seq, Type: s.Type, Data: s.Data}, settle: s.Settle, state: published, at: s.At})
 				if seq >= b.next {
 					b.next = seq + 1
 				}
@@ -236,7 +271,7 @@ func (h *Hub) Stage(b *store.Batch, k Key, typ string, data []byte, settle strin
 	box.lost = false
 	e := entry{Delivery: Delivery{Seq: box.next, Type: typ, Data: data}, settle: settle, state: staged, at: time.Now()}
 	box.next++
-	box.pending = append(box.pending, e)
+	box.pending.push(e)
 	if b != nil && h.o.Store != nil {
 		b.AppendLazy(k.stream(), e.Seq, store.Encode(stored{Type: typ, Data: data, Settle: settle, At: e.at}))
 		_ = b.PutLazy(kindPeer, k.String(), box.record())
@@ -251,31 +286,49 @@ func (b *outbox) record() record {
 
 // trimLocked enforces the count and age bounds. Dropped deliveries are
 // remembered as lostBefore, so the consumer is told rather than left with a
-// silent gap.
+// silent gap, and counted for the next report. It costs O(1) per dropped
+// delivery: a consumer that never acknowledges pays no more per push than
+// one that does.
 func (h *Hub) trimLocked(box *outbox, b *store.Batch) {
 	cut := 0
+	var rewind uint64
 	cutoff := time.Now().Add(-h.o.Retention)
-	for cut < len(box.pending) && (len(box.pending)-cut > h.o.OutboxLimit || box.pending[cut].at.Before(cutoff)) && box.pending[cut].state == published {
-		cut++
+	for n := box.pending.len(); cut < n; cut++ {
+		e := box.pending.at(cut)
+		if e.state != published || (n-cut <= h.o.OutboxLimit && !e.at.Before(cutoff)) {
+			break
+		}
+		if !e.deliveredAt.IsZero() {
+			rewind++
+		}
 	}
 	if cut == 0 {
 		return
 	}
-	last := box.pending[cut-1].Seq
-	h.log.Warn("outbox over its bound; dropping unacknowledged deliveries", "peer", box.key.String(), "dropped", cut, "through", last)
-	for _, e := range box.pending[:cut] {
-		if b != nil && h.o.Store != nil {
-			b.DeleteEntryLazy(box.key.stream(), e.Seq)
-		}
-	}
-	box.pending = append(box.pending[:0:0], box.pending[cut:]...)
+	last := box.pending.at(cut - 1).Seq
+	box.pending.popFront(cut)
 	box.lostBefore = last + 1
-	if box.acked < last {
-		box.acked, box.persisted = last, last
-	}
-	if b != nil && h.o.Store != nil {
+	box.acked = last
+	switch {
+	case b != nil && h.o.Store != nil:
+		// Everything up to last is now acknowledged or dropped: delete it
+		// all, acknowledgements not yet persisted included.
+		h.deleteAckedLocked(box, b)
 		_ = b.PutLazy(kindPeer, box.key.String(), box.record())
+		box.persisted = last
+	case h.o.Store != nil:
+		h.dirty[box.key] = true
 	}
+	d := h.dropped[box.key]
+	if d == nil {
+		d = &dropCount{}
+		h.dropped[box.key] = d
+	}
+	d.unacked += uint64(cut) - rewind
+	d.rewind += rewind
+	d.through = last
+	h.stats.DroppedUnacknowledged += uint64(cut) - rewind
+	h.stats.DroppedRewind += rewind
 }
 
 // Publish makes a committed delivery visible to the consumer's connection.
@@ -292,16 +345,12 @@ func (h *Hub) finish(s *Staged, ok bool) {
 	if box == nil {
 		return
 	}
-	for i := range box.pending {
-		if box.pending[i].Seq != s.seq {
-			continue
-		}
+	if i := box.pending.find(s.seq); i >= 0 {
 		if ok {
-			box.pending[i].state = published
+			box.pending.at(i).state = published
 		} else {
-			box.pending = append(box.pending[:i:i], box.pending[i+1:]...)
+			box.pending.removeAt(i)
 		}
-		break
 	}
 	if box.conn != nil {
 		box.conn.wake()
@@ -319,8 +368,8 @@ func (h *Hub) Settle(b *store.Batch, k Key, settle string) func() {
 	if box == nil || settle == "" {
 		return func() {}
 	}
-	for _, e := range box.pending {
-		if e.settle == settle {
+	for i := range box.pending.len() {
+		if e := box.pending.at(i); e.settle == settle {
 			if b != nil && h.o.Store != nil {
 				b.DeleteEntryLazy(k.stream(), e.Seq)
 			}
@@ -334,14 +383,9 @@ func (h *Hub) Settle(b *store.Batch, k Key, settle string) func() {
 func (h *Hub) dropSeq(k Key, seq uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	box := h.boxes[k]
-	if box == nil {
-		return
-	}
-	for i, e := range box.pending {
-		if e.Seq == seq {
-			box.pending = append(box.pending[:i:i], box.pending[i+1:]...)
-			return
+	if box := h.boxes[k]; box != nil {
+		if i := box.pending.find(seq); i >= 0 {
+			box.pending.removeAt(i)
 		}
 	}
 }
@@ -362,7 +406,7 @@ func (h *Hub) Deliver(ctx context.Context, k Key, typ string, data []byte) (uint
 }
 
 // Forget drops k's outbox and ends its connection with ErrForgotten; the
-// consumer is remembered as lost.
+// consumer is remembered as lost until ConsumerRetention has passed.
 func (h *Hub) Forget(k Key) {
 	h.mu.Lock()
 	box := h.boxes[k]
@@ -374,17 +418,16 @@ func (h *Hub) Forget(k Key) {
 		box.conn.end(ErrForgotten)
 		box.conn = nil
 	}
-	var b store.Batch
-	for _, e := range box.pending {
-		b.DeleteEntryLazy(k.stream(), e.Seq)
-	}
-	box.pending = nil
-	if last := box.next - 1; box.acked < last {
-		box.acked, box.persisted = last, last
-	}
+	box.pending.clearAll()
+	box.acked = max(box.acked, box.next-1)
 	box.lost = true
 	box.lastSeen = time.Now()
-	_ = b.PutLazy(kindPeer, k.String(), box.record())
+	var b store.Batch
+	if h.o.Store != nil {
+		h.deleteAckedLocked(box, &b)
+		_ = b.PutLazy(kindPeer, k.String(), box.record())
+	}
+	box.persisted = box.acked
 	h.mu.Unlock()
 	h.write(&b)
 }
@@ -400,13 +443,17 @@ func (h *Hub) write(b *store.Batch) {
 	}
 }
 
-// flushLoop persists acknowledgements and presence in the background.
+// flushLoop persists acknowledgements and presence in the background,
+// applies the bounds to idle outboxes, collects forgotten consumers and
+// reports drops.
 func (h *Hub) flushLoop() {
 	defer close(h.stopped)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
-	sweep := time.NewTicker(max(10*time.Millisecond, min(time.Minute, h.o.Rewind/2)))
+	sweep := time.NewTicker(max(10*time.Millisecond, min(time.Minute, h.o.Rewind/2, h.o.ConsumerRetention/2)))
 	defer sweep.Stop()
+	report := time.NewTicker(h.o.ReportInterval)
+	defer report.Stop()
 	for {
 		select {
 		case <-t.C:
@@ -415,23 +462,34 @@ func (h *Hub) flushLoop() {
 			h.flush()
 		case <-sweep.C:
 			h.sweep()
+		case <-report.C:
+			h.report()
 		case <-h.stop:
 			h.flush()
+			h.report()
 			return
 		}
 	}
 }
 
-// sweep applies the age bound to idle outboxes and turns deliveries
-// written past their rewind window into acknowledgements.
+// sweep applies the age bound to idle outboxes, turns deliveries written
+// past their rewind window into acknowledgements, and collects consumers
+// that have been gone, with nothing to deliver, for ConsumerRetention.
 func (h *Hub) sweep() {
+	// Serialized with flush, writes included: a flush in flight must not
+	// put back the record of a consumer this sweep collects.
+	h.flushMu.Lock()
+	defer h.flushMu.Unlock()
 	var b store.Batch
-	cutoff := time.Now().Add(-h.o.Rewind)
+	now := time.Now()
+	cutoff := now.Add(-h.o.Rewind)
+	gone := now.Add(-h.o.ConsumerRetention)
 	h.mu.Lock()
 	for k, box := range h.boxes {
 		h.trimLocked(box, &b)
 		var upTo uint64
-		for _, e := range box.pending {
+		for i := range box.pending.len() {
+			e := box.pending.at(i)
 			if e.deliveredAt.IsZero() || e.deliveredAt.After(cutoff) {
 				break
 			}
@@ -441,12 +499,48 @@ func (h *Hub) sweep() {
 			box.ackLocked(upTo)
 			h.dirty[k] = true
 		}
+		if box.conn == nil && box.pending.len() == 0 && box.lastSeen.Before(gone) && h.started.Before(gone) {
+			h.collectLocked(box, &b)
+		}
 	}
 	h.mu.Unlock()
 	h.write(&b)
 }
 
+// collectLocked forgets box for good: its record and the entries that are
+// still stored go with b.
+func (h *Hub) collectLocked(box *outbox, b *store.Batch) {
+	k := box.key
+	if h.o.Store != nil {
+		h.deleteAckedLocked(box, b)
+		b.DeleteLazy(kindPeer, k.String())
+	}
+	delete(h.boxes, k)
+	delete(h.dirty, k)
+	h.stats.Collected++
+}
+
+// deleteAckedLocked adds to b the deletes of the entries acknowledged since
+// the last persisted acknowledgement. Every entry up to box.acked is
+// acknowledged, settled or dropped; each delete is written once, as
+// box.persisted then moves up.
+func (h *Hub) deleteAckedLocked(box *outbox, b *store.Batch) {
+	for seq := box.persisted + 1; seq <= box.acked && seq < box.next; seq++ {
+		b.DeleteEntryLazy(box.key.stream(), seq)
+	}
+}
+
+// Flush persists the acknowledgements and presence not written yet, and
+// returns once they and any background write of them in flight are
+// durable (or failed, which is logged): after it, the hub has nothing
+// waiting to be written until consumers act again.
+func (h *Hub) Flush() { h.flush() }
+
 func (h *Hub) flush() {
+	// One flush at a time, its write included, so that Flush returns only
+	// after a background flush that was writing has finished.
+	h.flushMu.Lock()
+	defer h.flushMu.Unlock()
 	var b store.Batch
 	h.mu.Lock()
 	for k := range h.dirty {
@@ -455,20 +549,48 @@ func (h *Hub) flush() {
 			continue
 		}
 		if h.o.Store != nil {
-			for seq := box.persisted + 1; seq <= box.acked && seq < box.next; seq++ {
-				b.DeleteEntryLazy(k.stream(), seq)
-			}
-			for _, seq := range box.settled {
-				b.DeleteEntryLazy(k.stream(), seq)
-			}
+			h.deleteAckedLocked(box, &b)
 			_ = b.PutLazy(kindPeer, k.String(), box.record())
 		}
 		box.persisted = box.acked
-		box.settled = nil
 	}
 	clear(h.dirty)
 	h.mu.Unlock()
 	h.write(&b)
+}
+
+// report logs, for each consumer whose outbox dropped deliveries since the
+// last report, one line with the counts. Deliveries that were never
+// acknowledged are a warning (the consumer gets stream.reset history_gone);
+// deliveries already written to a connection that cannot acknowledge only
+// leave its rewind window, which is routine for a busy consumer that never
+// acknowledges, so they are logged at debug level.
+func (h *Hub) report() {
+	h.mu.Lock()
+	if len(h.dropped) == 0 {
+		h.mu.Unlock()
+		return
+	}
+	type line struct {
+		k Key
+		d dropCount
+	}
+	lines := make([]line, 0, len(h.dropped))
+	for k, d := range h.dropped {
+		lines = append(lines, line{k, *d})
+	}
+	clear(h.dropped)
+	h.mu.Unlock()
+	slices.SortFunc(lines, func(a, b line) int { return cmp.Compare(a.k.String(), b.k.String()) })
+	for _, l := range lines {
+		if l.d.unacked > 0 {
+			h.log.Warn("outbox over its bound; dropped unacknowledged deliveries", "peer", l.k.String(),
+				"dropped", l.d.unacked, "rewind_dropped", l.d.rewind, "through", l.d.through, "interval", h.o.ReportInterval)
+		} else {
+			h.log.Debug("outbox over its bound; rewind window shortened", "peer", l.k.String(),
+				"rewind_dropped", l.d.rewind, "through", l.d.through, "interval", h.o.ReportInterval)
+		}
+	}
 }
 
 // Close persists pending acknowledgements and stops the background work.
@@ -479,7 +601,34 @@ func (h *Hub) Close() {
 	})
 }
 
-// Epoch-independent view of one consumer, for the peers listing.
+// Stats are the hub's figures, for metrics.
+type Stats struct {
+	// Consumers is how many consumers the hub remembers; Online how many
+	// of them have a connection.
+	Consumers, Online int
+	// DroppedUnacknowledged counts deliveries the outbox bounds dropped
+	// before their consumer acknowledged them.
+	DroppedUnacknowledged uint64
+	// DroppedRewind counts deliveries already written to a connection that
+	// cannot acknowledge, dropped from the rewind window by the bounds.
+	DroppedRewind uint64
+	// Collected counts consumers forgotten after ConsumerRetention.
+	Collected uint64
+}
+
+// Stats returns the hub's current figures.
+func (h *Hub) Stats() Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.stats
+	s.Consumers = len(h.boxes)
+	for _, b := range h.boxes {
+		if b.conn != nil {
+			s.Online++
+		}
+	}
+	return s
+}
 
 // Info describes one consumer.
 type Info struct {
@@ -493,13 +642,32 @@ type Info struct {
 	Pending    int       `json:"pending"`
 }
 
-// Peers lists consumers, filtered by role when role is not empty, in key order.
-func (h *Hub) Peers(role string) []Info {
+// Query selects a page of consumers for Peers.
+type Query struct {
+	// Role keeps only consumers of this role; "" keeps every role.
+	Role string
+	// After starts the page after this consumer: the Key.String() of the
+	// last consumer of the previous page. "" starts at the beginning.
+	After string
+	// Limit bounds the page; zero or less means no bound.
+	Limit int
+}
+
+// Peers lists the consumers q selects in key order (Key.String()), and
+// reports whether more follow the page.
+func (h *Hub) Peers(q Query) (page []Info, more bool) {
+	type row struct {
+		key string
+		Info
+	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := []Info{}
+	rows := make([]row, 0, min(len(h.boxes), max(q.Limit, 0)+1))
 	for k, b := range h.boxes {
-		if role != "" && k.Role != role {
+		if q.Role != "" && k.Role != q.Role {
+			continue
+		}
+		ks := k.String()
+		if q.After != "" && ks <= q.After {
 			continue
 		}
 		state := "offline"
@@ -509,14 +677,19 @@ func (h *Hub) Peers(role string) []Info {
 		case b.lost:
 			state = "lost"
 		}
-		out = append(out, Info{Role: k.Role, ID: k.ID, ConsumerID: k.Consumer, State: state, LastSeen: b.lastSeen,
-			Acked: b.acked, Latest: b.next - 1, Pending: len(b.pending)})
+		rows = append(rows, row{ks, Info{Role: k.Role, ID: k.ID, ConsumerID: k.Consumer, State: state, LastSeen: b.lastSeen,
+			Acked: b.acked, Latest: b.next - 1, Pending: b.pending.len()}})
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		return a.Role+"/"+a.ID+"/"+a.ConsumerID < b.Role+"/"+b.ID+"/"+b.ConsumerID
-	})
-	return out
+	h.mu.Unlock()
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.key, b.key) })
+	if q.Limit > 0 && len(rows) > q.Limit {
+		rows, more = rows[:q.Limit], true
+	}
+	page = make([]Info, len(rows))
+	for i, r := range rows {
+		page[i] = r.Info
+	}
+	return page, more
 }
 
 // Pending returns how many deliveries k has not acknowledged.
@@ -524,7 +697,7 @@ func (h *Hub) Pending(k Key) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if b := h.boxes[k]; b != nil {
-		return len(b.pending)
+		return b.pending.len()
 	}
 	return 0
 }
@@ -542,4 +715,12 @@ func (h *Hub) Ack(k Key, seq uint64) bool {
 	b.lastSeen = time.Now()
 	h.dirty[k] = true
 	return true
+}
+
+// Connected reports whether k has a connection now.
+func (h *Hub) Connected(k Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.boxes[k]
+	return b != nil && b.conn != nil
 }

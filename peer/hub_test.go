@@ -170,7 +170,7 @@ func TestSettleAndForget(t *testing.T) {
 	if h.Pending(k) != 0 {
 		t.Fatal("forgotten outbox still pending")
 	}
-	if p := h.Peers("runner"); len(p) != 1 || p[0].State != "lost" {
+	if p, _ := h.Peers(Query{Role: "runner"}); len(p) != 1 || p[0].State != "lost" {
 		t.Fatalf("peers after forget: %+v", p)
 	}
 }
@@ -233,7 +233,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	if seq := deliver(t, h, k, "new"); seq != 6 {
 		t.Fatalf("sequence after restart: %d, want 6", seq)
 	}
-	peers := h.Peers("")
+	peers, _ := h.Peers(Query{})
 	if len(peers) != 1 || peers[0].State != "online" || peers[0].Acked != 2 || peers[0].Latest != 6 || peers[0].LastSeen.Before(time.Now().Add(-time.Minute)) {
 		t.Fatalf("peers: %+v", peers)
 	}

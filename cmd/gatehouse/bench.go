@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -56,10 +57,12 @@ const execTimeout = 30 * time.Second
 // create request to the answer of the agent's complete intent.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var c benchConfig
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench", stderr)
 	c.flags(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if c.executions <= 0 || c.concurrency <= 0 || c.agents <= 0 || c.runners <= 0 || c.duration <= 0 || c.repeat <= 0 {
@@ -216,10 +219,37 @@ func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[s
 }
 
 // onlinePeers counts the consumers of want the gateway lists as online.
-func onlinePeers(ctx context.Context, url, token string, want map[string]bool) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v0/peers", nil)
+func onlinePeers(ctx context.Context, base, token string, want map[string]bool) (int, error) {
+	n := 0
+	cursor := ""
+	for {
+		var page struct {
+			Peers []struct {
+				Role, ID, State string
+				ConsumerID      string `json:"consumer_id"`
+			}
+			Next string `json:"next_cursor"`
+		}
+		if err := getPeers(ctx, base+"/v0/peers?limit=1000&cursor="+url.QueryEscape(cursor), token, &page); err != nil {
+			return 0, err
+		}
+		for _, p := range page.Peers {
+			if p.State == "online" && want[p.Role+"/"+p.ID+"/"+p.ConsumerID] {
+				n++
+			}
+		}
+		if page.Next == "" {
+			return n, nil
+		}
+		cursor = page.Next
+	}
+}
+
+// getPeers reads one page of GET /v0/peers into out.
+func getPeers(ctx context.Context, u, token string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -227,28 +257,13 @@ func onlinePeers(ctx context.Context, url, token string, want map[string]bool) (
 	req.Close = true // a poll; keeping the connection would only delay the gateway's shutdown
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET /v0/peers: %s", resp.Status)
+		return fmt.Errorf("GET /v0/peers: %s", resp.Status)
 	}
-	var body struct {
-		Peers []struct {
-			Role, ID, State string
-			ConsumerID      string `json:"consumer_id"`
-		}
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, p := range body.Peers {
-		if p.State == "online" && want[p.Role+"/"+p.ID+"/"+p.ConsumerID] {
-			n++
-		}
-	}
-	return n, nil
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // benchResult is what one run measured.

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -60,18 +59,23 @@ func builtinTools() map[string]client.ToolFunc {
 // holds one stream, runs the jobs it is given one at a time, and reconnects
 // with backoff whenever the connection drops.
 func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("runner", stderr)
 	host, _ := os.Hostname()
 	var url, token, runnerID, consumerID, tools, logLevel string
 	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL")
 	fs.StringVar(&token, "token", "", "bearer token (a runner JWT scoped to --runner-id, or the static token)")
 	fs.StringVar(&runnerID, "runner-id", "runner-"+host, "runner id")
-	fs.StringVar(&consumerID, "consumer-id", "", "connection id kept across reconnects (default: runner id + random suffix)")
+	fs.StringVar(&consumerID, "consumer-id", "", "this process's connection id, kept across reconnects and restarts so the gateway hands it back its job; give each process of one --runner-id on one host its own (default: the host name)")
 	fs.StringVar(&tools, "tools", "", "comma-separated built-in tools to serve (default: all)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	if consumerID == "" {
+		consumerID = hostConsumerID(host)
 	}
 	log, err := newLogger(stderr, logLevel, "text")
 	if err != nil {
@@ -94,11 +98,32 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	names := slices.Sorted(maps.Keys(served))
-	fmt.Fprintf(stdout, "runner %s serving %s from %s\n", runnerID, strings.Join(names, ", "), url)
-	log.Info("runner started", slog.String("runner_id", runnerID), slog.Any("tools", names))
+	fmt.Fprintf(stdout, "runner %s (consumer %s) serving %s from %s\n", runnerID, consumerID, strings.Join(names, ", "), url)
+	log.Info("runner started", slog.String("runner_id", runnerID), slog.String("consumer_id", consumerID), slog.Any("tools", names))
 	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: consumerID, Tools: served})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// hostConsumerID is the default consumer id: the host name, folded to
+// lower-case letters, digits, '.' and '-'. It is the same after a restart,
+// so a runner that comes back within the grace period gets back the job it
+// held (a random id would leave that job to time out), and its old consumer
+// is not left behind for the gateway to collect.
+func hostConsumerID(host string) string {
+	id := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '.', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, host)
+	if id = strings.Trim(id, ".-"); id == "" || len(id) > 128 {
+		return "runner"
+	}
+	return id
 }

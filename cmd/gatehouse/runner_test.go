@@ -136,7 +136,7 @@ func TestRunnerServesBuiltinTools(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(out.String(), "runner edge-1 serving gatehouse.echo, gatehouse.sha256") {
+	if !strings.Contains(out.String(), "runner edge-1 (consumer ") || !strings.Contains(out.String(), ") serving gatehouse.echo, gatehouse.sha256") {
 		t.Fatalf("runner banner: %q", out.String())
 	}
 	if err := runnerCmd(ctx, []string{"--tools", "gatehouse.rm_rf"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "unknown tool") {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"runtime"
 	"strings"
 	"time"
@@ -32,6 +33,8 @@ type config struct {
 	retentionCount                  int
 	idemWindow                      time.Duration
 	idemKeys                        int
+	peerRetention                   time.Duration
+	webhookAllow                    prefixes
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -54,6 +57,37 @@ func (k *keyFiles) Set(v string) error {
 		*k = keyFiles{}
 	}
 	(*k)[kid] = path
+	return nil
+}
+
+// prefixes collects the networks of --webhook-allow-net: comma-separated
+// CIDR prefixes or single addresses, repeatable.
+type prefixes []netip.Prefix
+
+func (p *prefixes) String() string {
+	s := make([]string, len(*p))
+	for i, x := range *p {
+		s[i] = x.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (p *prefixes) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if pr, err := netip.ParsePrefix(part); err == nil {
+			*p = append(*p, pr.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(part)
+		if err != nil {
+			return fmt.Errorf("%q is neither an address nor a CIDR prefix", part)
+		}
+		*p = append(*p, netip.PrefixFrom(a, a.BitLen()))
+	}
 	return nil
 }
 
@@ -81,6 +115,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
 	fs.DurationVar(&c.idemWindow, "idempotency-window", 24*time.Hour, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
+	fs.DurationVar(&c.peerRetention, "peer-retention", time.Hour, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
+	fs.Var(&c.webhookAllow, "webhook-allow-net", "comma-separated `CIDRs or addresses` of internal networks chat webhooks may reach (loopback, private, link-local...); repeatable")
 	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
@@ -114,10 +150,12 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var c config
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("serve", stderr)
 	c.flags(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, c.logLevel, c.logFormat)
@@ -126,6 +164,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	g, err := start(ctx, c, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped while starting: everything opened was closed again,
+			// which is a clean shutdown.
+			log.Info("shutting down", "during", "startup", "err", err)
+			return nil
+		}
 		return err
 	}
 	<-ctx.Done()
@@ -158,6 +202,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount,
+		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,

@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -14,21 +15,21 @@ import (
 )
 
 // tailCmd follows an execution's events from a sequence until its terminal
-// event, resuming across disconnects with no gap and no duplicate.
+// event, resuming across disconnects with no gap and no duplicate. It first
+// reads the execution once, so that a gateway it cannot reach, or an
+// unknown execution, fails at once instead of being retried for ever;
+// once following, it rides out disconnects until interrupted.
 func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var url, token string
+	fs := newFlagSet("tail", stderr)
+	var base, token string
 	var after uint64
 	var raw bool
-	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL")
+	var timeout time.Duration
+	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "gateway base `URL`")
 	fs.StringVar(&token, "token", "", "bearer token")
 	fs.Uint64Var(&after, "after", 0, "start after this sequence")
 	fs.BoolVar(&raw, "json", false, "print each event as one line of JSON")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gatehouse tail [flags] <execution-id>")
-		fs.PrintDefaults()
-	}
+	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for reaching the gateway and each request")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -36,27 +37,58 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Usage()
 		return errors.New("tail: give one execution id")
 	}
-	c, err := client.New(client.Options{BaseURL: url, Token: token})
+	id := fs.Arg(0)
+	c, err := client.New(client.Options{BaseURL: base, Token: token, RequestTimeout: timeout})
 	if err != nil {
-		return err
+		return fmt.Errorf("tail: %w", err)
 	}
-	return c.StreamExecution(ctx, fs.Arg(0), after, func(ev client.Event) error {
-		if raw {
-			line, err := json.Marshal(ev)
-			if err != nil {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	_, err = c.GetExecution(pctx, id)
+	cancel()
+	if err == nil {
+		err = c.StreamExecution(ctx, id, after, func(ev client.Event) error {
+			if raw {
+				line, err := json.Marshal(ev)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(stdout, "%s\n", line)
 				return err
 			}
-			_, err = fmt.Fprintf(stdout, "%s\n", line)
+			step := ""
+			if ev.StepID != "" {
+				step = " step=" + ev.StepID
+			}
+			_, err := fmt.Fprintf(stdout, "%5d %s %-24s%s %s\n", ev.Sequence, ev.Timestamp.Format(time.RFC3339Nano),
+				ev.Type, step, printable(string(ev.Payload)))
 			return err
+		})
+	}
+	switch {
+	case err == nil, ctx.Err() != nil:
+		return nil // the end of the execution, or interrupted
+	}
+	return tailError(base, err)
+}
+
+// tailError says what went wrong in one line with one prefix: the API's
+// code and message, or which gateway could not be reached and why.
+func tailError(base string, err error) error {
+	var aerr *client.APIError
+	var nerr *net.OpError
+	switch {
+	case errors.As(err, &aerr):
+		code := aerr.Code
+		if code == "" {
+			code = http.StatusText(aerr.Status)
 		}
-		step := ""
-		if ev.StepID != "" {
-			step = " step=" + ev.StepID
-		}
-		_, err := fmt.Fprintf(stdout, "%5d %s %-24s%s %s\n", ev.Sequence, ev.Timestamp.Format(time.RFC3339Nano),
-			ev.Type, step, printable(string(ev.Payload)))
-		return err
-	})
+		return fmt.Errorf("tail: %s: %s", code, printable(aerr.Message))
+	case errors.As(err, &nerr):
+		return fmt.Errorf("tail: cannot reach %s: %w", base, nerr)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("tail: %s did not answer in time", base)
+	}
+	return fmt.Errorf("tail: %w", err)
 }
 
 // printable keeps a terminal safe from control characters in payloads.

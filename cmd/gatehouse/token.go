@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,8 +19,7 @@ import (
 // --runners r1 --secret ...`. Production tokens come from your identity
 // provider; the gateway only verifies them.
 func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("token", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("token", stderr)
 	var (
 		secret, keyFile, sub, role, agents, runners, sessions, tenant, iss, aud, kid string
 		ttl                                                                          time.Duration
@@ -39,6 +37,9 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&kid, "kid", "", "key id header")
 	fs.DurationVar(&ttl, "ttl", time.Hour, "lifetime")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	c := auth.Claims{

@@ -57,29 +57,59 @@
     return 'web-' + Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
   }
 
-  let peerId = sessionStorage.getItem(PEER_KEY);
-  if (!peerId) {
-    peerId = randomId();
-    sessionStorage.setItem(PEER_KEY, peerId);
+  // One peer id per browser, kept in localStorage, so that reloading the
+  // page or opening it again registers no new channel: the gateway keeps a
+  // channel per peer id (and a person's channels are capped). Two tabs open
+  // at once cannot share an id, since each stream would keep taking the
+  // other over, so a tab takes the first of <id>, <id>-2, <id>-3, ... that
+  // no other open tab of this browser holds. The tab's id is also kept in
+  // its sessionStorage, for the record.
+  let peerId = '';
+
+  function browserId() {
+    let id = '';
+    try { id = localStorage.getItem(PEER_KEY) || ''; } catch { /* storage disabled */ }
+    if (!/^web-[0-9a-f]{24}$/.test(id)) {
+      id = randomId();
+      try { localStorage.setItem(PEER_KEY, id); } catch { /* storage disabled: one id per load */ }
+    }
+    return id;
   }
 
-  // A duplicated tab inherits sessionStorage, peer id included, and two
-  // streams with one peer id would keep taking each other over. A tab that
-  // finds its id in use takes a new one before it connects.
-  function claimPeerId() {
-    if (typeof BroadcastChannel !== 'function') return Promise.resolve();
+  // claimPeerId asks the other tabs, over a BroadcastChannel, which ids
+  // they hold. A tab answers "taken" for the id it holds, and for the id it
+  // is claiming itself when its own claim's nonce is lower, so two tabs
+  // opened at the same instant do not both take one id.
+  async function claimPeerId() {
+    const base = browserId();
+    if (typeof BroadcastChannel !== 'function') {
+      peerId = base;
+      return;
+    }
     const bc = new BroadcastChannel('gatehouse-approvals');
-    let settledId = false;
+    let pending = null; // {id, nonce, taken} while claiming
     bc.onmessage = (e) => {
       const m = e.data || {};
-      if (m.claim === peerId) bc.postMessage({ taken: peerId });
-      if (m.taken === peerId && !settledId) {
-        peerId = randomId();
-        sessionStorage.setItem(PEER_KEY, peerId);
+      if (m.claim && m.claim === peerId) {
+        bc.postMessage({ taken: m.claim, to: m.nonce });
+      } else if (m.claim && pending && m.claim === pending.id && m.nonce !== pending.nonce) {
+        if (pending.nonce < m.nonce) bc.postMessage({ taken: m.claim, to: m.nonce });
+        else pending.taken = true;
       }
+      if (m.taken && pending && m.taken === pending.id && m.to === pending.nonce) pending.taken = true;
     };
-    bc.postMessage({ claim: peerId });
-    return new Promise((resolve) => setTimeout(() => { settledId = true; resolve(); }, 150));
+    for (let n = 1; ; n++) {
+      const nonce = randomId();
+      pending = { id: n === 1 ? base : base + '-' + n, nonce, taken: false };
+      bc.postMessage({ claim: pending.id, nonce });
+      await sleep(150);
+      if (!pending.taken) {
+        peerId = pending.id;
+        pending = null;
+        try { sessionStorage.setItem(PEER_KEY, peerId); } catch { /* for the record only */ }
+        return;
+      }
+    }
   }
 
   class APIError extends Error {

@@ -94,12 +94,37 @@
 // # Built-in default
 //
 // [Default] is used when the operator configures no policy. It allows every
-// tool except shell-like ones. A tool id is shell-like when, compared
-// case-insensitively, it equals one of shell, bash, sh, zsh, fish,
-// powershell, pwsh, cmd, exec, terminal, run_command or execute_command, or
-// when the part after any '.', '_', '/', '-' or ':' equals one of them.
-// So "system.shell", "tools/bash", "run-shell" and "mcp.run_command" are
-// shell-like while "shellcheck" and "fs.read_file" are not.
+// tool except those that run commands or code, which it denies with rule id
+// "default-deny-shell". A tool id is first folded to a canonical form:
+// control and format characters (NUL, zero-width and bidirectional marks)
+// are dropped, full-width letters become ASCII, letters are lower-cased,
+// and runs of separators ('.', '_', '-', '/', '\', ':', white space)
+// become one '.'. The id is also read cut at its first NUL and as its first
+// word, and each reading also without trailing program-file extensions
+// (exe, com, bat, cmd, ps1, psm1, vbs, wsf, msi, app, bin, sh, run, out).
+// A reading is denied when the whole of it, or its part after any
+// separator, with the separators removed, is one of:
+//
+//   - shells and terminals: shell, sh, bash, zsh, fish, dash, ksh, mksh,
+//     csh, tcsh, ash, busybox, terminal, cmd, commandcom, powershell, pwsh;
+//   - privilege and remote execution: sudo, su, doas, pkexec, runas, ssh,
+//     rsh;
+//   - command runners: exec, execve, popen, subprocess, childprocess,
+//     ossystem, runcommand, runcmd, execcommand, executecommand,
+//     shellexec, shellcommand, runshell, runscript;
+//   - code runners: repl, codeinterpreter, runcode, execcode, executecode,
+//     runpython, execpython, executepython;
+//   - interpreters, with any version digits: python, pythonw, pypy, node,
+//     nodejs, deno, bun, ruby, irb, perl, php, lua, luajit, tclsh, wish,
+//     osascript, cscript, wscript, mshta, jshell.
+//
+// So "system.shell", "tools/bash", "bash.exe", "C:\Windows\System32\cmd.exe",
+// "bash " (trailing space), "python3.11", "execute-command" and
+// "mcp.run_command" are denied, while "shellcheck", "exec_sql",
+// "fs.read_file" and "nodes.list" are allowed. A namespaced tool that only
+// ends in such a name ("k8s.node") is denied too: allow it with a policy of
+// your own. Rules in policy files match tool ids exactly as given (globs);
+// only this built-in rule normalizes them.
 package policy
 
 import (

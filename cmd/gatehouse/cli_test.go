@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
+)
+
+// serveFlags lists the flags of serve.
+func serveFlags() []string {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var c config
+	c.flags(fs)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	return names
+}
+
+// TestHelpShowsEveryCommandAndFlag: --help lists every command and the
+// flags of serve (the default command); help <command> and <command> -h
+// show that command's flags; all of them succeed.
+func TestHelpShowsEveryCommandAndFlag(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		for _, c := range commands() {
+			if !strings.Contains(out.String(), "gatehouse "+c.name) {
+				t.Errorf("%v does not list %s:\n%s", args, c.name, out.String())
+			}
+		}
+		for _, f := range serveFlags() {
+			if !strings.Contains(out.String(), "  -"+f+" ") && !strings.Contains(out.String(), "  -"+f+"\n") {
+				t.Errorf("%v does not show serve's flag -%s", args, f)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"help", "serve"}, &out, io.Discard); err != nil {
+		t.Fatalf("help serve: %v", err)
+	}
+	for _, f := range serveFlags() {
+		if !strings.Contains(out.String(), "  -"+f) {
+			t.Errorf("help serve does not show -%s", f)
+		}
+	}
+	for _, c := range commands() {
+		if c.run == nil {
+			continue
+		}
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), []string{"help", c.name}, &out, &errOut); err != nil || !strings.Contains(out.String(), "Usage") {
+			t.Errorf("help %s: %v\n%s%s", c.name, err, out.String(), errOut.String())
+		}
+		if c.name == "version" {
+			continue
+		}
+		errOut.Reset()
+		if err := run(context.Background(), []string{c.name, "-h"}, io.Discard, &errOut); err != nil || !strings.Contains(errOut.String(), "-url") && !strings.Contains(errOut.String(), "-addr") && !strings.Contains(errOut.String(), "-secret") {
+			t.Errorf("%s -h: %v\n%s", c.name, err, errOut.String())
+		}
+	}
+	if err := run(context.Background(), []string{"help", "nope"}, io.Discard, io.Discard); err == nil {
+		t.Error("help for an unknown command succeeded")
+	}
+}
+
+// TestStrayArgumentsAreRefused: serve (and the other commands without
+// positional arguments) refuse one, instead of ignoring it and every flag
+// after it.
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--in-memory", "--addr", "127.0.0.1:0", "extra"},
+		{"--in-memory", "--addr", "127.0.0.1:0", "extra", "--log-level", "debug"},
+		{"runner", "--url", "http://127.0.0.1:1", "extra"},
+		{"token", "--secret", strings.Repeat("s", 32), "extra"},
+		{"version", "extra"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := run(ctx, args, io.Discard, io.Discard)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
+			t.Errorf("%v: %v, want unexpected argument", args, err)
+		}
+	}
+}
+
+// TestTailFailsFast: tail against a gateway that is not there, or for an
+// execution that does not exist, fails with one clear line instead of
+// retrying for ever.
+func TestTailFailsFast(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dead := "http://" + freeAddr(t)
+	err := tailCmd(ctx, []string{"--url", dead, "some-execution"}, io.Discard, io.Discard)
+	if ctx.Err() != nil {
+		t.Fatal("tail against a dead URL was still retrying after 60s")
+	}
+	if err == nil || !strings.HasPrefix(err.Error(), "tail: cannot reach "+dead+": ") {
+		t.Fatalf("dead URL: %v", err)
+	}
+	s := gatewaytest.Start(t, gateway.Config{})
+	err = tailCmd(ctx, []string{"--url", s.URL, "no-such-execution"}, io.Discard, io.Discard)
+	if err == nil || !strings.HasPrefix(err.Error(), "tail: NOT_FOUND: ") || strings.Contains(err.Error(), "gatehouse:") {
+		t.Fatalf("unknown execution: %v", err)
+	}
+	// As main prints it: one prefix.
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "tail", "--url", s.URL, "no-such-execution")
+	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || strings.Count(out.String(), "gatehouse:") != 1 || strings.Count(out.String(), "\n") != 1 {
+		t.Fatalf("gatehouse tail: %v\n%s", err, out.String())
+	}
+}
+
+// TestStopExitsZero: SIGTERM ends serve with status 0 after a clean
+// shutdown, also when it arrives while the gateway is still starting.
+func TestStopExitsZero(t *testing.T) {
+	c := startChild(t, freeAddr(t), t.TempDir())
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("after SIGTERM: %v\n%s", err, c.logs)
+	}
+	// A stop while starting, as serve sees it: its context is already done.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := serve(ctx, []string{"--addr", "127.0.0.1:0", "--data", t.TempDir()}, io.Discard); err != nil {
+		t.Fatalf("serve stopped while starting: %v", err)
+	}
+}
+
+// TestRunnerKeepsItsConsumerID: `gatehouse runner` connects under the same
+// consumer id after a restart, so the gateway knows one consumer.
+func TestRunnerKeepsItsConsumerID(t *testing.T) {
+	s := gatewaytest.Start(t, gateway.Config{})
+	host, _ := os.Hostname()
+	want := hostConsumerID(host)
+	for range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- runnerCmd(ctx, []string{"--url", s.URL, "--runner-id", "edge-9", "--log-level", "error"}, io.Discard, io.Discard)
+		}()
+		deadline := time.Now().Add(20 * time.Second)
+		for online := false; !online; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the runner did not come online within 20s")
+			}
+			resp, err := http.Get(s.URL + "/v0/peers?role=runner")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Peers []struct {
+					ID, State  string
+					ConsumerID string `json:"consumer_id"`
+				}
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if len(body.Peers) == 0 {
+				continue // not connected yet
+			}
+			if len(body.Peers) != 1 || body.Peers[0].ID != "edge-9" || body.Peers[0].ConsumerID != want {
+				t.Fatalf("peers %+v, want one runner edge-9/%s", body.Peers, want)
+			}
+			online = body.Peers[0].State == "online"
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestHostConsumerID(t *testing.T) {
+	for in, want := range map[string]string{
+		"edge-1": "edge-1", "Edge-1.Example.COM": "edge-1.example.com", "my host_1": "my-host-1",
+		"": "runner", "---": "runner", "hôte": "h-te", strings.Repeat("x", 200): "runner",
+	} {
+		if got := hostConsumerID(in); got != want {
+			t.Errorf("hostConsumerID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
