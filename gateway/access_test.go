@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -128,6 +129,10 @@ func TestAccessMatrix(t *testing.T) {
 	alice.json("POST", "/agent-runtime/sessions", obj{"sessionId": "m-sess", "agentId": "m-agent"}, 201)
 	readers, sessionStrangers := []string{"admin", "alice", "alice-channel"}, []string{"bob", "mallory", "tenant-admin"}
 	ar := "/agent-runtime/sessions/m-sess"
+	info := obj{"name": "m-agent", "version": "1.0.0"}
+	agentAPI.json("PUT", "/aap/v1/agents/m-agent", info, 200)
+	aapSession := openAAPSession(t, alice, "m-agent")
+	aap := "/aap/v1/session/" + aapSession
 
 	rows := map[string]matrixRow{
 		"GET /v0/health": {req: do("GET", "/v0/health", nil), status: 200, ok: everyone, public: true},
@@ -173,6 +178,15 @@ func TestAccessMatrix(t *testing.T) {
 		"GET /agent-runtime/sessions/{}/ws":         {req: ws(ar + "/ws"), status: 101, ok: readers, hidden: sessionStrangers},
 		"GET /agent-runtime/sessions/{}/threads/{}": {req: do("GET", ar+"/threads/main", nil), status: 200, ok: readers, hidden: sessionStrangers},
 		"POST /agent-runtime/commands/{}":           {req: do("POST", "/agent-runtime/commands/get_session", obj{"session_id": "m-sess"}), status: 200, ok: readers, hidden: sessionStrangers},
+		"GET /aap/v1/meta":                          {req: do("GET", "/aap/v1/meta", nil), status: 200, ok: everyone},
+		"GET /aap/v1/sessions":                      {req: do("GET", "/aap/v1/sessions", nil), status: 200, ok: readers, hidden: sessionStrangers, list: aapSession},
+		"PUT /aap/v1/session":                       {req: do("PUT", "/aap/v1/session", obj{"agent": obj{"name": "m-agent"}}), status: 400, ok: clients},
+		"POST /aap/v1/session/{}":                   {req: do("POST", aap, obj{"messages": []obj{{"role": "user", "content": "busy?"}}}), status: 409, ok: owners, hidden: strangers},
+		"GET /aap/v1/session/{}":                    {req: do("GET", aap, nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"DELETE /aap/v1/session/{}":                 {req: do("DELETE", "/aap/v1/session/m-no-such-session", nil), status: 404, ok: clients},
+		"GET /aap/v1/session/{}/stream":             {req: sse(aap + "/stream"), status: 200, ok: readers, hidden: sessionStrangers},
+		"PUT /aap/v1/agents/{}":                     {req: do("PUT", "/aap/v1/agents/m-agent", info), status: 200, ok: agentIDs},
+		"GET /aap/v1/agents/{}/sessions/{}":         {req: do("GET", "/aap/v1/agents/m-agent/sessions/"+aapSession, nil), status: 200, ok: agentIDs},
 		"GET /agent-runtime/exports/{}":             {req: do("GET", "/agent-runtime/exports/m-sess", nil), status: 200, ok: readers, hidden: sessionStrangers},
 	}
 
@@ -221,5 +235,33 @@ func TestAccessMatrix(t *testing.T) {
 	// The approvals page is files only: no data, no token.
 	if status, _, _ := as("anonymous").do("GET", "/ui/", nil); status != 200 {
 		t.Errorf("GET /ui/ without a token: %d", status)
+	}
+}
+
+// openAAPSession opens an AAP session of a's with agent in stream mode and
+// returns its id once the stream started; the turn stays running.
+func openAAPSession(t *testing.T, a *api, agent string) string {
+	t.Helper()
+	body := `{"agent":{"name":"` + agent + `"},"stream":"delta","messages":[{"role":"user","content":"hi"}]}`
+	req, _ := http.NewRequestWithContext(t.Context(), "PUT", a.base+"/aap/v1/session", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("PUT /aap/v1/session: %d: %v", resp.StatusCode, err)
+		}
+		if rest, ok := strings.CutPrefix(line, "data: "); ok {
+			var start struct{ SessionID string }
+			if json.Unmarshal([]byte(rest), &start) == nil && start.SessionID != "" {
+				return start.SessionID
+			}
+		}
 	}
 }

@@ -201,6 +201,9 @@ const (
 	cmdResult       = "result"
 	cmdStarted      = "started"
 	cmdCapabilities = "capabilities"
+	// cmdDeclare is an agent socket's declaration of what the agent is (an
+	// AAP agent's AgentInfo; PUT /aap/v1/agents/{name} over HTTP).
+	cmdDeclare = "declare"
 )
 
 // commandRoute serves a command over HTTP; the route's path parameter, if
@@ -240,6 +243,8 @@ func (s *Server) command(ctx context.Context, p *auth.Principal, name, pathID st
 		err = s.stepStarted(ctx, p, pathID, body, m)
 	case cmdCapabilities:
 		err = s.runnerCapabilities(p, pathID, body)
+	case cmdDeclare:
+		err = s.declare(ctx, p, pathID, body)
 	default:
 		err = kernelValidation("unknown command " + strconv.Quote(name))
 	}
@@ -378,4 +383,22 @@ func (s *Server) deleteRunner(c *call) {
 	}
 	s.k.RemoveRunner(runnerID)
 	c.ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// declare records what an agent declares about itself: one JSON object
+// naming the agent, kept by the kernel for the surfaces that read it.
+func (s *Server) declare(ctx context.Context, p *auth.Principal, agentID string, body []byte) error {
+	if err := p.Authorize(auth.ActAct, agentResource(agentID)); err != nil {
+		return err
+	}
+	var named struct {
+		Name string `json:"name"`
+	}
+	if err := decodeBody(body, &named, s.opts.MaxBodyBytes); err != nil {
+		return err
+	}
+	if named.Name != agentID {
+		return kernelValidation("a declaration's name must be the agent id " + strconv.Quote(agentID))
+	}
+	return s.k.Declare(ctx, agentID, body)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/protocol/aap"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -149,7 +150,10 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	}
 	so := c.Server
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, c.Logger, br, chans, sessions
-	so.Surfaces = append(so.Surfaces, agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}))
+	so.Surfaces = append(so.Surfaces,
+		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
+		aap.New(aap.Options{Kernel: k, Sessions: sessions}),
+	)
 	srv, err := New(so)
 	if err != nil {
 		sessions.Close()

@@ -60,3 +60,22 @@ func TestWebSocketAgentStreamsDeltas(t *testing.T) {
 		t.Fatalf("session log: %d of %d delta bytes, facts %v", got.Len(), want.Len(), kinds)
 	}
 }
+
+// TestAgentDeclaresOverItsSocket: an agent declares its AgentInfo with a
+// declare command on its WebSocket, as over HTTP; /aap/v1/meta lists it,
+// online, and a declaration naming another agent is refused.
+func TestAgentDeclaresOverItsSocket(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	ws := a.dialWS("/v0/agents/ws?agent_id=decl&consumer_id=c1", gateway.SubprotocolJSON)
+	ws.expect("hello")
+	ws.ok(ws.command("declare", obj{"name": "decl", "version": "0.1.0", "description": "declared on its socket"}))
+	if r := ws.command("declare", obj{"name": "someone-else", "version": "1"}); r.obj["status"] != 400.0 {
+		t.Fatalf("declaring another agent: %v", r.obj)
+	}
+	meta := a.json("GET", "/aap/v1/meta", nil, 200)
+	agents := meta["agents"].([]any)
+	if len(agents) != 1 || agents[0].(obj)["name"] != "decl" || agents[0].(obj)["online"] != true {
+		t.Fatalf("meta: %v", meta)
+	}
+}

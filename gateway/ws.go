@@ -604,6 +604,8 @@ func (s *Server) peerCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any, k
 	switch {
 	case ps.role == kernel.RoleAgent && (fr.Command == cmdIntent || fr.Command == cmdStepResult):
 		name = fr.Command
+	case ps.role == kernel.RoleAgent && fr.Command == cmdDeclare:
+		name, pathID = fr.Command, ps.key.ID
 	case ps.role == kernel.RoleRunner && (fr.Command == cmdResult || fr.Command == cmdCapabilities):
 		name, pathID = fr.Command, ps.key.ID
 	case ps.role == kernel.RoleRunner && fr.Command == cmdStarted:
@@ -618,7 +620,7 @@ func (s *Server) peerCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any, k
 		}
 		name, pathID = cmdStarted, ref.StepID
 	default:
-		want := "intent or step_result"
+		want := "intent, step_result or declare"
 		if ps.role == kernel.RoleRunner {
 			want = "result, started or capabilities"
 		}

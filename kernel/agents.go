@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
@@ -496,6 +497,9 @@ func (k *Kernel) invokeTool(t *tx, fx *effects, in *Intent) IntentResult {
 		ToolID: in.ToolID, AgentID: ex.AgentID, Labels: ex.Labels, Arguments: in.Arguments,
 		StepCount: len(ex.Steps), Elapsed: t.now.Sub(ex.CreatedAt), Now: t.now,
 	})
+	if dec.Decision == policy.Allow && slices.Contains(ex.Ask, in.ToolID) {
+		dec.Decision, dec.Reason, dec.RuleID = policy.RequireApproval, "the caller asks a person before "+in.ToolID, "ask_tools"
+	}
 	allowedAlways := false
 	if dec.Decision == policy.RequireApproval && k.approvals != nil && k.approvals.AllowedAlways(ex.SessionID, in.ToolID) {
 		// A person already allowed this tool for the whole session.
@@ -637,7 +641,22 @@ type StepResultRequest struct {
 // that repeats the recorded outcome succeeds again; a different outcome for
 // a resolved step is a conflict whose details carry the recorded one.
 func (k *Kernel) StepResult(ctx context.Context, req StepResultRequest, meta Meta) (After, error) {
-	if req.ExecutionID == "" || req.SessionID == "" || req.StepID == "" {
+	if req.SessionID == "" {
+		return nil, invalid("execution_id, session_id, and step_id are required")
+	}
+	return k.stepResult(ctx, req, meta, true)
+}
+
+// AnswerStep records the outcome of a local step that someone other than
+// the agent ran: an AAP client running one of its own tools. It is
+// StepResult without the agent's lease; the first outcome wins, a
+// different later one is a conflict.
+func (k *Kernel) AnswerStep(ctx context.Context, req StepResultRequest, meta Meta) (After, error) {
+	return k.stepResult(ctx, req, meta, false)
+}
+
+func (k *Kernel) stepResult(ctx context.Context, req StepResultRequest, meta Meta, byAgent bool) (After, error) {
+	if req.ExecutionID == "" || req.StepID == "" {
 		return nil, invalid("execution_id, session_id, and step_id are required")
 	}
 	if err := checkLen("error", req.Error, maxErrorLen); err != nil {
@@ -651,12 +670,17 @@ func (k *Kernel) StepResult(ctx context.Context, req StepResultRequest, meta Met
 		return nil, err
 	}
 	defer ex.mu.Unlock()
-	if err := k.checkLease(ex, req.SessionID); err != nil {
-		return nil, err
+	if byAgent {
+		if err := k.checkLease(ex, req.SessionID); err != nil {
+			return nil, err
+		}
 	}
 	st := ex.Steps[req.StepID]
 	if st == nil {
 		return nil, notFound("step", req.StepID)
+	}
+	if !byAgent && st.Remote {
+		return nil, conflict("conflict: step %s runs on a runner", st.ID)
 	}
 	if st.Status.Terminal() {
 		return nil, settled(st, req.Success, req.Data, req.Error)

@@ -42,6 +42,10 @@ type CreateRequest struct {
 	// session package sets them when it starts a turn.
 	ThreadID string `json:"-"`
 	TurnID   string `json:"-"`
+	// Ask (extension) lists tools a person must allow before each call in
+	// this execution, even where policy would allow it (policy's denials
+	// stand): an AAP session's untrusted server tools.
+	Ask []string `json:"ask_tools,omitempty"`
 }
 
 // Create starts an execution. If an agent consumer for it is online, the
@@ -67,6 +71,14 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 		max     int
 	}{{"agent_id", req.AgentID, maxIDLen}, {"session_id", req.SessionID, maxIDLen}, {"idempotency key", meta.IdempotencyKey, maxIdempotencyKey}} {
 		if err := checkLen(f.name, f.v, f.max); err != nil {
+			return View{}, false, err
+		}
+	}
+	if len(req.Ask) > maxLabels {
+		return View{}, false, invalid("ask_tools: at most %d tools", maxLabels)
+	}
+	for _, t := range req.Ask {
+		if err := checkLen("ask_tools", t, maxIDLen); err != nil {
 			return View{}, false, err
 		}
 	}
@@ -115,7 +127,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 	t := k.begin(ex, meta)
 	t.add(event.ExecutionCreated, "", &createdPayload{
 		AgentID: req.AgentID, Input: orNull(req.Input), Labels: req.Labels, Owner: meta.Principal, Tenant: meta.Tenant, Tool: req.Tool,
-		Filed: ex.Filed, ThreadID: ex.ThreadID, TurnID: ex.TurnID,
+		Filed: ex.Filed, ThreadID: ex.ThreadID, TurnID: ex.TurnID, Ask: req.Ask,
 	})
 	var (
 		consumer string

@@ -70,9 +70,11 @@ type Execution struct {
 	Tool *ToolCall
 	// Filed says the execution's events are filed in its durable
 	// session's log, as the turn TurnID of thread ThreadID.
-	Filed     bool
-	ThreadID  string
-	TurnID    string
+	Filed    bool
+	ThreadID string
+	TurnID   string
+	// Ask lists tools a person must allow before each call.
+	Ask       []string
 	TraceID   string
 	Labels    map[string]string
 	Input     json.RawMessage
@@ -190,9 +192,13 @@ type View struct {
 	Owner     string            `json:"-"` // the principal that created it
 	Tenant    string            `json:"-"` // the owner's tenant
 	// Tool is the one step of a direct execution (extension).
-	Tool      *ToolCall `json:"tool,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Tool *ToolCall `json:"tool,omitempty"`
+	// BlockReason and BlockRef say what a blocked execution waits for:
+	// "approval" and the step, or "signal" and its type.
+	BlockReason string    `json:"-"`
+	BlockRef    string    `json:"-"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
 }
 
 func (ex *Execution) view() View {
@@ -200,6 +206,7 @@ func (ex *Execution) view() View {
 		ID: ex.ID, Status: ex.Status, AgentID: ex.AgentID, Labels: ex.Labels,
 		Input: ex.Input, Output: ex.Output, HasOutput: ex.HasOutput, SessionID: ex.SessionID,
 		Owner: ex.Owner, Tenant: ex.Tenant, Tool: ex.Tool, CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt,
+		BlockReason: ex.BlockReason, BlockRef: ex.BlockRef,
 	}
 }
 

@@ -21,6 +21,8 @@ type createdPayload struct {
 	Filed    bool   `json:"filed,omitempty"`
 	ThreadID string `json:"thread_id,omitempty"`
 	TurnID   string `json:"turn_id,omitempty"`
+	// Ask (extension) lists tools a person must allow in this execution.
+	Ask []string `json:"ask_tools,omitempty"`
 }
 
 type startedPayload struct {

@@ -32,7 +32,7 @@ func (ex *Execution) apply(f fact) {
 	switch p := f.payload.(type) {
 	case *createdPayload:
 		ex.AgentID, ex.Input, ex.Labels, ex.Owner, ex.Tenant, ex.Tool = p.AgentID, p.Input, p.Labels, p.Owner, p.Tenant, p.Tool
-		ex.Filed, ex.ThreadID, ex.TurnID = p.Filed, p.ThreadID, p.TurnID
+		ex.Filed, ex.ThreadID, ex.TurnID, ex.Ask = p.Filed, p.ThreadID, p.TurnID, p.Ask
 		ex.Status, ex.CreatedAt = StatusPending, f.at
 		if ex.Steps == nil {
 			ex.Steps = map[string]*Step{}

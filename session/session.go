@@ -112,14 +112,17 @@ type Thread struct {
 
 // Turn is one input submitted on a thread.
 type Turn struct {
-	ID          string          `msgpack:"id" json:"id"`
-	SessionID   string          `msgpack:"s" json:"session_id"`
-	ThreadID    string          `msgpack:"th" json:"thread_id"`
-	Status      TurnStatus      `msgpack:"st" json:"status"`
-	Input       json.RawMessage `msgpack:"in,omitempty" json:"input,omitempty"`
-	ExecutionID string          `msgpack:"x,omitempty" json:"execution_id,omitempty"`
-	Error       string          `msgpack:"e,omitempty" json:"error,omitempty"`
-	Submitted   time.Time       `msgpack:"su" json:"submitted_at"`
+	ID        string          `msgpack:"id" json:"id"`
+	SessionID string          `msgpack:"s" json:"session_id"`
+	ThreadID  string          `msgpack:"th" json:"thread_id"`
+	Status    TurnStatus      `msgpack:"st" json:"status"`
+	Input     json.RawMessage `msgpack:"in,omitempty" json:"input,omitempty"`
+	// Ask lists tools a person must allow before each call in the turn's
+	// execution (kernel.CreateRequest.Ask).
+	Ask         []string  `msgpack:"ask,omitempty" json:"ask,omitempty"`
+	ExecutionID string    `msgpack:"x,omitempty" json:"execution_id,omitempty"`
+	Error       string    `msgpack:"e,omitempty" json:"error,omitempty"`
+	Submitted   time.Time `msgpack:"su" json:"submitted_at"`
 	// FirstSeq is the sequence of the turn's first fact in the session's
 	// log: retention keeps everything from there while the turn runs.
 	FirstSeq uint64    `msgpack:"fs,omitempty" json:"-"`

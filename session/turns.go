@@ -67,6 +67,9 @@ type SubmitRequest struct {
 	// the same input returns the turn submitted first.
 	TurnID string
 	Input  json.RawMessage
+	// Ask lists tools a person must allow before each call in the turn's
+	// execution.
+	Ask []string
 }
 
 // Submit submits a turn. It runs at once as an execution of the session's
@@ -128,7 +131,7 @@ func (r *Registry) submitLocked(ctx context.Context, b *book, req SubmitRequest)
 	if id == "" {
 		id = event.NewID()
 	}
-	t := Turn{ID: id, SessionID: b.id, ThreadID: threadID, Status: TurnQueued, Input: req.Input, Submitted: time.Now().UTC()}
+	t := Turn{ID: id, SessionID: b.id, ThreadID: threadID, Status: TurnQueued, Input: req.Input, Ask: req.Ask, Submitted: time.Now().UTC()}
 	start := th.Active == ""
 	err := r.write(ctx, b, func(a *appender, s *Session) error {
 		t.Submitted, t.FirstSeq = a.at, a.next
@@ -178,7 +181,7 @@ func (r *Registry) startTurn(t Turn) {
 		s := b.sess.clone()
 		b.mu.Unlock()
 		_, _, err = k.Create(ctx, kernel.CreateRequest{
-			AgentID: s.AgentID, Input: t.Input, SessionID: t.SessionID, ThreadID: t.ThreadID, TurnID: t.ID,
+			AgentID: s.AgentID, Input: t.Input, SessionID: t.SessionID, ThreadID: t.ThreadID, TurnID: t.ID, Ask: t.Ask,
 		}, kernel.Meta{Principal: s.Owner, Tenant: s.Tenant})
 		if err != nil {
 			r.log.Warn("session: turn failed to start", "session", t.SessionID, "turn", t.ID, "err", err)

@@ -30,6 +30,7 @@ func commands() []command {
 		{"serve", "[flags]", "run the gateway (the default: 127.0.0.1:8080, data in ./gatehouse-data)",
 			func(ctx context.Context, args []string, _, stderr io.Writer) error { return serve(ctx, args, stderr) }},
 		{"runner", "[flags]", "run a runner behind NAT with built-in tools (gatehouse.echo, .time, .sha256, .sleep)", runnerCmd},
+		{"agent", "[flags]", "run the example AAP agent (declares itself; answers, echoes through a runner, calls client tools)", agentCmd},
 		{"tail", "[flags] <execution-id>", "follow an execution's events until it ends (resumes across disconnects)", tailCmd},
 		{"approve", "[flags] [<action-id> <decision>]", "list pending permission prompts, or answer one (allow_once, allow_always or deny)", approveCmd},
 		{"token", "[flags]", "mint a JWT for development", tokenCmd},

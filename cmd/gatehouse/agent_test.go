@@ -1,0 +1,333 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+)
+
+// aapClient speaks AAP v1 as the official client does: JSON on every
+// request, SSE parsed by event name, the stream read to EOF.
+type aapClient struct {
+	t    *testing.T
+	base string // ends in /aap/v1
+}
+
+type aapEvent struct {
+	name string
+	data map[string]any
+	id   string
+}
+
+func (c *aapClient) req(method, path string, body any) *http.Response {
+	c.t.Helper()
+	var r io.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		r = bytes.NewReader(data)
+	}
+	req, _ := http.NewRequestWithContext(c.t.Context(), method, c.base+path, r)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return resp
+}
+
+func (c *aapClient) json(method, path string, body any, want int) map[string]any {
+	c.t.Helper()
+	resp := c.req(method, path, body)
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		c.t.Fatalf("%s %s: %d, want %d: %s", method, path, resp.StatusCode, want, data)
+	}
+	var out map[string]any
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &out); err != nil {
+			c.t.Fatalf("%s %s: %v: %s", method, path, err, data)
+		}
+	}
+	return out
+}
+
+// stream sends a streaming request and reads every event until EOF.
+func (c *aapClient) stream(method, path string, body any) []aapEvent {
+	c.t.Helper()
+	resp := c.req(method, path, body)
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		data, _ := io.ReadAll(resp.Body)
+		c.t.Fatalf("%s %s: %d %s: %s", method, path, resp.StatusCode, resp.Header.Get("Content-Type"), data)
+	}
+	return readAAP(c.t, resp.Body)
+}
+
+func readAAP(t *testing.T, r io.Reader) []aapEvent {
+	t.Helper()
+	var out []aapEvent
+	var cur aapEvent
+	br := bufio.NewReader(r)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return out
+		}
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case line == "":
+			if cur.name != "" {
+				out = append(out, cur)
+			}
+			cur = aapEvent{}
+		case strings.HasPrefix(line, "event: "):
+			cur.name = line[7:]
+		case strings.HasPrefix(line, "id: "):
+			cur.id = line[4:]
+		case strings.HasPrefix(line, "data: "):
+			if err := json.Unmarshal([]byte(line[6:]), &cur.data); err != nil {
+				t.Fatalf("data of %s is not one JSON object: %q", cur.name, line)
+			}
+		}
+	}
+}
+
+func names(evs []aapEvent) string {
+	var n []string
+	for _, e := range evs {
+		n = append(n, e.name)
+	}
+	return strings.Join(n, " ")
+}
+
+// wantOneStop checks the AAP rule: exactly one turn_stop, the last event.
+func wantOneStop(t *testing.T, evs []aapEvent, reason string) {
+	t.Helper()
+	stops := strings.Count(" "+names(evs)+" ", " turn_stop ")
+	if stops != 1 || evs[len(evs)-1].name != "turn_stop" || evs[len(evs)-1].data["stopReason"] != reason {
+		t.Fatalf("want one turn_stop(%s), last: %s", reason, names(evs))
+	}
+}
+
+func text(evs []aapEvent, name, key string) string {
+	var b strings.Builder
+	for _, e := range evs {
+		if e.name == name {
+			b.WriteString(e.data[key].(string))
+		}
+	}
+	return b.String()
+}
+
+// aapWorld runs a gateway, `gatehouse runner` and `gatehouse agent`, as
+// the README's AAP quick start does.
+func aapWorld(t *testing.T) (*gatewaytest.Server, *aapClient) {
+	t.Helper()
+	s := gatewaytest.Start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		_ = runnerCmd(ctx, []string{"--url", s.URL, "--runner-id", "r1", "--log-level", "error"}, io.Discard, io.Discard)
+	}()
+	go func() {
+		_ = agentCmd(ctx, []string{"--url", s.URL, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
+	}()
+	c := &aapClient{t: t, base: s.URL + "/aap/v1"}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		meta := c.json("GET", "/meta", nil, 200)
+		if agents := meta["agents"].([]any); len(agents) == 1 && agents[0].(map[string]any)["online"] == true {
+			if meta["version"] != 1.0 || agents[0].(map[string]any)["name"] != "example" {
+				t.Fatalf("meta: %v", meta)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the example agent did not come online")
+		}
+	}
+	return s, c
+}
+
+func userMsg(text string) map[string]any { return map[string]any{"role": "user", "content": text} }
+
+func TestAAPTurnsInEveryMode(t *testing.T) {
+	s, c := aapWorld(t)
+	agent := map[string]any{"name": "example", "options": map[string]any{"greeting": "Hi", "api_key": "sk-secret"}}
+	c.json("PUT", "/session", map[string]any{"agent": agent, "messages": []any{map[string]any{"role": "assistant", "content": "x"}}}, 400)
+	c.json("PUT", "/session", map[string]any{"agent": map[string]any{"name": "nobody"}, "messages": []any{userMsg("hi")}}, 404)
+
+	// none: 201 with the session and this turn's messages only.
+	created := c.json("PUT", "/session", map[string]any{"agent": agent, "messages": []any{map[string]any{"role": "system", "content": "be brief"}, userMsg("hello")}}, 201)
+	id := created["sessionId"].(string)
+	msgs := created["messages"].([]any)
+	if created["stopReason"] != "end_turn" || len(msgs) != 1 || !strings.Contains(fmt.Sprint(msgs[0]), "Hi, you said: hello") {
+		t.Fatalf("none mode: %v", created)
+	}
+	// delta: turn_start, thinking, deltas, one turn_stop, then EOF.
+	evs := c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{userMsg("again")}})
+	if evs[0].name != "turn_start" || text(evs, "text_delta", "delta") != "Hi, you said: again" || text(evs, "thinking_delta", "delta") != "" {
+		t.Fatalf("delta mode: %s", names(evs))
+	}
+	wantOneStop(t, evs, "end_turn")
+	var last int
+	for i, e := range evs[1:] {
+		n, err := strconv.Atoi(e.id)
+		if err != nil || n <= last {
+			t.Fatalf("event %d (%s) has id %q after %d", i+1, e.name, e.id, last)
+		}
+		last = n
+	}
+	// message: whole text and thinking blocks.
+	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "message", "messages": []any{userMsg("third")}})
+	if text(evs, "text", "text") != "Hi, you said: third" || text(evs, "thinking", "thinking") != "The user said: third" || strings.Contains(names(evs), "delta") {
+		t.Fatalf("message mode: %s", names(evs))
+	}
+	wantOneStop(t, evs, "end_turn")
+	// PUT in a stream mode opens with session_start.
+	evs = c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": "delta", "messages": []any{userMsg("new")}})
+	if evs[0].name != "session_start" || evs[0].data["sessionId"] == "" || evs[1].name != "turn_start" {
+		t.Fatalf("PUT stream: %s", names(evs))
+	}
+
+	// GET: secrets masked, history compacted and full from the log.
+	got := c.json("GET", "/session/"+id+"?history=full", nil, 200)
+	opts := got["agent"].(map[string]any)["options"].(map[string]any)
+	if opts["api_key"] != "***" || opts["greeting"] != "Hi" {
+		t.Fatalf("options: %v", opts)
+	}
+	full := got["history"].(map[string]any)["full"].([]any)
+	if len(full) != 7 || full[0].(map[string]any)["role"] != "system" {
+		t.Fatalf("full history: %v", full)
+	}
+	if h := c.json("GET", "/session/"+id+"?history=bogus", nil, 200); h["history"] != nil {
+		t.Fatalf("an unknown history type: %v", h)
+	}
+	// Options merge by key; the agent name cannot change; tools replace.
+	c.json("POST", "/session/"+id, map[string]any{"agent": map[string]any{"name": "other"}, "messages": []any{userMsg("x")}}, 400)
+	post := c.json("POST", "/session/"+id, map[string]any{"agent": map[string]any{"options": map[string]any{"style": "loud"}}, "tools": []any{}, "messages": []any{userMsg("shout")}}, 200)
+	if post["sessionId"] != nil || !strings.Contains(fmt.Sprint(post["messages"]), "HI, YOU SAID: SHOUT") {
+		t.Fatalf("POST none: %v", post)
+	}
+	got = c.json("GET", "/session/"+id, nil, 200)
+	if o := got["agent"].(map[string]any)["options"].(map[string]any); o["greeting"] != "Hi" || o["style"] != "loud" || got["history"] != nil {
+		t.Fatalf("after merging options: %v", got)
+	}
+	// The secret reached the agent's context, never the session's events.
+	export := (&aapClient{t: t, base: s.URL}).json("GET", "/agent-runtime/exports/"+id, nil, 200)
+	if strings.Contains(fmt.Sprint(export), "sk-secret") {
+		t.Fatal("a secret option reached the session's events")
+	}
+}
+
+func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
+	_, c := aapWorld(t)
+	agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
+	// An untrusted server tool: the turn stops with tool_use, the call open.
+	evs := c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": "delta", "messages": []any{userMsg("echo ping")}})
+	wantOneStop(t, evs, "tool_use")
+	id := evs[0].data["sessionId"].(string)
+	call := evs[len(evs)-2]
+	if call.name != "tool_call" || call.data["name"] != "gatehouse.echo" {
+		t.Fatalf("before the stop: %s", names(evs))
+	}
+	callID := call.data["toolCallId"].(string)
+	c.json("POST", "/session/"+id, map[string]any{"messages": []any{userMsg("hi")}}, 409)
+	c.json("POST", "/session/"+id, map[string]any{"messages": []any{map[string]any{"role": "tool_permission", "toolCallId": "nope", "granted": true}}}, 400)
+	// Granted: the result is reported, and the turn goes on.
+	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{map[string]any{"role": "tool_permission", "toolCallId": callID, "granted": true}}})
+	if !strings.Contains(names(evs), "tool_result") || text(evs, "text_delta", "delta") != "The runner echoed: ping" {
+		t.Fatalf("after granting: %s", names(evs))
+	}
+	wantOneStop(t, evs, "end_turn")
+	// Denied: the agent is told and says so.
+	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{userMsg("echo pong")}})
+	call = evs[len(evs)-2]
+	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "message", "messages": []any{map[string]any{"role": "tool_permission", "toolCallId": call.data["toolCallId"], "granted": false, "reason": "not now"}}})
+	if !strings.HasPrefix(text(evs, "text", "text"), "I may not echo") {
+		t.Fatalf("after denying: %s", names(evs))
+	}
+	wantOneStop(t, evs, "end_turn")
+	// A trusted tool runs inline: tool_call, tool_result, and on.
+	agent["tools"] = []any{map[string]any{"name": "gatehouse.echo", "trust": true}}
+	evs = c.stream("POST", "/session/"+id, map[string]any{"agent": map[string]any{"tools": agent["tools"]}, "stream": "delta", "messages": []any{userMsg("echo trusted")}})
+	if !strings.Contains(names(evs), "tool_call tool_result") {
+		t.Fatalf("trusted: %s", names(evs))
+	}
+	wantOneStop(t, evs, "end_turn")
+}
+
+func TestAAPClientToolRoundTrip(t *testing.T) {
+	_, c := aapWorld(t)
+	tools := []any{map[string]any{"name": "lookup", "description": "look something up", "inputSchema": map[string]any{"type": "object"}}}
+	evs := c.stream("PUT", "/session", map[string]any{"agent": map[string]any{"name": "example"}, "tools": tools, "stream": "delta", "messages": []any{userMsg("use lookup")}})
+	wantOneStop(t, evs, "tool_use")
+	id := evs[0].data["sessionId"].(string)
+	call := evs[len(evs)-2]
+	if call.name != "tool_call" || call.data["name"] != "lookup" {
+		t.Fatalf("client tool call: %s", names(evs))
+	}
+	got := c.json("GET", "/session/"+id+"?history=full", nil, 200)
+	if got["tools"] == nil || !strings.Contains(fmt.Sprint(got["history"]), "tool_use") {
+		t.Fatalf("a resumed client needs its tools and the open call: %v", got)
+	}
+	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{map[string]any{"role": "tool", "toolCallId": call.data["toolCallId"], "content": "42"}}})
+	if text(evs, "text_delta", "delta") != "Your tool said: 42" || strings.Contains(names(evs), "tool_result") {
+		t.Fatalf("after the client's result: %s", names(evs))
+	}
+	wantOneStop(t, evs, "end_turn")
+	c.json("POST", "/session/"+id, map[string]any{"messages": []any{map[string]any{"role": "tool", "toolCallId": call.data["toolCallId"], "content": "again"}}}, 400)
+}
+
+func TestAAPListDeleteAndOwners(t *testing.T) {
+	_, c := aapWorld(t)
+	var ids []string
+	for range 3 {
+		ids = append(ids, c.json("PUT", "/session", map[string]any{"agent": map[string]any{"name": "example"}, "messages": []any{userMsg("hi")}}, 201)["sessionId"].(string))
+	}
+	list := c.json("GET", "/sessions", nil, 200)
+	if len(list["sessions"].([]any)) != 3 || list["next"] != nil {
+		t.Fatalf("list: %v", list)
+	}
+	resp := c.req("DELETE", "/session/"+ids[0], nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 204 || len(body) != 0 {
+		t.Fatalf("DELETE: %d %q", resp.StatusCode, body)
+	}
+	c.json("GET", "/session/"+ids[0], nil, 404)
+	c.json("POST", "/session/"+ids[0], map[string]any{"messages": []any{userMsg("hi")}}, 404)
+	if list := c.json("GET", "/sessions", nil, 200); len(list["sessions"].([]any)) != 2 {
+		t.Fatalf("after DELETE: %v", list)
+	}
+}
+
+func TestAAPStreamResumesAfterLastEventID(t *testing.T) {
+	_, c := aapWorld(t)
+	evs := c.stream("PUT", "/session", map[string]any{"agent": map[string]any{"name": "example"}, "stream": "delta", "messages": []any{userMsg("resume me please")}})
+	id := evs[0].data["sessionId"].(string)
+	cut := 3
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", c.base+"/session/"+id+"/stream", nil)
+	req.Header.Set("Last-Event-ID", evs[cut].id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rest := readAAP(t, resp.Body)
+	if names(rest) != names(evs[cut+1:]) || rest[0].id != evs[cut+1].id {
+		t.Fatalf("resumed after %s:\n got %s\nwant %s", evs[cut].id, names(rest), names(evs[cut+1:]))
+	}
+}
