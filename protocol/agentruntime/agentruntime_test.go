@@ -201,11 +201,13 @@ func scenario(t *testing.T) (*gatewaytest.Server, *client) {
 	if again := c.command("submit_turn", obj{"session_id": "s1", "turn_id": "t1", "input": obj{"q": "papers"}}, 200); again["turnId"] != "t1" {
 		t.Fatalf("retried submit: %v", again)
 	}
+	// The first turn's start is filed when the agent takes it; wait for that
+	// so the log's order is the one asserted below.
+	var assigned obj
+	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned")[2]), &assigned)
 	if second := c.command("submit_turn", obj{"session_id": "s1", "turn_id": "t2", "input": "next"}, 200); second["status"] != "queued" {
 		t.Fatalf("second turn: %v", second)
 	}
-	var assigned obj
-	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned")[2]), &assigned)
 	exec, lease := assigned["execution_id"], assigned["session_id"]
 	intent := func(in obj) obj {
 		return c.json("POST", "/v0/agents/intent", obj{"execution_id": exec, "session_id": lease, "intent": in}, 200)
