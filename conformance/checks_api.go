@@ -31,7 +31,7 @@ func apiChecks() []check {
 		def("api/ready", "seed004 §Observability GET /v0/ready", "ready answers 200 {\"status\":\"ready\"} without credentials", checkReady),
 		def("api/auth", "seed004 §API Reference (bearer token); wire-facts §2", "every route but health and ready needs the bearer token; failures are 401 UNAUTHORIZED", checkAuth),
 		def("api/http-conventions", "wire-facts §1 (router misses, X-Request-ID)", "unknown path 404, wrong method 405 with Allow, X-Request-ID echoed", checkHTTPConventions),
-		def("api/body-limit", "wire-facts §1 (request body max 1 MiB)", "a body over 1 MiB is a 400 VALIDATION_ERROR", checkBodyLimit),
+		def("api/body-limit", "wire-facts §1 (request body max 1 MiB); issue 13 §1 (413 before the body is read)", "a body over 1 MiB is a 413 PAYLOAD_TOO_LARGE (the original kernel answered 400)", checkBodyLimit),
 		def("api/create", "seed004 §Executions POST /v0/executions; wire-facts §5.1-5.2", "201 with the execution; labels and input null when left out; no output key", checkCreate),
 		def("api/create-validation", "seed004 §Error Responses; wire-facts §5.2", "missing agent_id, bad JSON, non-string labels, over-long ids are 400 VALIDATION_ERROR", checkCreateValidation),
 		def("api/get", "seed004 §Executions GET /v0/executions/{id}; wire-facts §5.4", "get returns the execution; unknown id is 404 NOT_FOUND", checkGet),
@@ -156,7 +156,7 @@ func checkBodyLimit(t *tc) {
 		id, _ := t.object(r).str("id")
 		t.cleanup(func(ctx context.Context) { t.cancelQuietly(ctx, id) })
 	}
-	t.expectError(r, http.StatusBadRequest, "VALIDATION_ERROR")
+	t.expectError(r, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE")
 }
 
 func checkCreate(t *tc) {

@@ -9,7 +9,32 @@ func securityChecks() []check {
 	return []check{
 		def("security/runner-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "a runner token opens only its own runner id and not the execution API (403 FORBIDDEN)", checkRunnerTokenScope),
 		def("security/agent-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "an agent token acts only for its own agent id (403 FORBIDDEN otherwise)", checkAgentTokenScope),
+		def("security/cross-origin", "issue 13 §3 (safe from browsers)", "a request a page of another origin makes a browser send is 403 FORBIDDEN_ORIGIN; a text or form body is 415 UNSUPPORTED_MEDIA_TYPE", checkCrossOrigin),
+		def("security/host", "issue 13 §3 (DNS rebinding)", "with no token, a Host that is not a loopback name is 421 HOST_NOT_ALLOWED; with one, any Host is served", checkHost),
 	}
+}
+
+func checkCrossOrigin(t *tc) {
+	body := map[string]any{"agent_id": newID("conf-agent-")}
+	for _, h := range [][2]string{{"Origin", "http://conformance.invalid"}, {"Sec-Fetch-Site", "cross-site"}} {
+		t.expectError(t.call(http.MethodPost, "/v0/executions", body, header(h[0], h[1])), http.StatusForbidden, "FORBIDDEN_ORIGIN")
+	}
+	t.expectError(t.call(http.MethodGet, "/v0/executions", nil, header("Sec-Fetch-Site", "cross-site"), header("Sec-Fetch-Mode", "cors")), http.StatusForbidden, "FORBIDDEN_ORIGIN")
+	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"} {
+		t.expectError(t.call(http.MethodPost, "/v0/executions", body, header("Content-Type", ct)), http.StatusUnsupportedMediaType, "UNSUPPORTED_MEDIA_TYPE")
+	}
+}
+
+func checkHost(t *tc) {
+	r := t.call(http.MethodGet, "/v0/executions", nil, func(r *http.Request) { r.Host = "rebind.invalid" })
+	if t.o.Token != "" {
+		// A token is what a rebound page cannot have: any Host is served.
+		if o := t.expectJSON(r, http.StatusOK); !o.has("executions") {
+			t.fatalf("a token-bearing request with another Host is not the executions page: %s", r)
+		}
+		return
+	}
+	t.expectError(r, http.StatusMisdirectedRequest, "HOST_NOT_ALLOWED")
 }
 
 // wantForbidden fails unless the answer is a 403 FORBIDDEN JSON error.

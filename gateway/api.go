@@ -354,7 +354,7 @@ func validTools(tools []string) error {
 // answers as an HTTP request body: the WebSocket commands share it.
 func decodeBody(body []byte, v any, max int) error {
 	if len(body) > max {
-		return kernelValidation("request body too large")
+		return errTooLarge
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return kernelValidation("invalid JSON: empty body")

@@ -67,6 +67,10 @@ func (a *api) do(method, path string, body any, hdr ...string) (int, []byte, htt
 		req.Header.Set("Authorization", "Bearer "+a.token)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if strings.EqualFold(hdr[i], "Host") {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)

@@ -45,6 +45,10 @@ func statusOf(err error) (int, errorBody) {
 	if errors.As(err, &kerr) {
 		details = kerr.Details
 	}
+	var gerr *guardError
+	if errors.As(err, &gerr) {
+		return gerr.status, errorBody{gerr.Error(), gerr.code, nil}
+	}
 	var derr interface{ Details() any }
 	if errors.As(err, &derr) {
 		details = derr.Details()

@@ -19,6 +19,8 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	streams  *prometheus.GaugeVec
+	// refused counts connections turned away before fasthttp saw them.
+	refused *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, k *kernel.Kernel, hub *peer.Hub) *metrics {
@@ -34,8 +36,11 @@ func newMetrics(reg *prometheus.Registry, k *kernel.Kernel, hub *peer.Hub) *metr
 		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gatehouse_streams_open", Help: "Open long-lived streams by kind.",
 		}, []string{"kind"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatehouse_connections_refused_total", Help: "Connections closed on accept, by reason (per_ip: MaxConnsPerIP reached).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.streams,
+	reg.MustRegister(m.requests, m.latency, m.streams, m.refused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newKernelCollector(k), newHubCollector(hub))
 	return m

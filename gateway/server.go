@@ -44,11 +44,18 @@ type Options struct {
 
 	Heartbeat    time.Duration // 5s: SSE heartbeat comment interval
 	WriteTimeout time.Duration // 10s: a stream write that takes longer ends the stream
-	MaxBodyBytes int           // 1 MiB: request bodies past it are refused
-	ReadTimeout  time.Duration // 30s: to read one request
-	IdleTimeout  time.Duration // 120s: keep-alive connections
-	MaxConns     int           // 10000: concurrent connections
-	CORSOrigins  []string      // none: no CORS headers; "*" allows any origin
+	MaxBodyBytes int           // 1 MiB: request bodies past it are refused (413)
+	// HeaderTimeout bounds reading a request's headers, ReadTimeout its
+	// body; IdleTimeout a keep-alive connection between requests.
+	HeaderTimeout time.Duration // 10s
+	ReadTimeout   time.Duration // 30s
+	IdleTimeout   time.Duration // 120s
+	MaxConns      int           // 10000: concurrent connections; past it new ones get 503
+	MaxConnsPerIP int           // 1024: concurrent connections from one address; past it 429; negative: no bound
+	CORSOrigins   []string      // none: no CORS headers; "*" allows any origin
+	// AllowedHosts are the host names a gateway with no token answers to
+	// besides loopback names and addresses (see docs/security.md §3).
+	AllowedHosts []string
 
 	// WebSocket and admission control; docs/websocket.md describes them.
 	PingInterval  time.Duration // 15s: WebSocket pings; a ping unanswered this long closes the socket
@@ -98,8 +105,14 @@ func New(o Options) (*Server, error) {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20
 	}
+	if o.HeaderTimeout <= 0 {
+		o.HeaderTimeout = 10 * time.Second
+	}
 	if o.ReadTimeout <= 0 {
 		o.ReadTimeout = 30 * time.Second
+	}
+	if o.MaxConnsPerIP == 0 {
+		o.MaxConnsPerIP = 1024
 	}
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = 120 * time.Second
@@ -125,15 +138,21 @@ func New(o Options) (*Server, error) {
 		s.mount(s.routes, sf)
 	}
 	s.srv = &fasthttp.Server{
-		Handler:     s.serve,
-		Name:        "gatehouse",
-		ReadTimeout: o.ReadTimeout,
-		// No write timeout: SSE streams are long-lived; a dead peer is found
-		// by the failing heartbeat write instead.
-		IdleTimeout: o.IdleTimeout,
-		// Room over the API's limit so an oversized body gets the API's own
-		// 400 answer rather than fasthttp's plain 413.
-		MaxRequestBodySize:            o.MaxBodyBytes + 64<<10,
+		Handler: s.serve,
+		Name:    "gatehouse",
+		// The server's read timeout covers the headers; headerReceived
+		// gives the body its own. No write timeout for authenticated
+		// requests: SSE streams are long-lived, and a dead peer is found by
+		// the failing heartbeat write instead.
+		ReadTimeout:    o.HeaderTimeout,
+		HeaderReceived: s.headerReceived,
+		IdleTimeout:    o.IdleTimeout,
+		// Bodies stream: fasthttp pre-reads at most 8 KiB, and readBody
+		// takes the rest against the route's limit once the credential is
+		// checked, so an announced length costs nothing until it arrives.
+		StreamRequestBody:             true,
+		DisablePreParseMultipartForm:  true,
+		MaxRequestBodySize:            o.MaxBodyBytes,
 		Concurrency:                   o.MaxConns,
 		ErrorHandler:                  s.serveError,
 		NoDefaultDate:                 false,
@@ -156,7 +175,8 @@ func New(o Options) (*Server, error) {
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(ln)
+	perIP := s.metrics.refused.WithLabelValues("per_ip")
+	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, perIP.Inc))
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("gateway: serve: %w", err)
 	}
@@ -193,11 +213,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.writeError(ctx, kernelValidation("request body too large"))
+		s.refuse(ctx, nil, errTooLarge)
 	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
-		ctx.SetStatusCode(fasthttp.StatusRequestTimeout)
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"error":"request timeout","code":"VALIDATION_ERROR"}` + "\n")
+		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut})
 	default:
 		s.writeError(ctx, kernelValidation("malformed request: "+err.Error()))
 	}
@@ -217,10 +235,24 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	s.cors(ctx)
 	route := "unmatched"
 	defer func() {
+		if bodyUnread(ctx) {
+			// What is left of the body would be read as the next request.
+			ctx.SetConnectionClose()
+		}
 		s.metrics.observe(route, string(ctx.Method()), ctx.Response.StatusCode(), time.Since(start))
 	}()
 	if ctx.IsOptions() && len(s.opts.CORSOrigins) > 0 {
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	if err := s.checkHost(ctx); err != nil {
+		route = "refused"
+		s.refuse(ctx, nil, err)
+		return
+	}
+	if err := s.checkOrigin(ctx); err != nil {
+		route = "refused"
+		s.refuse(ctx, nil, err)
 		return
 	}
 	if s.serveUI(ctx) {
@@ -241,22 +273,40 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	route = r.pattern
+	if err := checkMediaType(ctx); err != nil {
+		s.refuse(ctx, r, err)
+		return
+	}
 	c := &call{ctx: ctx, params: params}
+	limit := min(s.opts.MaxBodyBytes, anonymousBodyLimit)
 	if !r.public {
+		// The credential is in the headers: a request without one is
+		// answered before its body is read.
 		p, err := s.auth.Authenticate(ctx.Request.Header.Peek("Authorization"), time.Now())
 		if err != nil {
-			if r.surface != nil {
-				status, body := statusOf(err)
-				r.surface.WriteError(ctx, status, body.Code, body.Error)
-				return
-			}
-			s.writeError(ctx, err)
+			s.refuse(ctx, r, err)
 			return
 		}
 		c.principal = p
 		ctx.SetUserValue(principalKey{}, p)
+		limit = s.opts.MaxBodyBytes
+	}
+	if err := readBody(ctx, limit); err != nil {
+		s.refuse(ctx, r, err)
+		return
 	}
 	r.handle(c)
+}
+
+// refuse answers a request the guard or the authenticator turned away,
+// in the error shape of the surface it was meant for.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, r *route, err error) {
+	if r != nil && r.surface != nil {
+		status, body := statusOf(err)
+		r.surface.WriteError(ctx, status, body.Code, body.Error)
+		return
+	}
+	s.writeError(ctx, err)
 }
 
 // cors adds CORS headers when origins are configured.

@@ -95,7 +95,7 @@ type browser struct {
 
 // newBrowser starts Chromium, or skips the test when it is not installed
 // outside CI (CI installs it, so there a missing browser is a failure).
-func newBrowser(t *testing.T) *browser {
+func newBrowser(t *testing.T, flags ...chromedp.ExecAllocatorOption) *browser {
 	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		if os.Getenv("CI") != "" {
@@ -117,6 +117,7 @@ func newBrowser(t *testing.T) *browser {
 		chromedp.Flag("disable-quic", true),
 		chromedp.NoFirstRun,
 	)
+	opts = append(opts, flags...)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(allocCtx)
@@ -173,6 +174,18 @@ func (b *browser) eval(expr string) string {
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		b.t.Fatalf("browser: evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// evalAsync returns the value a JavaScript promise resolves to.
+func (b *browser) evalAsync(expr string) string {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr, chromedp.EvalAwaitPromise))
 	if err != nil {
 		b.t.Fatalf("browser: evaluate %s: %v", expr, err)
 	}

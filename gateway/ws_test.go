@@ -1127,7 +1127,7 @@ func TestWSFrameLimits(t *testing.T) {
 	big := obj{"execution_id": strings.Repeat("x", 1<<20)}
 	_, want, _ := a.do("POST", "/v0/agents/intent", big)
 	f := ag.command("intent", big)
-	if f.obj["status"] != 400.0 || !bytes.Equal(f.body, bytes.TrimSuffix(want, []byte("\n"))) {
+	if f.obj["status"] != 413.0 || !bytes.Equal(f.body, bytes.TrimSuffix(want, []byte("\n"))) {
 		t.Fatalf("reply %v %s, HTTP %s", f.obj["status"], f.body, want)
 	}
 	// Over the frame limit: 1009.

@@ -33,7 +33,7 @@ type child struct {
 	logs *bytes.Buffer
 }
 
-func startChild(t *testing.T, addr, dir string) *child {
+func startChild(t testing.TB, addr, dir string) *child {
 	t.Helper()
 	logs := &bytes.Buffer{}
 	cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", dir, "--log-level", "warn")
@@ -60,7 +60,7 @@ func startChild(t *testing.T, addr, dir string) *child {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

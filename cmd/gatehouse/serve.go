@@ -38,6 +38,10 @@ type config struct {
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
+	headerTimeout, readTimeout      time.Duration
+	idleTimeout                     time.Duration
+	maxConns, maxConnsPerIP         int
+	allowedHosts                    string
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -117,6 +121,12 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", time.Hour, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
 	fs.Var(&c.webhookAllow, "webhook-allow-net", "comma-separated `CIDRs or addresses` of internal networks chat webhooks may reach (loopback, private, link-local...); repeatable")
+	fs.DurationVar(&c.headerTimeout, "header-timeout", 10*time.Second, "time to read a request's headers")
+	fs.DurationVar(&c.readTimeout, "read-timeout", 30*time.Second, "time to read a request's body")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 120*time.Second, "how long a keep-alive connection may wait for its next request")
+	fs.IntVar(&c.maxConns, "max-conns", 10000, "concurrent connections; past it new ones get 503")
+	fs.IntVar(&c.maxConnsPerIP, "max-conns-per-ip", 1024, "concurrent connections from one address; past it new ones get 429 (negative: no bound)")
+	fs.StringVar(&c.allowedHosts, "allowed-hosts", "", "comma-separated host names a gateway without a token answers to, besides loopback (DNS-rebinding guard)")
 	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
@@ -191,12 +201,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 			return nil, err
 		}
 	}
-	var origins []string
-	for _, o := range strings.Split(c.cors, ",") {
-		if o = strings.TrimSpace(o); o != "" {
-			origins = append(origins, o)
-		}
-	}
+	origins := splitList(c.cors)
 	n, err := gateway.Open(ctx, gateway.Config{
 		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
@@ -208,7 +213,11 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
 			IdempotencyWindow: c.idemWindow, IdempotencyKeys: c.idemKeys,
 		},
-		Server: gateway.Options{Heartbeat: c.heartbeat, WriteTimeout: c.writeTimeout, MaxBodyBytes: c.maxBody, CORSOrigins: origins},
+		Server: gateway.Options{
+			Heartbeat: c.heartbeat, WriteTimeout: c.writeTimeout, MaxBodyBytes: c.maxBody, CORSOrigins: origins,
+			HeaderTimeout: c.headerTimeout, ReadTimeout: c.readTimeout, IdleTimeout: c.idleTimeout,
+			MaxConns: c.maxConns, MaxConnsPerIP: c.maxConnsPerIP, AllowedHosts: splitList(c.allowedHosts),
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -231,4 +240,15 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 	log.Info("gatehouse listening", "addr", n.Addr().String(), "data", where, "sync", mode.String(),
 		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))
 	return n, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, o := range strings.Split(v, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			out = append(out, o)
+		}
+	}
+	return out
 }

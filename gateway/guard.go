@@ -1,0 +1,219 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// anonymousBodyLimit bounds what is read of a request that carries no
+// valid credential (and of the public routes): enough for any error
+// report, far from what a flood of slow uploads could turn into memory.
+const anonymousBodyLimit = 64 << 10
+
+// drainLimit is the most of a refused body read (and dropped) so that its
+// sender gets the answer.
+const (
+	drainLimit = 4 << 20
+	drainTime  = time.Second
+)
+
+// errTooLarge answers a body over its route's limit, announced or sent.
+var errTooLarge = &guardError{fasthttp.StatusRequestEntityTooLarge, CodeTooLarge, errBodyTooLarge}
+
+// Errors of the request guard, answered before a handler runs.
+var (
+	errBodyTooLarge   = errors.New("request body too large")
+	errMediaType      = errors.New("unsupported media type: send the body as Content-Type: application/json")
+	errForeignOrigin  = errors.New("forbidden: requests from another origin are refused; list the origin with --cors-origins")
+	errHostNotAllowed = errors.New("misdirected request: this gateway has no token and answers only to loopback host names; set a token or list the host with --allowed-hosts")
+	errReadTimedOut   = errors.New("request timeout: the request did not arrive in time")
+)
+
+// Codes of the guard's answers, beside the kernel API's.
+const (
+	CodeUnsupportedMedia = "UNSUPPORTED_MEDIA_TYPE"
+	CodeForeignOrigin    = "FORBIDDEN_ORIGIN"
+	CodeHostNotAllowed   = "HOST_NOT_ALLOWED"
+	CodeTimeout          = "REQUEST_TIMEOUT"
+)
+
+// guardError is an answer of the request guard: its status and code.
+type guardError struct {
+	status int
+	code   string
+	err    error
+}
+
+func (e *guardError) Error() string { return e.err.Error() }
+func (e *guardError) Unwrap() error { return e.err }
+
+// headerReceived runs once a request's headers are in, before any of its
+// body is read. The body then gets its own read deadline, and a request
+// without a valid credential gets a write deadline too: only an
+// authenticated stream may stay open without one.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	rc := fasthttp.RequestConfig{ReadTimeout: s.opts.ReadTimeout}
+	if !s.auth.Open() {
+		if _, err := s.auth.Authenticate(h.Peek("Authorization"), time.Now()); err != nil {
+			rc.WriteTimeout = s.opts.WriteTimeout
+			// fasthttp reads the first min(limit, 8 KiB) of a body before
+			// the handler runs; for a request that will be refused
+			// unread, one byte is enough.
+			rc.MaxRequestBodySize = 1
+		}
+	}
+	if h.ContentLength() > s.opts.MaxBodyBytes {
+		rc.MaxRequestBodySize = 1
+	}
+	return rc
+}
+
+// readBody reads the request body, which fasthttp leaves streaming, up to
+// limit bytes. A Content-Length over the limit is refused before a byte of
+// the body is read; a chunked body is cut at the limit. Memory grows with
+// what the client actually sent, never with what it announced.
+func readBody(ctx *fasthttp.RequestCtx, limit int) error {
+	n := ctx.Request.Header.ContentLength()
+	if n == 0 || n == -2 {
+		return nil
+	}
+	stream := ctx.RequestBodyStream()
+	if stream == nil {
+		return nil
+	}
+	if n > limit {
+		// Refused unread; but a client still writing its body would see
+		// the connection reset instead of the answer, so up to drainLimit
+		// of it, arriving within drainTime, is read into nothing first.
+		if n <= drainLimit {
+			_ = ctx.Conn().SetReadDeadline(time.Now().Add(drainTime))
+			_, _ = io.CopyN(io.Discard, stream, int64(n))
+		}
+		return errTooLarge
+	}
+	var buf bytes.Buffer
+	if n > 0 {
+		buf.Grow(min(n, 8<<10))
+	}
+	read, err := buf.ReadFrom(io.LimitReader(stream, int64(limit)+1))
+	switch {
+	case err != nil && isTimeout(err):
+		return &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut}
+	case err != nil:
+		return &guardError{fasthttp.StatusBadRequest, CodeValidation, errors.New("malformed request body: " + err.Error())}
+	case read > int64(limit):
+		return errTooLarge
+	}
+	ctx.Request.SetBodyRaw(buf.Bytes())
+	return nil
+}
+
+// bodyUnread reports whether the request announced a body the handler
+// path never read: the connection cannot carry another request then.
+func bodyUnread(ctx *fasthttp.RequestCtx) bool {
+	n := ctx.Request.Header.ContentLength()
+	return n != 0 && n != -2 && ctx.RequestBodyStream() != nil
+}
+
+// checkMediaType refuses a state-changing request whose body is declared
+// as something other than JSON (or msgpack): the bodies a browser may send
+// another origin without asking first are text, forms and multipart, so
+// this closes that door whatever the Origin header says. A body with no
+// Content-Type at all is taken as JSON, as the kernel API always did: no
+// browser sends one across origins without an Origin header, which
+// checkOrigin judges.
+func checkMediaType(ctx *fasthttp.RequestCtx) error {
+	if ctx.IsGet() || ctx.IsHead() || ctx.IsOptions() {
+		return nil
+	}
+	n := ctx.Request.Header.ContentLength()
+	if n == 0 || n == -2 {
+		return nil
+	}
+	ct := ctx.Request.Header.ContentType()
+	if len(ct) == 0 {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(string(ct))
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json") ||
+		mt == "application/msgpack" || mt == "application/x-msgpack" || mt == "application/vnd.msgpack") {
+		return nil
+	}
+	return &guardError{fasthttp.StatusUnsupportedMediaType, CodeUnsupportedMedia, errMediaType}
+}
+
+// checkOrigin refuses what a browser sends on behalf of a page of another
+// origin, unless --cors-origins lists it. Browsers say where a request
+// comes from in Sec-Fetch-Site (all current ones) or Origin (older ones on
+// cross-origin requests); clients that are not browsers send neither. A
+// top-level navigation (a person following a link to /ui/) is let through:
+// it cannot read or change anything by itself.
+func (s *Server) checkOrigin(ctx *fasthttp.RequestCtx) error {
+	h := &ctx.Request.Header
+	origin := string(h.Peek("Origin"))
+	switch string(h.Peek("Sec-Fetch-Site")) {
+	case "same-origin", "none":
+		return nil
+	case "":
+		if origin == "" || s.sameOrigin(ctx, origin) {
+			return nil
+		}
+	default:
+		if (ctx.IsGet() || ctx.IsHead()) && string(h.Peek("Sec-Fetch-Mode")) == "navigate" {
+			return nil
+		}
+	}
+	if origin != "" && s.trustedOrigin(origin) {
+		return nil
+	}
+	return &guardError{fasthttp.StatusForbidden, CodeForeignOrigin, errForeignOrigin}
+}
+
+// sameOrigin reports whether origin names the host the request was sent to.
+func (s *Server) sameOrigin(ctx *fasthttp.RequestCtx, origin string) bool {
+	_, rest, ok := strings.Cut(origin, "://")
+	return ok && strings.EqualFold(rest, string(ctx.Host()))
+}
+
+func (s *Server) trustedOrigin(origin string) bool {
+	for _, o := range s.opts.CORSOrigins {
+		if o == "*" || strings.EqualFold(o, origin) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkHost refuses, on a gateway with no token, a Host that is neither a
+// loopback name nor listed: a page whose DNS name was rebound to 127.0.0.1
+// is same-origin with itself, and only the Host it sends gives it away.
+func (s *Server) checkHost(ctx *fasthttp.RequestCtx) error {
+	if !s.auth.Open() {
+		return nil
+	}
+	host := string(ctx.Host())
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return nil
+	}
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil && a.Unmap().IsLoopback() {
+		return nil
+	}
+	for _, allowed := range s.opts.AllowedHosts {
+		if strings.EqualFold(allowed, host) {
+			return nil
+		}
+	}
+	return &guardError{fasthttp.StatusMisdirectedRequest, CodeHostNotAllowed, errHostNotAllowed}
+}

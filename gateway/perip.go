@@ -1,0 +1,115 @@
+package gateway
+
+import (
+	"crypto/tls"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// tooManyConns is written, unencrypted, to a connection refused for its
+// address's share of connections, before it is closed.
+const tooManyConns = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 73\r\n\r\n" +
+	`{"error":"too many connections from your address","code":"RATE_LIMITED"}` + "\n"
+
+// perIPListener bounds the connections open at once from one source
+// address. fasthttp's own MaxConnsPerIP races with its shutdown (a conn is
+// nilled while a worker still reads it), so the bound lives here, where a
+// refused connection never reaches fasthttp at all.
+type perIPListener struct {
+	net.Listener
+	max    int
+	mu     sync.Mutex
+	counts map[netip.Addr]int
+	// refused counts connections turned away, for the metrics.
+	refused func()
+}
+
+func limitPerIP(ln net.Listener, max int, refused func()) net.Listener {
+	if max <= 0 {
+		return ln
+	}
+	return &perIPListener{Listener: ln, max: max, counts: map[netip.Addr]int{}, refused: refused}
+}
+
+func (l *perIPListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := remoteAddr(c)
+		l.mu.Lock()
+		n := l.counts[ip]
+		if n >= l.max {
+			l.mu.Unlock()
+			l.refuse(c)
+			continue
+		}
+		l.counts[ip] = n + 1
+		l.mu.Unlock()
+		pc := &perIPConn{Conn: c, release: func() { l.release(ip) }}
+		if tc, ok := c.(*tls.Conn); ok {
+			// fasthttp recognises TLS by these methods.
+			return &perIPTLSConn{perIPConn: pc, tls: tc}, nil
+		}
+		return pc, nil
+	}
+}
+
+// refuse answers c on its own goroutine, so that a client that does not
+// read cannot hold up Accept.
+func (l *perIPListener) refuse(c net.Conn) {
+	if l.refused != nil {
+		l.refused()
+	}
+	go func() {
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, ok := c.(*tls.Conn); !ok {
+			_, _ = c.Write([]byte(tooManyConns))
+		}
+		_ = c.Close()
+	}()
+}
+
+func (l *perIPListener) release(ip netip.Addr) {
+	l.mu.Lock()
+	if l.counts[ip] <= 1 {
+		delete(l.counts, ip)
+	} else {
+		l.counts[ip]--
+	}
+	l.mu.Unlock()
+}
+
+// remoteAddr is the address a connection comes from; connections with no
+// IP address (unix sockets) share the zero address.
+func remoteAddr(c net.Conn) netip.Addr {
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// perIPConn gives its address's slot back once, on the first Close.
+type perIPConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *perIPConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// perIPTLSConn is a perIPConn over TLS.
+type perIPTLSConn struct {
+	*perIPConn
+	tls *tls.Conn
+}
+
+func (c *perIPTLSConn) Handshake() error                     { return c.tls.Handshake() }
+func (c *perIPTLSConn) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }
