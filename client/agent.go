@@ -113,7 +113,7 @@ func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 		ar.running.Wait()
 		<-ackDone
 	}()
-	return c.serveStream(ctx, "/v0/agents/stream", q, ar.log, func(ev sse.Event) {
+	return c.serveStream(ctx, "/v0/agents/stream", q, ar.log, nil, func(ev sse.Event) {
 		defer ack.note(ev.ID)
 		switch ev.Type {
 		case pushAssigned:

@@ -37,8 +37,31 @@ type Runner struct {
 	// means RunnerID + "-" + 8 random hex digits, chosen once per RunRunner
 	// call.
 	ConsumerID string
-	// Tools are the tools this runner offers, by tool id; required.
+	// Tools are the tools this runner offers, by tool id; required. A
+	// tool served on a connected account is offered as "<tool>@<account>"
+	// (a job for that account comes only to a runner offering it).
 	Tools map[string]ToolFunc
+	// Info describes tools for the Runtime API's capabilities (optional):
+	// sent with the tool list each time the runner connects.
+	Info []ToolInfo
+}
+
+// ToolInfo describes one tool as a Runtime API capability
+// (docs/runtime-api.md). Credentials for its accounts stay with the runner.
+type ToolInfo struct {
+	Name                string          `json:"name"`
+	Description         string          `json:"description,omitempty"`
+	Parameters          json.RawMessage `json:"parameters,omitempty"` // a JSON Schema object
+	IsReadOnly          bool            `json:"isReadOnly"`
+	SupportsIdempotency bool            `json:"supportsIdempotency"`
+	Accounts            []Account       `json:"accounts,omitempty"`
+}
+
+// Account is a connected account a tool runs on.
+type Account struct {
+	ConnectedAccountID string `json:"connectedAccountId"`
+	IntegrationID      string `json:"integrationId,omitempty"`
+	Backend            string `json:"backend,omitempty"`
 }
 
 // maxSeenJobs bounds the memory of jobs already taken, which guards against
@@ -60,6 +83,19 @@ type job struct {
 	StepID      string          `json:"step_id"`
 	ToolID      string          `json:"tool_id"`
 	Arguments   json.RawMessage `json:"arguments"`
+	// Account is the connected account to run the tool with, if any.
+	Account string `json:"account"`
+}
+
+// tool is the function that runs j: the one offered for its account when
+// it names one.
+func (r *Runner) tool(j *job) ToolFunc {
+	if j.Account != "" {
+		if f := r.Tools[j.ToolID+"@"+j.Account]; f != nil {
+			return f
+		}
+	}
+	return r.Tools[j.ToolID]
 }
 
 // jobResult is the body of POST /v0/runners/{id}/results.
@@ -102,7 +138,11 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 		cancel()
 		rr.jobs.Wait()
 	}()
-	return c.serveStream(ctx, "/v0/runners/stream", q, rr.log, func(ev sse.Event) {
+	var opened func(context.Context)
+	if len(r.Info) > 0 {
+		opened = rr.describe
+	}
+	return c.serveStream(ctx, "/v0/runners/stream", q, rr.log, opened, func(ev sse.Event) {
 		if ev.Type != "job.assigned" {
 			return
 		}
@@ -119,13 +159,16 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 // done, handing every delivery to handle in order. On reconnect it names
 // the last delivery it handled (Last-Event-ID), so the gateway resumes right
 // after it: nothing is lost and nothing is handed over twice.
-func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log *slog.Logger, handle func(sse.Event)) error {
+func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log *slog.Logger, opened func(context.Context), handle func(sse.Event)) error {
 	b := c.backoff()
 	lastID := ""
 	for {
 		s, err := c.openStream(ctx, path, q, lastID)
 		if err == nil {
 			log.Debug("stream connected", "path", path, "cursor", lastID)
+			if opened != nil {
+				opened(ctx)
+			}
 			for {
 				var ev sse.Event
 				if ev, err = s.next(); err != nil {
@@ -219,7 +262,7 @@ func (rr *runnerRun) run(ctx context.Context, j *job) {
 		}
 	})
 	res := &jobResult{JobID: j.ID, ExecutionID: j.ExecutionID, StepID: j.StepID, ConsumerID: rr.consumer, StartedAt: time.Now().UTC()}
-	out, err := runTool(ctx, rr.r.Tools[j.ToolID], j.ToolID, j.Arguments)
+	out, err := runTool(ctx, rr.r.tool(j), j.ToolID, j.Arguments)
 	close(toolDone)
 	res.CompletedAt = time.Now().UTC()
 	if err != nil && ctx.Err() != nil {
@@ -346,4 +389,18 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// describe sends the runner's tool descriptions; a failure is logged and
+// the next connection tries again.
+func (rr *runnerRun) describe(ctx context.Context) {
+	tools := make([]string, 0, len(rr.r.Tools))
+	for t := range rr.r.Tools {
+		tools = append(tools, t)
+	}
+	sort.Strings(tools)
+	body := map[string]any{"tools": tools, "tool_info": rr.r.Info}
+	if err := rr.c.do(ctx, call{method: http.MethodPost, path: "/v0/runners/" + url.PathEscape(rr.r.RunnerID) + "/capabilities", body: body, retry: true}, nil); err != nil && ctx.Err() == nil {
+		rr.log.Warn("tool descriptions not sent", "err", err)
+	}
 }

@@ -133,6 +133,10 @@ func TestAccessMatrix(t *testing.T) {
 	agentAPI.json("PUT", "/aap/v1/agents/m-agent", info, 200)
 	aapSession := openAAPSession(t, alice, "m-agent")
 	aap := "/aap/v1/session/" + aapSession
+	alice.json("POST", "/runtime/v1/sessions", obj{"id": "m-rt"}, 201)
+	alice.json("POST", "/runtime/v1/sessions", obj{"id": "m-rt-archive"}, 201)
+	direct := alice.json("POST", "/v0/executions", obj{"tool": obj{"tool_id": "m-unserved"}, "session_id": "m-rt"}, 201)["id"].(string)
+	rt := "/runtime/v1"
 
 	rows := map[string]matrixRow{
 		"GET /v0/health": {req: do("GET", "/v0/health", nil), status: 200, ok: everyone, public: true},
@@ -187,6 +191,16 @@ func TestAccessMatrix(t *testing.T) {
 		"GET /aap/v1/session/{}/stream":             {req: sse(aap + "/stream"), status: 200, ok: readers, hidden: sessionStrangers},
 		"PUT /aap/v1/agents/{}":                     {req: do("PUT", "/aap/v1/agents/m-agent", info), status: 200, ok: agentIDs},
 		"GET /aap/v1/agents/{}/sessions/{}":         {req: do("GET", "/aap/v1/agents/m-agent/sessions/"+aapSession, nil), status: 200, ok: agentIDs},
+		"GET /runtime/v1/capabilities":              {req: do("GET", rt+"/capabilities", nil), status: 200, ok: people},
+		"POST /runtime/v1/tools/{}":                 {req: do("POST", rt+"/tools/m-no-such-tool", obj{"input": obj{}}), status: 404, ok: clients},
+		"POST /runtime/v1/sessions":                 {req: do("POST", rt+"/sessions", obj{}), status: 201, ok: clients},
+		"GET /runtime/v1/sessions":                  {req: do("GET", rt+"/sessions", nil), status: 200, ok: readers, hidden: sessionStrangers, list: "m-rt"},
+		"GET /runtime/v1/sessions/{}":               {req: do("GET", rt+"/sessions/m-rt", nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"GET /runtime/v1/sessions/{}/capabilities":  {req: do("GET", rt+"/sessions/m-rt/capabilities", nil), status: 200, ok: readers, hidden: sessionStrangers},
+		"POST /runtime/v1/sessions/{}/tools/{}":     {req: do("POST", rt+"/sessions/m-rt/tools/m-no-such-tool", obj{}), status: 404, ok: owners, hidden: strangers},
+		"POST /runtime/v1/sessions/{}/archive":      {req: do("POST", rt+"/sessions/m-rt-archive/archive", nil), status: 200, ok: owners, hidden: strangers},
+		"GET /runtime/v1/executions/{}":             {req: do("GET", rt+"/executions/"+direct, nil), status: 200, ok: owners, hidden: strangers},
+		"GET /runtime/v1/executions/{}/events":      {req: sse(rt + "/executions/" + direct + "/events"), status: 200, ok: owners, hidden: strangers},
 		"GET /agent-runtime/exports/{}":             {req: do("GET", "/agent-runtime/exports/m-sess", nil), status: 200, ok: readers, hidden: sessionStrangers},
 	}
 
@@ -220,8 +234,12 @@ func TestAccessMatrix(t *testing.T) {
 				continue
 			}
 			if code != "" {
-				var e struct{ Code string }
-				if json.Unmarshal([]byte(body), &e) != nil || e.Code != code {
+				// The Runtime API words its code in details.code.
+				var e struct {
+					Code    string
+					Details struct{ Code string }
+				}
+				if json.Unmarshal([]byte(body), &e) != nil || e.Code+e.Details.Code != code {
 					t.Errorf("%s as %s: body %s, want code %s", key, who, body, code)
 				}
 			}

@@ -318,6 +318,10 @@ func (s *Server) stepStarted(ctx context.Context, p *auth.Principal, stepID stri
 
 type capabilitiesRequest struct {
 	Tools []string `json:"tools"`
+	// ToolInfo (extension) describes tools for the Runtime API: one object
+	// per tool, its "name" the tool id, the rest the capability's metadata
+	// (docs/runtime-api.md).
+	ToolInfo []json.RawMessage `json:"tool_info,omitempty"`
 }
 
 // maxCapabilities bounds a runner's tool list.
@@ -334,8 +338,33 @@ func (s *Server) runnerCapabilities(p *auth.Principal, runnerID string, body []b
 	if err := validTools(req.Tools); err != nil {
 		return err
 	}
+	if req.ToolInfo != nil {
+		info, err := toolInfo(req.ToolInfo)
+		if err != nil {
+			return err
+		}
+		s.k.DescribeTools(runnerID, info)
+	}
 	s.k.UpdateCapabilities(runnerID, req.Tools)
 	return nil
+}
+
+// toolInfo indexes a runner's tool descriptions by tool name.
+func toolInfo(list []json.RawMessage) (map[string]json.RawMessage, error) {
+	if len(list) > maxCapabilities {
+		return nil, kernelValidation("tool_info: at most " + strconv.Itoa(maxCapabilities) + " tools")
+	}
+	out := make(map[string]json.RawMessage, len(list))
+	for _, raw := range list {
+		var head struct {
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal(raw, &head); err != nil || head.Name == "" || len(head.Name) > 256 {
+			return nil, kernelValidation("tool_info: each entry is an object with a name of 1-256 bytes")
+		}
+		out[head.Name] = raw
+	}
+	return out, nil
 }
 
 func validTools(tools []string) error {

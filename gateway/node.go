@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol/aap"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
+	"github.com/gatehouse-dev/gatehouse/protocol/runtimeapi"
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -69,11 +70,12 @@ type Node struct {
 	Policy   *policy.Engine
 	Auth     *auth.Authenticator
 
-	ln     net.Listener
-	log    *slog.Logger
-	cfg    Config
-	served chan error
-	gcStop chan struct{}
+	runtime *runtimeapi.Surface
+	ln      net.Listener
+	log     *slog.Logger
+	cfg     Config
+	served  chan error
+	gcStop  chan struct{}
 }
 
 // Open opens the store, recovers the kernel and starts serving on c.Addr.
@@ -150,9 +152,11 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	}
 	so := c.Server
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, c.Logger, br, chans, sessions
+	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub})
 	so.Surfaces = append(so.Surfaces,
 		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
 		aap.New(aap.Options{Kernel: k, Sessions: sessions}),
+		rt,
 	)
 	srv, err := New(so)
 	if err != nil {
@@ -176,6 +180,8 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		Store: st, Sessions: sessions, Bridge: br, Channels: chans, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
 		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
 	}
+	n.runtime = rt
+	rt.Start(ctx, c.Logger)
 	go func() { n.served <- srv.Serve(ln) }()
 	go n.gcLoop()
 	return n, nil
@@ -223,6 +229,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if err := <-n.served; err != nil && serr == nil {
 		serr = err
 	}
+	n.runtime.Close()
 	n.Sessions.Close()
 	n.Kernel.Close()
 	n.Channels.Close()

@@ -12,6 +12,9 @@ import (
 // runnerSet is every consumer (connection identity) of one runner_id.
 type runnerSet struct {
 	consumers map[string]*runnerConsumer
+	// info is what the runner says about its tools, by tool id (see
+	// DescribeTools).
+	info map[string]json.RawMessage
 }
 
 type runnerConsumer struct {
@@ -237,7 +240,7 @@ func (k *Kernel) dispatchNow(t *tx, fx *effects, stepID string, st *stepCreatedP
 	t.add(event.StepDispatched, stepID, &dispatchedPayload{RunnerID: c.runnerID, JobID: j.jobID, Deadline: st.Deadline, ConsumerID: c.id})
 	t.push(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &jobPush{
 		ID: j.jobID, ExecutionID: t.ex.ID, StepID: stepID, Attempt: st.Attempt, ToolID: st.ToolID,
-		Arguments: st.Arguments, Deadline: st.Deadline,
+		Arguments: st.Arguments, Deadline: st.Deadline, Account: st.Account,
 	}, j.jobID)
 	k.counters.jobs.Add(1)
 	return true
@@ -371,7 +374,7 @@ func (k *Kernel) jobTx(ex *Execution, c *runnerConsumer, j *job) *tx {
 	})
 	t.push(Peer{Role: RoleRunner, ID: c.runnerID, Consumer: c.id}, event.PushJobAssigned, &jobPush{
 		ID: j.jobID, ExecutionID: ex.ID, StepID: st.ID, Attempt: st.Attempt, ToolID: st.ToolID,
-		Arguments: orNull(st.Arguments), Deadline: deadline, NotBefore: st.NotBefore,
+		Arguments: orNull(st.Arguments), Deadline: deadline, NotBefore: st.NotBefore, Account: st.Account,
 	}, j.jobID)
 	return t
 }
@@ -676,6 +679,9 @@ type ServedTool struct {
 	ID string `json:"id"`
 	// Runners are the runner ids with an online connection that serves it.
 	Runners []string `json:"runners"`
+	// Info is what the first of those runners that described the tool
+	// said about it (see DescribeTools); nil when none did.
+	Info json.RawMessage `json:"info,omitempty"`
 }
 
 // Tools returns what connected runners serve, by capability.
@@ -695,10 +701,27 @@ func (k *Kernel) Tools() []ServedTool {
 			}
 		}
 	}
-	k.mu.Unlock()
 	out := make([]ServedTool, 0, len(by))
 	for _, id := range sortedKeys(by) {
-		out = append(out, ServedTool{ID: id, Runners: sortedKeys(by[id])})
+		st := ServedTool{ID: id, Runners: sortedKeys(by[id])}
+		for _, rid := range st.Runners {
+			if info := k.runners[rid].info[id]; info != nil {
+				st.Info = info
+				break
+			}
+		}
+		out = append(out, st)
 	}
+	k.mu.Unlock()
 	return out
+}
+
+// DescribeTools records what a runner says about its tools (a protocol's
+// capability metadata: description, parameters, accounts), by tool id,
+// replacing what it said before. The kernel keeps it while the runner is
+// known and means nothing by it; Tools returns it beside the tools.
+func (k *Kernel) DescribeTools(runnerID string, info map[string]json.RawMessage) {
+	k.mu.Lock()
+	k.runnerSetLocked(runnerID).info = info
+	k.mu.Unlock()
 }

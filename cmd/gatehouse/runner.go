@@ -55,18 +55,36 @@ func builtinTools() map[string]client.ToolFunc {
 	}
 }
 
+// builtinInfo describes the built-in tools as Runtime API capabilities.
+func builtinInfo() map[string]client.ToolInfo {
+	obj := func(props, required string) json.RawMessage {
+		return json.RawMessage(`{"type":"object","properties":{` + props + `},"required":[` + required + `]}`)
+	}
+	return map[string]client.ToolInfo{
+		"gatehouse.echo": {Description: "Returns its input unchanged.", Parameters: json.RawMessage(`{"type":"object"}`),
+			IsReadOnly: true, SupportsIdempotency: true},
+		"gatehouse.time": {Description: "Returns the runner's current time (RFC 3339, UTC).", Parameters: obj("", ""),
+			IsReadOnly: true},
+		"gatehouse.sha256": {Description: "Returns the SHA-256 of a text, in hex.", Parameters: obj(`"text":{"type":"string"}`, `"text"`),
+			IsReadOnly: true, SupportsIdempotency: true},
+		"gatehouse.sleep": {Description: "Waits the given milliseconds, then returns.", Parameters: obj(`"ms":{"type":"integer","minimum":0,"maximum":600000}`, `"ms"`),
+			IsReadOnly: true, SupportsIdempotency: true},
+	}
+}
+
 // runnerCmd runs a runner: it dials out to the gateway (no inbound port),
 // holds one stream, runs the jobs it is given one at a time, and reconnects
 // with backoff whenever the connection drops.
 func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("runner", stderr)
 	host, _ := os.Hostname()
-	var url, token, runnerID, consumerID, tools, logLevel string
+	var url, token, runnerID, consumerID, tools, accounts, logLevel string
 	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL")
 	fs.StringVar(&token, "token", "", "bearer token (a runner JWT scoped to --runner-id, or the static token)")
 	fs.StringVar(&runnerID, "runner-id", "runner-"+host, "runner id")
 	fs.StringVar(&consumerID, "consumer-id", "", "this process's connection id, kept across reconnects and restarts so the gateway hands it back its job; give each process of one --runner-id on one host its own (default: the host name)")
 	fs.StringVar(&tools, "tools", "", "comma-separated built-in tools to serve (default: all)")
+	fs.StringVar(&accounts, "accounts", "", "comma-separated connected account ids to serve every tool on as well (the Runtime API's connectedAccountId)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -97,10 +115,20 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	var info []client.ToolInfo
+	for _, name := range slices.Sorted(maps.Keys(served)) {
+		ti := builtinInfo()[name]
+		ti.Name = name
+		for _, acc := range list(accounts) {
+			served[name+"@"+acc] = served[name]
+			ti.Accounts = append(ti.Accounts, client.Account{ConnectedAccountID: acc, IntegrationID: "gatehouse", Backend: "builtin"})
+		}
+		info = append(info, ti)
+	}
 	names := slices.Sorted(maps.Keys(served))
 	fmt.Fprintf(stdout, "runner %s (consumer %s) serving %s from %s\n", runnerID, consumerID, strings.Join(names, ", "), url)
 	log.Info("runner started", slog.String("runner_id", runnerID), slog.String("consumer_id", consumerID), slog.Any("tools", names))
-	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: consumerID, Tools: served})
+	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: consumerID, Tools: served, Info: info})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

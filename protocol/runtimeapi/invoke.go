@@ -1,0 +1,387 @@
+package runtimeapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
+	"github.com/gatehouse-dev/gatehouse/session"
+)
+
+// invocation is the body of POST /tools/{name} and
+// POST /sessions/{id}/tools/{name}.
+type invocation struct {
+	Input              json.RawMessage `json:"input"`
+	ConnectedAccountID string          `json:"connectedAccountId"`
+	SessionID          string          `json:"sessionId"`
+	Wait               bool            `json:"wait"`
+}
+
+// Invoked is the answer to an invocation: the handle to its execution,
+// and its outcome when "wait" saw it end.
+type Invoked struct {
+	ExecutionID string          `json:"executionId"`
+	SessionID   string          `json:"sessionId"`
+	RunID       string          `json:"runId"`
+	Status      string          `json:"status"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	Summary     string          `json:"summary,omitempty"`
+}
+
+func (s *Surface) invokeTool(r *protocol.Request) { s.invoke(r, "", r.Params[0]) }
+
+func (s *Surface) invokeSessionTool(r *protocol.Request) { s.invoke(r, r.Params[0], r.Params[1]) }
+
+// invoke runs one invocation as a direct execution filed in a session:
+// the given one, or a new one.
+func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
+	if err := r.Principal.Can(auth.ActWrite, auth.KindExecution); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	var in invocation
+	if err := decode(r.Ctx, &in); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	if sessionID == "" {
+		sessionID = in.SessionID
+	}
+	c, ok := s.capability(name)
+	if !ok {
+		fail(r.Ctx, notFound("tool", name))
+		return
+	}
+	account, err := pickAccount(&c, in.ConnectedAccountID)
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	if len(bytes.TrimSpace(in.Input)) == 0 || bytes.Equal(bytes.TrimSpace(in.Input), []byte("null")) {
+		in.Input = json.RawMessage("{}")
+	}
+	if err := s.schemas.validate(c.Parameters, in.Input); err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	key := string(r.Ctx.Request.Header.Peek("Idempotency-Key"))
+	sess, err := s.invocationSession(r.Ctx, r.Principal, sessionID, key)
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	if sess.Status == session.StatusArchived {
+		fail(r.Ctx, &apiError{fasthttp.StatusConflict, codeArchived, "session " + sess.ID + " is archived and takes no invocations", nil})
+		return
+	}
+	m := meta(r.Principal)
+	m.IdempotencyKey = key
+	v, _, err := s.o.Kernel.Create(r.Ctx, kernel.CreateRequest{
+		SessionID: sess.ID,
+		// With an account, the job goes only to a runner serving the tool
+		// on it.
+		Tool: &kernel.ToolCall{ToolID: name, Arguments: in.Input, Account: account},
+	}, m)
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	out := Invoked{ExecutionID: v.ID, SessionID: sess.ID, RunID: runID(v.ID), Status: runStatus(v.Status)}
+	status := fasthttp.StatusAccepted
+	if in.Wait || v.Status.Terminal() {
+		if v, err = s.await(r.Ctx, v); err == nil && v.Status.Terminal() {
+			status = fasthttp.StatusOK
+			out = s.outcome(r.Ctx, &v, sess.ID)
+		}
+	}
+	writeJSON(r.Ctx, status, out)
+}
+
+// invocationSession returns the session an invocation is filed in: the
+// one named, or a new one. A new session made for a request with an
+// Idempotency-Key is named after the key, so that the retry files the
+// same request in the same session and the kernel answers it with the
+// first execution.
+func (s *Surface) invocationSession(ctx context.Context, p *auth.Principal, named, key string) (session.Session, error) {
+	if named != "" {
+		return s.session(ctx, p, auth.ActWrite, named)
+	}
+	if key == "" {
+		return s.newSession(ctx, p, "", "")
+	}
+	sum := sha256.Sum256([]byte(p.Tenant + "\x00" + p.Subject + "\x00" + key))
+	id := "idem-" + hex.EncodeToString(sum[:16])
+	if sess, err := s.session(ctx, p, auth.ActWrite, id); err == nil {
+		return sess, nil
+	}
+	sess, err := s.newSession(ctx, p, id, "")
+	if errors.Is(err, session.ErrConflict) {
+		return s.session(ctx, p, auth.ActWrite, id) // a concurrent retry made it
+	}
+	return sess, err
+}
+
+// pickAccount decides the connected account of an invocation: the one
+// named, which the capability must list; the only one; or none for a
+// capability on no account. Naming none of several is 409 with the list.
+func pickAccount(c *Capability, named string) (string, error) {
+	if named != "" {
+		for _, a := range c.Accounts {
+			if a.ConnectedAccountID == named {
+				return named, nil
+			}
+		}
+		return "", &apiError{fasthttp.StatusBadRequest, codeUnknownAccount,
+			fmt.Sprintf("tool %s is not connected on account %q", c.Name, named), map[string]any{"accounts": accountsOf(c)}}
+	}
+	switch len(c.Accounts) {
+	case 0:
+		return "", nil
+	case 1:
+		return c.Accounts[0].ConnectedAccountID, nil
+	}
+	return "", &apiError{fasthttp.StatusConflict, codeAccountRequired,
+		fmt.Sprintf("tool %s is connected on %d accounts: name one in connectedAccountId", c.Name, len(c.Accounts)),
+		map[string]any{"accounts": accountsOf(c)}}
+}
+
+func accountsOf(c *Capability) []Account {
+	if c.Accounts == nil {
+		return []Account{}
+	}
+	return c.Accounts
+}
+
+// await holds until execution v ends or the wait limit passes, and returns
+// it as it is then.
+func (s *Surface) await(ctx context.Context, v kernel.View) (kernel.View, error) {
+	w := s.o.Kernel.Watch(v.ID)
+	defer w.Stop()
+	limit := time.NewTimer(s.o.WaitLimit)
+	defer limit.Stop()
+	for {
+		cur, err := s.o.Kernel.Get(ctx, v.ID)
+		if err != nil || cur.Status.Terminal() {
+			return cur, err
+		}
+		select {
+		case <-w.C():
+		case <-w.Done():
+			return cur, nil
+		case <-limit.C:
+			return cur, nil
+		case <-ctx.Done():
+			return cur, ctx.Err()
+		}
+	}
+}
+
+// outcome is a finished execution as an invocation's answer.
+func (s *Surface) outcome(ctx context.Context, v *kernel.View, sessionID string) Invoked {
+	out := Invoked{ExecutionID: v.ID, SessionID: sessionID, RunID: runID(v.ID), Status: runStatus(v.Status)}
+	if v.Status == kernel.StatusCompleted {
+		out.Output = v.Output
+		out.Summary = summarize(v.Tool, v.Output)
+		return out
+	}
+	out.Error = s.failure(v.ID)
+	return out
+}
+
+// failure is why an execution failed, from its terminal event.
+func (s *Surface) failure(id string) string {
+	msg := "execution failed"
+	_ = s.o.Kernel.ReadEventValues(id, 0, func(e *event.Event) bool {
+		if e.Type == event.ExecutionFailed || e.Type == event.ExecutionCancelled {
+			var p struct {
+				Error  string `json:"error"`
+				Reason string `json:"reason"`
+			}
+			_ = json.Unmarshal(e.Payload, &p)
+			switch {
+			case p.Error != "":
+				msg = p.Error
+			case e.Type == event.ExecutionCancelled:
+				msg = "execution cancelled"
+			}
+		}
+		return true
+	})
+	return msg
+}
+
+// getExecution answers GET /executions/{id} (extension).
+func (s *Surface) getExecution(r *protocol.Request) {
+	v, sessionID, err := s.execution(r.Ctx, r.Principal, r.Params[0])
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
+	out := map[string]any{
+		"executionId": v.ID, "sessionId": sessionID, "runId": runID(v.ID), "tool": v.Tool.ToolID,
+		"input": json.RawMessage(orEmpty(v.Tool.Arguments)), "status": runStatus(v.Status), "createdAt": v.CreatedAt,
+	}
+	if v.Tool.Account != "" {
+		out["connectedAccountId"] = v.Tool.Account
+	}
+	if v.Status.Terminal() {
+		o := s.outcome(r.Ctx, &v, sessionID)
+		out["completedAt"] = v.UpdatedAt
+		if o.Output != nil {
+			out["output"] = o.Output
+		}
+		if o.Error != "" {
+			out["error"] = o.Error
+		}
+		if o.Summary != "" {
+			out["summary"] = o.Summary
+		}
+	}
+	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+}
+
+// execution returns direct execution id if p may read it: another's, and
+// an execution that is not an invocation, are not found.
+func (s *Surface) execution(ctx context.Context, p *auth.Principal, id string) (kernel.View, string, error) {
+	if err := p.Can(auth.ActRead, auth.KindExecution); err != nil {
+		return kernel.View{}, "", err
+	}
+	v, err := s.o.Kernel.Get(ctx, id)
+	if err != nil || v.Tool == nil {
+		return kernel.View{}, "", notFound("execution", id)
+	}
+	res := auth.Resource{Kind: auth.KindExecution, ID: v.ID, Owner: auth.Owner{Principal: v.Owner, Tenant: v.Tenant}}
+	if p.Authorize(auth.ActRead, res) != nil {
+		return kernel.View{}, "", notFound("execution", id)
+	}
+	return v, v.SessionID, nil
+}
+
+func orEmpty(v json.RawMessage) json.RawMessage {
+	if len(v) == 0 {
+		return json.RawMessage("{}")
+	}
+	return v
+}
+
+// runID names an execution's run. A direct execution has one run; its id
+// is derived so that every surface names it the same.
+func runID(executionID string) string { return "run-" + executionID }
+
+// runStatus is the seeds' run status of an execution status.
+func runStatus(st kernel.Status) string {
+	switch st {
+	case kernel.StatusCompleted:
+		return "completed"
+	case kernel.StatusFailed, kernel.StatusCancelled:
+		return "failed"
+	case kernel.StatusBlocked:
+		return "waiting"
+	}
+	return "executing"
+}
+
+// summarize says in a few words what a finished invocation gave: "N hits"
+// for a search, as the seeds show.
+func summarize(tool *kernel.ToolCall, output json.RawMessage) string {
+	var o struct {
+		Hits    []json.RawMessage `json:"hits"`
+		Entries []json.RawMessage `json:"entries"`
+		Path    string            `json:"path"`
+	}
+	_ = json.Unmarshal(output, &o)
+	switch {
+	case o.Hits != nil:
+		return fmt.Sprintf("%d hits", len(o.Hits))
+	case o.Entries != nil:
+		return fmt.Sprintf("%d entries", len(o.Entries))
+	case o.Path != "":
+		return o.Path
+	case tool != nil:
+		return tool.ToolID + " completed"
+	}
+	return "completed"
+}
+
+// schemaCache compiles capability parameter schemas once, by content.
+type schemaCache struct {
+	mu sync.Mutex
+	m  map[[32]byte]*jsonschema.Schema
+}
+
+// maxSchemas bounds the compiled schemas kept; past it the cache starts
+// over (runners rarely change their tools).
+const maxSchemas = 1024
+
+// validate checks input against schema; a failure is 400 with every error.
+func (c *schemaCache) validate(schema, input json.RawMessage) error {
+	sch, err := c.compile(schema)
+	if err != nil {
+		// A runner's broken schema must not make its tool uncallable: the
+		// runner checks its own input.
+		return nil
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(input))
+	if err != nil {
+		return badRequest("input is not JSON: " + err.Error())
+	}
+	err = sch.Validate(inst)
+	var ve *jsonschema.ValidationError
+	if errors.As(err, &ve) {
+		var errs []string
+		for _, u := range ve.BasicOutput().Errors {
+			if u.Error != nil {
+				errs = append(errs, fmt.Sprintf("%s: %s", orRoot(u.InstanceLocation), u.Error.String()))
+			}
+		}
+		return &apiError{fasthttp.StatusBadRequest, codeInvalidInput, "input does not match the tool's parameters", map[string]any{"errors": errs}}
+	}
+	return err
+}
+
+func orRoot(loc string) string {
+	if loc == "" {
+		return "/"
+	}
+	return loc
+}
+
+func (c *schemaCache) compile(schema json.RawMessage) (*jsonschema.Schema, error) {
+	key := sha256.Sum256(schema)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sch := c.m[key]; sch != nil {
+		return sch, nil
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+	if err != nil {
+		return nil, err
+	}
+	comp := jsonschema.NewCompiler()
+	if err := comp.AddResource("tool.json", doc); err != nil {
+		return nil, err
+	}
+	sch, err := comp.Compile("tool.json")
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil || len(c.m) >= maxSchemas {
+		c.m = map[[32]byte]*jsonschema.Schema{}
+	}
+	c.m[key] = sch
+	return sch, nil
+}
