@@ -14,6 +14,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol/aap"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
@@ -152,7 +153,16 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	}
 	so := c.Server
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, c.Logger, br, chans, sessions
-	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub})
+	notes, err := memory.Open(memory.Options{Store: st})
+	if err != nil {
+		sessions.Close()
+		k.Close()
+		chans.Close()
+		hub.Close()
+		_ = st.Close()
+		return nil, err
+	}
+	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
 		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
 		aap.New(aap.Options{Kernel: k, Sessions: sessions}),
@@ -181,7 +191,7 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
 	}
 	n.runtime = rt
-	rt.Start(ctx, c.Logger)
+	rt.Start(c.Logger)
 	go func() { n.served <- srv.Serve(ln) }()
 	go n.gcLoop()
 	return n, nil

@@ -52,10 +52,11 @@ func TestVanishedPeersAreCollected(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := a.json("GET", "/v0/peers", nil, 200)["peers"].([]any); len(got) != 0 {
-		t.Fatalf("%d peers listed after collection: %v", len(got), got[0])
+	// Left: the built-in memory runner, always connected.
+	if got := a.json("GET", "/v0/peers", nil, 200)["peers"].([]any); len(got) != 1 || got[0].(obj)["id"] != "gatehouse.memory" {
+		t.Fatalf("%d peers listed after collection: %v", len(got), got)
 	}
-	if got := a.metric("gatehouse_peer_consumers"); got != 0 {
+	if got := a.metric("gatehouse_peer_consumers"); got != 1 {
 		t.Fatalf("gatehouse_peer_consumers %v", got)
 	}
 	// The channel registry expires registrations on its own clock.
@@ -69,7 +70,7 @@ func TestVanishedPeersAreCollected(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if st := s.Node.Kernel.Stats(); st.AgentsOnline != 0 || st.RunnersOnline != 0 {
+	if st := s.Node.Kernel.Stats(); st.AgentsOnline != 0 || st.RunnersOnline != 1 {
 		t.Fatalf("kernel still counts consumers: %+v", st)
 	}
 }
@@ -91,7 +92,9 @@ func TestPeersListPages(t *testing.T) {
 			t.Fatalf("page %d has %d rows", pages, len(rows))
 		}
 		for _, r := range rows {
-			ids = append(ids, r.(obj)["id"].(string))
+			if id := r.(obj)["id"].(string); id != "gatehouse.memory" {
+				ids = append(ids, id)
+			}
 		}
 		cursor = page["next_cursor"].(string)
 		if cursor == "" {
@@ -101,7 +104,7 @@ func TestPeersListPages(t *testing.T) {
 	if len(ids) != 30 || ids[0] != "r00" || ids[29] != "r29" {
 		t.Fatalf("runners across pages: %v", ids)
 	}
-	if got := a.json("GET", "/v0/peers", nil, 200); len(got["peers"].([]any)) != 31 || got["next_cursor"] != "" {
+	if got := a.json("GET", "/v0/peers", nil, 200); len(got["peers"].([]any)) != 32 || got["next_cursor"] != "" {
 		t.Fatalf("default page: %d rows, next %q", len(got["peers"].([]any)), got["next_cursor"])
 	}
 	a.fail("GET", "/v0/peers?cursor=%25%25", nil, 400, "VALIDATION_ERROR")

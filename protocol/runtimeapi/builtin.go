@@ -20,14 +20,14 @@ const memoryConsumer = "builtin"
 // that a memory invocation goes through policy and the bridge, and its job
 // survives a restart in the runner's durable outbox (a job taken but not
 // answered when the process stops is delivered again at the next start).
-func (s *Surface) Start(ctx context.Context, log *slog.Logger) {
+func (s *Surface) Start(log *slog.Logger) {
 	if len(s.memory) == 0 {
 		return
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.stop, s.stopped = cancel, make(chan struct{})
 	s.mu.Unlock()

@@ -78,6 +78,12 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
 		fail(r.Ctx, err)
 		return
 	}
+	if c.Kind == kindMemory {
+		if err := s.o.Memory.Check(name, in.Input); err != nil {
+			fail(r.Ctx, &apiError{fasthttp.StatusBadRequest, codeInvalidInput, err.Error(), nil})
+			return
+		}
+	}
 	key := string(r.Ctx.Request.Header.Peek("Idempotency-Key"))
 	sess, err := s.invocationSession(r.Ctx, r.Principal, sessionID, key)
 	if err != nil {

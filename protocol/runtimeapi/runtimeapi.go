@@ -25,6 +25,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/session"
@@ -49,19 +50,13 @@ type Hub interface {
 // Memory is the built-in notes store the memory capabilities run on.
 type Memory interface {
 	// Tools describes the memory tools of both of the seeds' name sets.
-	Tools() []MemoryTool
+	Tools() []memory.Tool
+	// Check validates a call's input (its path, say) before it is run.
+	Check(name string, input json.RawMessage) error
 	// Call runs memory tool name for tenant on input and returns its
-	// output. Errors that are the caller's (a bad path, a version
-	// conflict) fail the invocation with their message.
+	// output. Errors that are the caller's (a version conflict, a missing
+	// note) fail the invocation with their message.
 	Call(ctx context.Context, tenant, name string, input json.RawMessage) (json.RawMessage, error)
-}
-
-// MemoryTool describes one memory tool.
-type MemoryTool struct {
-	Name        string
-	Description string
-	Parameters  json.RawMessage
-	ReadOnly    bool
 }
 
 // Options configure the surface. Kernel and Sessions are required; without
@@ -80,7 +75,7 @@ type Options struct {
 type Surface struct {
 	o       Options
 	schemas schemaCache
-	memory  map[string]MemoryTool
+	memory  map[string]memory.Tool
 
 	mu      sync.Mutex
 	stop    context.CancelFunc
@@ -92,7 +87,7 @@ func New(o Options) *Surface {
 	if o.WaitLimit <= 0 {
 		o.WaitLimit = 30 * time.Second
 	}
-	s := &Surface{o: o, memory: map[string]MemoryTool{}}
+	s := &Surface{o: o, memory: map[string]memory.Tool{}}
 	if o.Memory != nil && o.Hub != nil {
 		for _, t := range o.Memory.Tools() {
 			s.memory[t.Name] = t

@@ -183,6 +183,17 @@ func world(t *testing.T, c gateway.Config) (*gatewaytest.Server, *rt, context.Ca
 	}
 }
 
+// integrations returns the integration capabilities of a listing.
+func integrations(list obj) []obj {
+	var out []obj
+	for _, x := range list["capabilities"].([]any) {
+		if c := x.(obj); c["kind"] == "integration" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 func TestCapabilitiesComeAndGoWithTheirRunner(t *testing.T) {
 	_, api, stop := world(t, gateway.Config{})
 	caps := api.json("GET", "/capabilities", nil, 200)["capabilities"].([]any)
@@ -207,9 +218,12 @@ func TestCapabilitiesComeAndGoWithTheirRunner(t *testing.T) {
 	if echo["kind"] != "integration" || echo["parameters"].(obj)["type"] != "object" || echo["accounts"] != nil {
 		t.Fatalf("undescribed capability: %v", echo)
 	}
+	if n := len(integrations(api.json("GET", "/capabilities", nil, 200))); n != 2 {
+		t.Fatalf("%d integration capabilities, want 2", n)
+	}
 	stop()
 	deadline := time.Now().Add(15 * time.Second)
-	for len(api.json("GET", "/capabilities", nil, 200)["capabilities"].([]any)) != 0 {
+	for len(integrations(api.json("GET", "/capabilities", nil, 200))) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("a runner that went away kept its capabilities")
 		}
@@ -264,7 +278,7 @@ func TestSessionsAndArchive(t *testing.T) {
 	if first["sessionId"] != "rt-s1" || first["status"] != "executing" {
 		t.Fatalf("invocation in a session: %v", first)
 	}
-	if caps := api.json("GET", "/sessions/rt-s1/capabilities", nil, 200)["capabilities"].([]any); len(caps) != 2 {
+	if caps := integrations(api.json("GET", "/sessions/rt-s1/capabilities", nil, 200)); len(caps) != 2 {
 		t.Fatalf("session capabilities: %v", caps)
 	}
 	if list := api.json("GET", "/sessions", nil, 200)["sessions"].([]any); len(list) == 0 {
@@ -384,5 +398,58 @@ func TestPermissionPromptWaits(t *testing.T) {
 	resp.Body.Close()
 	if n := names(api.events(id, "")); n != "session run_status tool_use run_status run_status tool_result run_status done" {
 		t.Fatalf("events: %s", n)
+	}
+}
+
+// TestMemoryFlow is the seeds' memory example: a search that finds
+// nothing, a note saved, the same search finding it; each invocation's
+// stream tells the story. Memory is per tenant and checks its paths.
+func TestMemoryFlow(t *testing.T) {
+	_, api, _ := world(t, gateway.Config{})
+	caps := api.json("GET", "/capabilities", nil, 200)["capabilities"].([]any)
+	mem := map[string]bool{}
+	for _, x := range caps {
+		if c := x.(obj); c["kind"] == "memory" {
+			mem[c["name"].(string)] = true
+		}
+	}
+	for _, name := range []string{"memory_search", "memory_read", "save_memory_note", "memory_ls", "memory_write", "memory_append"} {
+		if !mem[name] {
+			t.Fatalf("memory capability %s missing: %v", name, mem)
+		}
+	}
+	search := func() obj {
+		t.Helper()
+		return api.json("POST", "/tools/memory_search", obj{"input": obj{"query": "ideal customer"}, "wait": true}, 200)
+	}
+	if got := search(); got["summary"] != "0 hits" {
+		t.Fatalf("empty search: %v", got)
+	}
+	saved := api.json("POST", "/tools/save_memory_note", obj{"input": obj{"path": "/topics/icp.md", "content": "Ideal customer: B2B SaaS, 50-500 staff."}, "wait": true}, 200)
+	if saved["output"].(obj)["path"] != "/topics/icp.md" || saved["output"].(obj)["version"] != 1.0 {
+		t.Fatalf("save: %v", saved)
+	}
+	found := search()
+	hits := found["output"].(obj)["hits"].([]any)
+	if found["summary"] != "1 hits" || len(hits) != 1 || hits[0].(obj)["path"] != "/topics/icp.md" || hits[0].(obj)["snippet"] == "" {
+		t.Fatalf("search after save: %v", found)
+	}
+	evs := api.events(found["executionId"].(string), "")
+	if n := names(evs); n != "session run_status tool_use tool_result run_status done" {
+		t.Fatalf("events: %s", n)
+	}
+	var done obj
+	_ = json.Unmarshal([]byte(evs[5].data), &done)
+	if done["summary"] != "1 hits" {
+		t.Fatalf("done: %v", done)
+	}
+	// Paths are confined before anything runs.
+	bad := api.fail("POST", "/tools/memory_read", obj{"input": obj{"path": "/topics/../../etc/passwd"}}, 400, "INVALID_INPUT")
+	_ = bad
+	api.fail("POST", "/tools/memory_write", obj{"input": obj{"path": "/x\ny", "content": "c"}}, 400, "INVALID_INPUT")
+	// A version conflict fails the invocation with its reason.
+	conflict := api.json("POST", "/tools/memory_write", obj{"input": obj{"path": "/topics/icp.md", "content": "x", "ifVersion": 7}, "wait": true}, 200)
+	if conflict["status"] != "failed" || !strings.Contains(conflict["error"].(string), "version conflict") {
+		t.Fatalf("conflict: %v", conflict)
 	}
 }
