@@ -155,6 +155,7 @@ func suite() []check {
 	all = append(all, ownershipChecks()...)
 	all = append(all, seed001Checks()...)
 	all = append(all, agentRuntimeChecks()...)
+	all = append(all, runtimeChecks()...)
 	return all
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -179,4 +180,70 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 		}
 	}
 	t.Logf("%d acknowledged executions checked after SIGKILL", len(all))
+}
+
+// TestPowerCutKeepsMemoryNotes: memory appends acknowledged through the
+// Runtime API (an invocation answered completed) all survive a SIGKILL in
+// the middle of a burst, and so do the sessions they were filed in.
+func TestPowerCutKeepsMemoryNotes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	c := startChild(t, addr, dir)
+	var mu sync.Mutex
+	acked := map[string]string{} // line -> session
+	ctx, cancel := context.WithCancel(context.Background())
+	client := &http.Client{Timeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil && i < 10000; i++ {
+				line := fmt.Sprintf("w%d-line%d", w, i)
+				status, out, err := post(ctx, client, c.base+"/runtime/v1/tools/memory_append", map[string]any{
+					"input": map[string]any{"path": "/crash/log.md", "content": line}, "wait": true})
+				if err != nil || status != 200 || out["status"] != "completed" {
+					return
+				}
+				mu.Lock()
+				acked[line] = out["sessionId"].(string)
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(600 * time.Millisecond)
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(acked) < 5 {
+		t.Fatalf("only %d appends acknowledged before the kill; the test did not load the server", len(acked))
+	}
+	c = startChild(t, addr, dir)
+	status, out, err := post(context.Background(), client, c.base+"/runtime/v1/tools/memory_read", map[string]any{
+		"input": map[string]any{"path": "/crash/log.md"}, "wait": true})
+	if err != nil || status != 200 || out["status"] != "completed" {
+		t.Fatalf("read after the crash: %d %v %v", status, out, err)
+	}
+	content := out["output"].(map[string]any)["content"].(string)
+	lines := map[string]bool{}
+	for _, l := range strings.Split(content, "\n") {
+		lines[l] = true
+	}
+	for line, sess := range acked {
+		if !lines[line] {
+			t.Fatalf("acknowledged append %q lost", line)
+		}
+		resp, err := client.Get(c.base + "/runtime/v1/sessions/" + sess)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("session %s of an acknowledged append: %v %v", sess, err, resp)
+		}
+		resp.Body.Close()
+	}
+	t.Logf("%d acknowledged appends checked after SIGKILL", len(acked))
 }
