@@ -59,9 +59,14 @@ func (n *Notes) Check(name string, raw json.RawMessage) error {
 		return err
 	}
 	if in.Path != "" {
-		_, err = CleanPath(in.Path)
+		if _, err = CleanPath(in.Path); err != nil {
+			return err
+		}
 	}
-	return err
+	if in.Content != nil && len(*in.Content) > n.o.MaxNoteBytes {
+		return fmt.Errorf("%w: content of %d bytes, more than %d", ErrTooLarge, len(*in.Content), n.o.MaxNoteBytes)
+	}
+	return nil
 }
 
 func parse(name string, raw json.RawMessage) (input, error) {

@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/session"
 )
@@ -80,7 +81,11 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
 	}
 	if c.Kind == kindMemory {
 		if err := s.o.Memory.Check(name, in.Input); err != nil {
-			fail(r.Ctx, &apiError{fasthttp.StatusBadRequest, codeInvalidInput, err.Error(), nil})
+			status, code := fasthttp.StatusBadRequest, codeInvalidInput
+			if errors.Is(err, memory.ErrTooLarge) {
+				status, code = fasthttp.StatusRequestEntityTooLarge, codeTooLarge
+			}
+			fail(r.Ctx, &apiError{status, code, err.Error(), nil})
 			return
 		}
 	}

@@ -124,6 +124,7 @@ const (
 	codeUnknownAccount  = "UNKNOWN_ACCOUNT"
 	codeArchived        = "SESSION_ARCHIVED"
 	codeInvalidInput    = "INVALID_INPUT"
+	codeTooLarge        = "PAYLOAD_TOO_LARGE"
 	codeForbidden       = "FORBIDDEN"
 	codeUnavailable     = "SERVICE_UNAVAILABLE"
 	codeInternal        = "INTERNAL_ERROR"

@@ -447,9 +447,50 @@ func TestMemoryFlow(t *testing.T) {
 	bad := api.fail("POST", "/tools/memory_read", obj{"input": obj{"path": "/topics/../../etc/passwd"}}, 400, "INVALID_INPUT")
 	_ = bad
 	api.fail("POST", "/tools/memory_write", obj{"input": obj{"path": "/x\ny", "content": "c"}}, 400, "INVALID_INPUT")
+	api.fail("POST", "/tools/memory_write", obj{"input": obj{"path": "/big.md", "content": strings.Repeat("x", 300<<10)}}, 413, "PAYLOAD_TOO_LARGE")
 	// A version conflict fails the invocation with its reason.
 	conflict := api.json("POST", "/tools/memory_write", obj{"input": obj{"path": "/topics/icp.md", "content": "x", "ifVersion": 7}, "wait": true}, 200)
 	if conflict["status"] != "failed" || !strings.Contains(conflict["error"].(string), "version conflict") {
 		t.Fatalf("conflict: %v", conflict)
+	}
+}
+
+// TestAgentsShareTheNotes: a /v0 agent reads the notes saved through the
+// Runtime API by invoking a memory tool remotely, as it would any tool.
+func TestAgentsShareTheNotes(t *testing.T) {
+	_, api, _ := world(t, gateway.Config{})
+	api.json("POST", "/tools/memory_write", obj{"input": obj{"path": "/tone.md", "content": "Be brief."}, "wait": true}, 200)
+	cl, err := client.New(client.Options{BaseURL: api.base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.CloseIdleConnections()
+	got := make(chan string, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cl.RunAgent(ctx, &client.Agent{AgentID: "noter", Handle: func(ctx context.Context, task *client.Task) (any, error) {
+			out, err := task.Invoke(ctx, "memory_read", obj{"path": "/tone.md"}, true)
+			if err != nil {
+				return nil, err
+			}
+			var note struct{ Content string }
+			_ = json.Unmarshal(out, &note)
+			got <- note.Content
+			return note.Content, nil
+		}})
+	}()
+	defer func() { cancel(); <-done }()
+	if _, err := cl.CreateExecution(t.Context(), client.CreateRequest{AgentID: "noter"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-got:
+		if c != "Be brief." {
+			t.Fatalf("the agent read %q", c)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent never read the note")
 	}
 }
