@@ -25,7 +25,7 @@ start() {
   return 1
 }
 
-stop() {
+stop_server() {
   if [ -f "$state/pid" ]; then
     kill "$(cat "$state/pid")" 2>/dev/null || true
     for _ in $(seq 1 200); do kill -0 "$(cat "$state/pid")" 2>/dev/null || break; sleep 0.05; done
@@ -33,8 +33,17 @@ stop() {
   fi
 }
 
+stop() {
+  if [ -f "$state/agent.pid" ]; then
+    kill "$(cat "$state/agent.pid")" 2>/dev/null || true
+    rm -f "$state/agent.pid"
+  fi
+  stop_server
+}
+
 if [ "${1:-}" = restart ]; then
-  stop
+  # Only the server restarts; the example agent reconnects by itself.
+  stop_server
   start
   exit 0
 fi
@@ -42,9 +51,13 @@ fi
 go build -o "$bin" ./cmd/gatehouse
 trap 'stop; rm -rf "$state"' EXIT
 start
+# The example AAP agent, for the suite's --aap-agent check.
+"$bin" agent --url "http://$addr" --token admin-token --name example --log-level warn >>"$state/agent.log" 2>&1 &
+echo $! >"$state/agent.pid"
 token() { "$bin" token --secret "$secret" --iss ci --aud gatehouse --sub "$1" --role "$2" "${@:3}"; }
 "$bin" conformance --url "http://$addr" --token admin-token \
   --restart-cmd "$0 restart" --approval-tool conformance.approve \
   --runner-token "$(token ci-runner runner --runners ci-runner)" --runner-token-id ci-runner \
   --agent-token "$(token ci-agent agent --agents ci-agent)" --agent-token-id ci-agent \
-  --client-token "$(token ci-alice client)" --other-client-token "$(token ci-bob client)"
+  --client-token "$(token ci-alice client)" --other-client-token "$(token ci-bob client)" \
+  --aap-agent example

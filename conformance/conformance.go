@@ -99,6 +99,9 @@ type Options struct {
 	// executions, answer their own prompts); both enable the ownership
 	// checks.
 	ClientToken, OtherClientToken string
+	// AAPAgent names a running AAP agent (one that declared its AgentInfo,
+	// such as `gatehouse agent`); empty skips the check that talks to it.
+	AAPAgent string
 }
 
 // Result is the outcome of one check.
@@ -156,6 +159,7 @@ func suite() []check {
 	all = append(all, seed001Checks()...)
 	all = append(all, agentRuntimeChecks()...)
 	all = append(all, runtimeChecks()...)
+	all = append(all, aapChecks()...)
 	return all
 }
 

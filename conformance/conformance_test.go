@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/conformance"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
@@ -148,6 +149,35 @@ func mintFor(t *testing.T, subject string, role auth.Role, agents, runners []str
 	return tok
 }
 
+// aapAgent runs an AAP agent against g for the whole test, as `gatehouse
+// agent` would: it declares itself and answers every turn with text.
+func aapAgent(t *testing.T, g *testGateway) string {
+	t.Helper()
+	const name = "conf-aap-agent"
+	c, err := client.New(client.Options{BaseURL: g.url(), Token: adminToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeclareAgent(t.Context(), map[string]any{"name": name, "version": "1.0.0"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.RunAgent(ctx, &client.Agent{AgentID: name, Handle: func(ctx context.Context, task *client.Task) (any, error) {
+			for _, d := range []string{"hello ", "back"} {
+				if err := task.Say(ctx, "text_delta", d); err != nil {
+					return nil, err
+				}
+			}
+			return nil, task.Say(ctx, "text", "hello back")
+		}})
+	}()
+	t.Cleanup(func() { cancel(); <-done; c.CloseIdleConnections() })
+	return name
+}
+
 // options configures the suite for a test gateway, with every optional
 // check enabled.
 func options(t *testing.T, g *testGateway) conformance.Options {
@@ -163,6 +193,7 @@ func options(t *testing.T, g *testGateway) conformance.Options {
 		AgentTokenID:     "conf-scoped-agent",
 		ClientToken:      mintFor(t, "conformance-alice", auth.RoleClient, nil, nil),
 		OtherClientToken: mintFor(t, "conformance-bob", auth.RoleClient, nil, nil),
+		AAPAgent:         aapAgent(t, g),
 	}
 }
 

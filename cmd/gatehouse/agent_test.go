@@ -331,3 +331,42 @@ func TestAAPStreamResumesAfterLastEventID(t *testing.T) {
 		t.Fatalf("resumed after %s:\n got %s\nwant %s", evs[cut].id, names(rest), names(evs[cut+1:]))
 	}
 }
+
+// TestAAPPermissionAnsweredByAChannel: the prompt of an untrusted server
+// tool is a bridge prompt like any other: a person's channel answers it,
+// the turn goes on, and the AAP client's late answer is shown the outcome
+// of the first one.
+func TestAAPPermissionAnsweredByAChannel(t *testing.T) {
+	s, c := aapWorld(t)
+	agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
+	evs := c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": "delta", "messages": []any{userMsg("echo ping")}})
+	wantOneStop(t, evs, "tool_use")
+	id := evs[0].data["sessionId"].(string)
+	callID := evs[len(evs)-2].data["toolCallId"].(string)
+	v0 := &aapClient{t: t, base: s.URL + "/v0"}
+	var action string
+	for deadline := time.Now().Add(10 * time.Second); action == ""; time.Sleep(20 * time.Millisecond) {
+		for _, x := range v0.json("GET", "/actions?status=pending", nil, 200)["actions"].([]any) {
+			action = x.(map[string]any)["action_id"].(string)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no pending prompt for the AAP tool call")
+		}
+	}
+	v0.json("POST", "/actions/"+action+"/respond", map[string]any{"decision": "allow_once"}, 200)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		h := fmt.Sprint(c.json("GET", "/session/"+id+"?history=full", nil, 200)["history"])
+		if strings.Contains(h, "The runner echoed: ping") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the turn did not go on after the channel's answer: %s", h)
+		}
+	}
+	// The client's late denial does not undo the channel's allow: it is
+	// answered with what the allowed call led to.
+	late := c.json("POST", "/session/"+id, map[string]any{"messages": []any{map[string]any{"role": "tool_permission", "toolCallId": callID, "granted": false}}}, 200)
+	if !strings.Contains(fmt.Sprint(late["messages"]), "The runner echoed: ping") || late["stopReason"] != "end_turn" {
+		t.Fatalf("the late answer: %v", late)
+	}
+}

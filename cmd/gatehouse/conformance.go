@@ -46,6 +46,7 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.StringVar(&o.AgentToken, "agent-token", "", "a `token` scoped to the one agent --agent-token-id (token-scope checks skip without it)")
 	fs.StringVar(&o.AgentTokenID, "agent-token-id", "", "the agent `id` --agent-token is scoped to")
 	fs.StringVar(&o.ClientToken, "client-token", "", "a client `token` (ownership checks skip without it and --other-client-token)")
+	fs.StringVar(&o.AAPAgent, "aap-agent", "", "`name` of a running AAP agent, such as `gatehouse agent`'s (its check skips without it)")
 	fs.StringVar(&o.OtherClientToken, "other-client-token", "", "a client `token` of another principal than --client-token")
 	fs.Var(&patterns, "run", "run only checks whose id matches this `regexp` (repeatable)")
 	fs.BoolVar(&asJSON, "json", false, "print the results as JSON")

@@ -72,8 +72,13 @@ func freeAddr(t testing.TB) string {
 }
 
 func post(ctx context.Context, client *http.Client, url string, body any) (int, map[string]any, error) {
+	return send(ctx, client, http.MethodPost, url, body)
+}
+
+// send makes a JSON request and decodes the JSON answer.
+func send(ctx context.Context, client *http.Client, method, url string, body any) (int, map[string]any, error) {
 	data, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(data))
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(data))
 	if err != nil {
 		return 0, nil, err
 	}
@@ -246,4 +251,89 @@ func TestPowerCutKeepsMemoryNotes(t *testing.T) {
 		resp.Body.Close()
 	}
 	t.Logf("%d acknowledged appends checked after SIGKILL", len(acked))
+}
+
+// TestPowerCutKeepsSessions: AAP turns answered before a SIGKILL (a 201
+// with the agent's reply) are all in their sessions after the restart:
+// history through /aap/v1, and the turn's facts, deltas coalesced, through
+// /agent-runtime.
+func TestPowerCutKeepsSessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	c := startChild(t, addr, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
+	}()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := client.Get(c.base + "/aap/v1/meta")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), `"online":true`) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the example agent did not come online")
+		}
+	}
+	var mu sync.Mutex
+	acked := map[string]string{} // session -> the user's words
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; loadCtx.Err() == nil && i < 1000; i++ {
+				words := fmt.Sprintf("hello %d-%d", w, i)
+				status, out, err := send(loadCtx, client, http.MethodPut, c.base+"/aap/v1/session", map[string]any{
+					"agent": map[string]any{"name": "example"}, "messages": []any{map[string]any{"role": "user", "content": words}}})
+				if err != nil || status != 201 {
+					return
+				}
+				mu.Lock()
+				acked[out["sessionId"].(string)] = words
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(800 * time.Millisecond)
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+	stopLoad()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(acked) < 3 {
+		t.Fatalf("only %d turns answered before the kill; the test did not load the server", len(acked))
+	}
+	c = startChild(t, addr, dir)
+	for id, words := range acked {
+		resp, err := client.Get(c.base + "/aap/v1/session/" + id + "?history=full")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), words) || !strings.Contains(string(body), `"role":"assistant"`) {
+			t.Fatalf("session %s after the crash: %d %s", id, resp.StatusCode, body)
+		}
+		resp, err = client.Get(c.base + "/agent-runtime/sessions/" + id + "/events?limit=1000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"turn.completed"`) {
+			t.Fatalf("session %s events after the crash: %d %s", id, resp.StatusCode, body)
+		}
+	}
+	t.Logf("%d answered turns checked after SIGKILL", len(acked))
 }
