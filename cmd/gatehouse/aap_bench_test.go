@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkAAPTurns loads /aap/v1 as AAP clients do: a gateway process on
+// its durable default, the example agent (`gatehouse agent`), and 32
+// sessions each running delta-stream turns one after another (a PUT, then
+// POSTs). It reports turns per second and, from the request, the p50 and
+// p99 to turn_start and to the first text_delta.
+//
+//	go test -run '^$' -bench AAPTurns -benchtime 1000x ./cmd/gatehouse
+func BenchmarkAAPTurns(b *testing.B) {
+	const sessions = 32
+	c := startChild(b, freeAddr(b), b.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	agentDone := make(chan struct{})
+	go func() {
+		defer close(agentDone)
+		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
+	}()
+	defer func() { cancel(); <-agentDone }()
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * sessions}, Timeout: 60 * time.Second}
+	// turn runs one turn and returns the delays to turn_start and to the
+	// first text_delta, and the session id.
+	turn := func(session string) (start, first time.Duration, id string, err error) {
+		body, _ := json.Marshal(map[string]any{"agent": map[string]any{"name": "example"}, "stream": "delta",
+			"messages": []any{map[string]any{"role": "user", "content": "how are you"}}})
+		method, url := http.MethodPut, c.base+"/aap/v1/session"
+		if session != "" {
+			method, url = http.MethodPost, url+"/"+session
+			body, _ = json.Marshal(map[string]any{"stream": "delta", "messages": []any{map[string]any{"role": "user", "content": "and now"}}})
+		}
+		req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		t0 := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, 0, "", err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return 0, 0, "", fmt.Errorf("%s: %d", method, resp.StatusCode)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		id = session
+		stops := 0
+		var event string
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				event = line[7:]
+				switch {
+				case event == "turn_start" && start == 0:
+					start = time.Since(t0)
+				case event == "text_delta" && first == 0:
+					first = time.Since(t0)
+				case event == "turn_stop":
+					stops++
+				}
+			case strings.HasPrefix(line, "data: ") && event == "session_start" && id == "":
+				var d struct{ SessionID string }
+				_ = json.Unmarshal([]byte(line[6:]), &d)
+				id = d.SessionID
+			}
+		}
+		if stops != 1 || first == 0 {
+			return 0, 0, "", fmt.Errorf("turn: %d turn_stop, first delta %v", stops, first)
+		}
+		return start, first, id, nil
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, _, _, err := turn(""); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			b.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var starts, firsts []time.Duration
+	work := make(chan struct{}, b.N)
+	for range b.N {
+		work <- struct{}{}
+	}
+	close(work)
+	b.ResetTimer()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for range sessions {
+		wg.Go(func() {
+			id := ""
+			for range work {
+				s, f, got, err := turn(id)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				id = got
+				mu.Lock()
+				starts, firsts = append(starts, s), append(firsts, f)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	b.StopTimer()
+	if len(starts) == 0 {
+		return
+	}
+	slices.Sort(starts)
+	slices.Sort(firsts)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(float64(len(starts))/elapsed.Seconds(), "turns/s")
+	b.ReportMetric(ms(starts[len(starts)/2]), "turn_start_p50_ms")
+	b.ReportMetric(ms(starts[len(starts)*99/100]), "turn_start_p99_ms")
+	b.ReportMetric(ms(firsts[len(firsts)/2]), "first_delta_p50_ms")
+	b.ReportMetric(ms(firsts[len(firsts)*99/100]), "first_delta_p99_ms")
+}
