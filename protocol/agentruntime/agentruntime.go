@@ -32,6 +32,7 @@ type Kernel interface {
 	ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error
 	Get(ctx context.Context, id string) (kernel.View, error)
 	Cancel(ctx context.Context, id string, meta kernel.Meta) (kernel.View, error)
+	Signal(ctx context.Context, id string, req kernel.SignalRequest, meta kernel.Meta) (kernel.After, error)
 	Tools() []kernel.ServedTool
 }
 

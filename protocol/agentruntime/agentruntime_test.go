@@ -380,7 +380,8 @@ func TestCommandsOfferedAndNot(t *testing.T) {
 	if got := c.command("cancel_task", obj{"task_id": running}, 200); got["status"] != "cancelled" {
 		t.Fatalf("cancel_task: %v", got)
 	}
-	if inv := c.command("get_tool_inventory", obj{}, 200)["tools"].([]any); len(inv) != 1 || inv[0].(obj)["name"] != "echo" {
+	// The runner's echo, beside the built-in memory tools.
+	if inv := c.command("get_tool_inventory", obj{}, 200)["tools"].([]any); len(inv) != 7 || inv[0].(obj)["name"] != "echo" {
 		t.Fatalf("tool inventory: %v", inv)
 	}
 	if got := c.command("ack_events", obj{"session_id": "s1", "sequence": 5}, 200); got["acknowledged"] != 5.0 {
@@ -399,5 +400,56 @@ func TestSessionsSurviveARestart(t *testing.T) {
 	_ = json.Unmarshal(after, &y)
 	if x.Digest != y.Digest || string(x.Snapshot) != string(y.Snapshot) {
 		t.Fatalf("the export changed across a restart:\n%s\n%s", x.Snapshot, y.Snapshot)
+	}
+}
+
+// TestInputRequestIsAnAction: an agent that waits for input opens an
+// action of its own, answered with respond_action whose input reaches the
+// agent as the signal's payload, independently of permission prompts.
+func TestInputRequestIsAnAction(t *testing.T) {
+	eventSchema, snapshotSchema := validators(t)
+	s := gatewaytest.Start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	c := &client{t: t, base: s.URL}
+	agent := c.sse("/v0/agents/stream?agent_id=form-agent&consumer_id=c1")
+	c.json("POST", "/agent-runtime/sessions", obj{"sessionId": "f1", "agentId": "form-agent"}, 201)
+	c.command("submit_turn", obj{"session_id": "f1", "turn_id": "t1", "input": "book a flight"}, 200)
+	var assigned obj
+	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned")[2]), &assigned)
+	exec, lease := assigned["execution_id"].(string), assigned["session_id"]
+	c.json("POST", "/v0/agents/intent", obj{"execution_id": exec, "session_id": lease, "intent": obj{"type": "wait", "signal_type": "traveller"}}, 200)
+	action := agentruntime.InputActionID(exec, "traveller")
+	snap := c.json("GET", "/agent-runtime/sessions/f1", nil, 200)
+	actions := snap["threads"].([]any)[0].(obj)["actions"].([]any)
+	if len(actions) != 1 || actions[0].(obj)["actionId"] != action || actions[0].(obj)["actionType"] != "user_input" || actions[0].(obj)["status"] != "pending" {
+		t.Fatalf("snapshot while waiting for input: %v", actions)
+	}
+	c.command("respond_action", obj{"action_id": action, "input": obj{"name": "Ada"}}, 200)
+	var sig obj
+	_ = json.Unmarshal([]byte(agent.until(t, "signal.received")[2]), &sig)
+	if sig["signal_type"] != "traveller" || sig["payload"].(obj)["name"] != "Ada" {
+		t.Fatalf("the agent got %v", sig)
+	}
+	if late := c.command("respond_action", obj{"action_id": action, "input": obj{"name": "Bob"}}, 409); late["code"] != "CONFLICT" {
+		t.Fatalf("a second answer: %v", late)
+	}
+	c.command("respond_action", obj{"action_id": "input:nope:traveller"}, 404)
+	_, data := c.do("GET", "/agent-runtime/sessions/f1/events?limit=1000", nil)
+	var page struct{ Events []json.RawMessage }
+	_ = json.Unmarshal(data, &page)
+	var types []string
+	for i, e := range page.Events {
+		valid(t, eventSchema, fmt.Sprintf("event %d", i), e)
+		var env struct{ Type string }
+		_ = json.Unmarshal(e, &env)
+		types = append(types, env.Type)
+	}
+	if joined := strings.Join(types, " "); !strings.Contains(joined, "action.required task.blocked") || !strings.Contains(joined, "action.resolved") {
+		t.Fatalf("events: %s", joined)
+	}
+	_, raw := c.do("GET", "/agent-runtime/sessions/f1", nil)
+	valid(t, snapshotSchema, "snapshot", raw)
+	snap = c.json("GET", "/agent-runtime/sessions/f1", nil, 200)
+	if a := snap["threads"].([]any)[0].(obj)["actions"].([]any)[0].(obj); a["status"] != "resolved" {
+		t.Fatalf("the answered request: %v", a)
 	}
 }

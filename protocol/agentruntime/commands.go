@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -164,12 +165,47 @@ func (s *Surface) respondAction(r *protocol.Request, in *commandInput) (any, err
 	if err := need(in.ActionID, "action_id"); err != nil {
 		return nil, err
 	}
+	if rest, ok := strings.CutPrefix(in.ActionID, "input:"); ok {
+		return s.answerInput(r, in, rest)
+	}
 	rec, after, err := r.Gateway.Respond(r.Ctx, r.Principal, in.ActionID, protocol.Response{Decision: in.Decision, Reason: in.Reason, ChannelID: "agent-runtime"})
 	if err != nil {
 		return nil, err
 	}
 	defer after.Run()
 	return map[string]any{"actionId": rec.ActionID, "status": rec.State, "decision": rec.Decision}, nil
+}
+
+// answerInput answers an agent's request for input (action id
+// "input:<execution>:<signal>") by sending the signal with the answer's
+// input as its payload. Only the execution's owner may; a request that is
+// no longer open is a conflict.
+func (s *Surface) answerInput(r *protocol.Request, in *commandInput, ref string) (any, error) {
+	exec, signal, ok := strings.Cut(ref, ":")
+	if !ok || exec == "" || signal == "" {
+		return nil, invalid("action_id: unknown action " + in.ActionID)
+	}
+	v, err := s.o.Kernel.Get(r.Ctx, exec)
+	if err != nil {
+		return nil, errors.Join(kernel.ErrNotFound, errors.New("unknown action "+in.ActionID))
+	}
+	res := auth.Resource{Kind: auth.KindExecution, ID: v.ID, Owner: auth.Owner{Principal: v.Owner, Tenant: v.Tenant}, AgentID: v.AgentID}
+	if r.Principal.Authorize(auth.ActWrite, res) != nil {
+		return nil, errors.Join(kernel.ErrNotFound, errors.New("unknown action "+in.ActionID))
+	}
+	if v.Status != kernel.StatusBlocked || v.BlockReason != "signal" || v.BlockRef != signal {
+		return nil, errors.Join(kernel.ErrConflict, errors.New("action "+in.ActionID+" is not waiting for an answer"))
+	}
+	payload := in.Input
+	if len(payload) == 0 {
+		payload = json.RawMessage("null")
+	}
+	after, err := s.o.Kernel.Signal(r.Ctx, exec, kernel.SignalRequest{SignalType: signal, Payload: payload}, kernel.Meta{Principal: r.Principal.Subject, Tenant: r.Principal.Tenant})
+	if err != nil {
+		return nil, err
+	}
+	defer after.Run()
+	return map[string]any{"actionId": in.ActionID, "status": "resolved"}, nil
 }
 
 // resolvePermission is respond_action with the standard's permission

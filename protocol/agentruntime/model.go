@@ -198,6 +198,7 @@ type folded struct {
 }
 
 type foldPayload struct {
+	ActionType    string   `json:"actionType"`
 	ToolName      string   `json:"toolName"`
 	Prompt        string   `json:"prompt"`
 	QueuedTurnIDs []string `json:"queuedTurnIds"`
@@ -230,6 +231,7 @@ func (m *model) foldEvent(ev *Event) {
 	}
 	var p foldPayload
 	if pm, ok := ev.Payload.(map[string]any); ok {
+		p.ActionType, _ = pm["actionType"].(string)
 		p.ToolName, _ = pm["toolName"].(string)
 		p.Prompt, _ = pm["prompt"].(string)
 		p.Decision, _ = pm["decision"].(string)
@@ -280,6 +282,9 @@ func (m *model) apply(e *folded, p *foldPayload) {
 		t := m.task(*e)
 		t.CreatedAt = e.Timestamp
 	case "task.started", "task.resumed", "task.blocked", "task.completed", "task.failed", "task.cancelled", "task.retrying", "action.resolved":
+		if a := m.actions[e.ActionID]; e.Type == "action.resolved" && a != nil && a.ActionType == "user_input" {
+			a.Status = "resolved"
+		}
 		m.taskStatus(th, *e)
 	case "tool.started":
 		c := &ToolCall{ToolCallID: e.ToolCallID, ToolName: p.ToolName, Status: "running", TaskID: e.TaskID}
@@ -311,6 +316,17 @@ func (m *model) apply(e *folded, p *foldPayload) {
 			s.SubagentJobSummary.Running++
 		}
 	case "action.required":
+		if p.ActionType == "user_input" {
+			// A request for input; the same signal may be asked for again.
+			if a := m.actions[e.ActionID]; a != nil {
+				a.Status = "pending"
+			} else if th != nil {
+				a := &Action{ActionID: e.ActionID, ActionType: p.ActionType, Status: "pending", TaskID: e.TaskID, Prompt: p.Prompt}
+				th.Actions = append(th.Actions, a)
+				m.actions[e.ActionID] = a
+			}
+			break
+		}
 		a := &Action{ActionID: e.ActionID, ActionType: "tool_permission", Status: "pending", TaskID: e.TaskID, StepID: e.StepID,
 			ToolName: p.ToolName, Prompt: p.Prompt, Decisions: decisions}
 		if m.actions[e.ActionID] == nil && th != nil {

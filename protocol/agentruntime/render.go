@@ -3,6 +3,7 @@ package agentruntime
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
@@ -218,7 +219,11 @@ func renderEvent(e Event, ev *event.Event) (Event, bool) {
 		e.Payload = map[string]any{"waitingFor": x.Reason, "ref": x.Ref}
 	case event.ExecutionResumed:
 		_ = json.Unmarshal(ev.Payload, &x)
-		if ev.ActionID != "" {
+		if signal, ok := strings.CutPrefix(x.Reason, signalResumed); ok {
+			// The answer to an agent's request for input.
+			e.ActionID = InputActionID(ev.ExecutionID, signal)
+		}
+		if e.ActionID != "" {
 			e.Type, e.Status = "action.resolved", "resolved"
 		} else {
 			e.Type, e.Status = "task.resumed", "running"
@@ -238,6 +243,21 @@ func renderEvent(e Event, ev *event.Event) (Event, bool) {
 		_ = json.Unmarshal(ev.Payload, &x)
 		e.Type, e.Status, e.StatusReason = "task.retrying", "retrying", x.Reason
 	case event.IntentAccepted, event.IntentDenied:
+		var in struct {
+			IntentType string `json:"intent_type"`
+			Details    struct {
+				SignalType string `json:"signal_type"`
+			} `json:"details"`
+		}
+		_ = json.Unmarshal(ev.Payload, &in)
+		if ev.Type == event.IntentAccepted && in.IntentType == "wait" {
+			// A structured input request: an action of its own, which
+			// respond_action answers with the signal's payload.
+			e.Type, e.Status = "action.required", "pending"
+			e.ActionID = InputActionID(ev.ExecutionID, in.Details.SignalType)
+			e.Payload = map[string]any{"actionType": "user_input", "prompt": in.Details.SignalType, "signal": in.Details.SignalType}
+			break
+		}
 		e.Type = "task.updated"
 		e.Payload = map[string]any{"intent": json.RawMessage(orNull(ev.Payload)), "accepted": ev.Type == event.IntentAccepted}
 	case event.SignalReceived:
@@ -323,3 +343,11 @@ func firstOf(s ...string) string {
 	}
 	return ""
 }
+
+// signalResumed starts the reason of an execution a signal resumed.
+const signalResumed = "signal received: "
+
+// InputActionID names the action of an agent's request for input (a wait
+// for a signal in execution exec); respond_action answers it by sending
+// the signal with the answer's input as its payload.
+func InputActionID(exec, signal string) string { return "input:" + exec + ":" + signal }
