@@ -3,6 +3,7 @@ package conformance
 import (
 	"net/http"
 	"net/url"
+	"strings"
 )
 
 func securityChecks() []check {
@@ -10,6 +11,8 @@ func securityChecks() []check {
 		def("security/runner-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "a runner token opens only its own runner id and not the execution API (403 FORBIDDEN)", checkRunnerTokenScope),
 		def("security/agent-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "an agent token acts only for its own agent id (403 FORBIDDEN otherwise)", checkAgentTokenScope),
 		def("security/cross-origin", "issue 13 §3 (safe from browsers)", "a request a page of another origin makes a browser send is 403 FORBIDDEN_ORIGIN; a text or form body is 415 UNSUPPORTED_MEDIA_TYPE", checkCrossOrigin),
+		def("security/headers-431", "issue 13 §5 (oversized headers)", "request headers over the limit are 431 and the answer echoes nothing of the request", checkHeaders431),
+		def("security/cursor-syntax", "issue 13 §5 (cursors)", "malformed cursors (x.y, 5., .5, -1, overflow) are 400 before a stream starts or a socket upgrades", checkCursorSyntax),
 		def("security/host", "issue 13 §3 (DNS rebinding)", "with no token, a Host that is not a loopback name is 421 HOST_NOT_ALLOWED; with one, any Host is served", checkHost),
 	}
 }
@@ -112,4 +115,34 @@ func checkAgentTokenScope(t *tc) {
 		"execution_id": theirs, "session_id": uuidLike(), "intent": map[string]any{"type": "complete"},
 	}, bearer(tok)), http.StatusNotFound, "NOT_FOUND")
 	t.expectJSON(mine.intent(map[string]any{"type": "complete"}, bearer(tok)), http.StatusOK)
+}
+
+func checkHeaders431(t *tc) {
+	r := t.call(http.MethodGet, "/v0/health", nil, header("X-Conformance-Secret", "SECRET-"+strings.Repeat("p", 16<<10)))
+	if r.status != http.StatusRequestHeaderFieldsTooLarge {
+		t.fatalf("want 431: %s", r)
+	}
+	if strings.Contains(string(r.body), "SECRET-") || strings.Contains(string(r.body), "ppp") {
+		t.fatalf("the 431 echoes the request: %s", r.body)
+	}
+	if t.o.Token != "" && strings.Contains(string(r.body), t.o.Token) {
+		t.fatalf("the 431 echoes the token: %s", r.body)
+	}
+}
+
+func checkCursorSyntax(t *tc) {
+	for _, cur := range []string{"x.y", "5.", ".5", "-1", "18446744073709551616"} {
+		q := url.Values{"agent_id": {newID("conf-agent-")}, "consumer_id": {"c"}, "cursor": {cur}}.Encode()
+		s, r := t.openStream("/v0/agents/stream?" + q)
+		if s != nil {
+			s.close()
+			t.fatalf("cursor %q opened a stream", cur)
+		}
+		t.expectError(r, http.StatusBadRequest, "VALIDATION_ERROR")
+		r = t.call(http.MethodGet, "/v0/agents/ws?"+q, nil, header("Connection", "Upgrade"), header("Upgrade", "websocket"),
+			header("Sec-WebSocket-Version", "13"), header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="))
+		if r.status != http.StatusBadRequest {
+			t.fatalf("WebSocket with cursor %q: want 400 before the upgrade: %s", cur, r)
+		}
+	}
 }

@@ -372,8 +372,8 @@ func validTools(tools []string) error {
 		return kernelValidation("tools: at most " + strconv.Itoa(maxCapabilities) + " tool ids")
 	}
 	for _, t := range tools {
-		if len(t) > 256 {
-			return kernelValidation("tools: tool id exceeds maximum length of 256 characters")
+		if err := checkIDs(map[string]string{"tools: a tool id": t}); err != nil {
+			return err
 		}
 	}
 	return nil

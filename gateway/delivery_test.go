@@ -186,7 +186,7 @@ func TestResetOnForeignCursor(t *testing.T) {
 	a := newAPI(t, s)
 	st := a.openSSE("/v0/agents/stream?agent_id=reset-agent&consumer_id=c1", "Last-Event-ID", "someotherepoch.12")
 	r := st.expect("stream.reset")
-	if r["reason"] != "epoch_changed" || r["epoch"] == "" {
+	if r["reason"] != "epoch_changed" || r["epoch"] != s.Node.Kernel.Epoch() || r["previous_epoch"] != "someotherepoch" {
 		t.Fatalf("reset: %v", r)
 	}
 	st.close()

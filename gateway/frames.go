@@ -106,6 +106,9 @@ func decodeFrame(f wireFormat, data []byte) (inFrame, error) {
 		}
 		data = j
 	}
+	if err := checkJSONText(data); err != nil {
+		return inFrame{}, &frameError{msg: err.Error()}
+	}
 	var fr inFrame
 	if err := json.Unmarshal(data, &fr); err != nil {
 		// A field of the wrong type still leaves the others decoded, the

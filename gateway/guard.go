@@ -7,8 +7,10 @@ import (
 	"mime"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 )
@@ -30,11 +32,13 @@ var errTooLarge = &guardError{fasthttp.StatusRequestEntityTooLarge, CodeTooLarge
 
 // Errors of the request guard, answered before a handler runs.
 var (
-	errBodyTooLarge   = errors.New("request body too large")
-	errMediaType      = errors.New("unsupported media type: send the body as Content-Type: application/json")
-	errForeignOrigin  = errors.New("forbidden: requests from another origin are refused; list the origin with --cors-origins")
-	errHostNotAllowed = errors.New("misdirected request: this gateway has no token and answers only to loopback host names; set a token or list the host with --allowed-hosts")
-	errReadTimedOut   = errors.New("request timeout: the request did not arrive in time")
+	errBodyTooLarge    = errors.New("request body too large")
+	errMediaType       = errors.New("unsupported media type: send the body as Content-Type: application/json")
+	errForeignOrigin   = errors.New("forbidden: requests from another origin are refused; list the origin with --cors-origins")
+	errHostNotAllowed  = errors.New("misdirected request: this gateway has no token and answers only to loopback host names; set a token or list the host with --allowed-hosts")
+	errReadTimedOut    = errors.New("request timeout: the request did not arrive in time")
+	errHeadersTooLarge = errors.New("request header fields too large: at most 4 KiB of request line and headers")
+	errMalformed       = errors.New("validation error: malformed HTTP request")
 )
 
 // Codes of the guard's answers, beside the kernel API's.
@@ -43,6 +47,7 @@ const (
 	CodeForeignOrigin    = "FORBIDDEN_ORIGIN"
 	CodeHostNotAllowed   = "HOST_NOT_ALLOWED"
 	CodeTimeout          = "REQUEST_TIMEOUT"
+	CodeHeadersTooLarge  = "HEADERS_TOO_LARGE"
 )
 
 // guardError is an answer of the request guard: its status and code.
@@ -111,6 +116,11 @@ func readBody(ctx *fasthttp.RequestCtx, limit int) error {
 		return &guardError{fasthttp.StatusBadRequest, CodeValidation, errors.New("malformed request body: " + err.Error())}
 	case read > int64(limit):
 		return errTooLarge
+	}
+	if mt := ctx.Request.Header.ContentType(); len(mt) == 0 || bytes.Contains(mt, []byte("json")) {
+		if err := checkJSONText(buf.Bytes()); err != nil {
+			return &guardError{fasthttp.StatusBadRequest, CodeValidation, err}
+		}
 	}
 	ctx.Request.SetBodyRaw(buf.Bytes())
 	return nil
@@ -216,4 +226,53 @@ func (s *Server) checkHost(ctx *fasthttp.RequestCtx) error {
 		}
 	}
 	return &guardError{fasthttp.StatusMisdirectedRequest, CodeHostNotAllowed, errHostNotAllowed}
+}
+
+// Errors of checkJSONText.
+var (
+	errNotUTF8       = errors.New("validation error: the body is not valid UTF-8")
+	errNumberTooLong = errors.New("validation error: a number in the body is out of range")
+)
+
+// checkJSONText refuses JSON text that Go's decoder would take with a
+// silent change: invalid UTF-8 (replaced by U+FFFD in strings) and numbers
+// beyond float64 (1e999999, which a stored value would echo but no
+// projection could read). One pass over the bytes; it does not validate the
+// JSON itself, which its decoder does.
+func checkJSONText(data []byte) error {
+	if !utf8.Valid(data) {
+		return errNotUTF8
+	}
+	inString, escaped := false, false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '-' || c >= '0' && c <= '9':
+			j := i + 1
+			exp := false
+			for j < len(data) && strings.IndexByte("0123456789+-.eE", data[j]) >= 0 {
+				exp = exp || data[j] == 'e' || data[j] == 'E'
+				j++
+			}
+			// Only an exponent or 300-odd digits leave float64's range.
+			if exp || j-i > 300 {
+				if _, err := strconv.ParseFloat(string(data[i:j]), 64); err != nil {
+					return errNumberTooLong
+				}
+			}
+			i = j - 1
+		}
+	}
+	return nil
 }

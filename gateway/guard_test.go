@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -296,5 +297,55 @@ func TestBrowserPageOnAnotherOriginCannotDrive(t *testing.T) {
 	refused := a.metric(`gatehouse_http_requests_total{code="403",method="POST",route="refused"}`)
 	if refused < 3 {
 		t.Fatalf("%v refusals counted, want the page's POSTs", refused)
+	}
+}
+
+// TestSpareConnectionsWaitTheIdleTimeout: a connection that has sent
+// nothing yet (a client's spare) is idle, not slow: it is kept for the idle
+// timeout, while one that started a request must finish its headers in
+// time.
+func TestSpareConnectionsWaitTheIdleTimeout(t *testing.T) {
+	s := start(t, gateway.Config{Server: gateway.Options{HeaderTimeout: 200 * time.Millisecond, IdleTimeout: time.Minute}})
+	spare := dialRaw(t, s.URL)
+	time.Sleep(600 * time.Millisecond) // three header timeouts
+	spare.write("GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	if resp, _ := spare.response(); resp.StatusCode != 200 {
+		t.Fatalf("the spare connection: %d", resp.StatusCode)
+	}
+	slow := dialRaw(t, s.URL)
+	slow.write("GET /v0/hea")
+	slow.closed()
+}
+
+// TestFinishedStreamLeavesTheConnectionUsable: an execution stream that
+// ends keeps its connection for the client's next request, and that
+// request is answered however long after the stream it comes (the
+// stream's write deadline does not outlive it).
+func TestFinishedStreamLeavesTheConnectionUsable(t *testing.T) {
+	s := start(t, gateway.Config{Server: gateway.Options{WriteTimeout: 200 * time.Millisecond}})
+	a := newAPI(t, s)
+	id := a.create("ka-agent", nil)["id"].(string)
+	a.json("POST", "/v0/executions/"+id+"/cancel", nil, 200)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get(s.URL + "/v0/executions/" + id + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Fatalf("the finished stream: %v", err)
+	}
+	resp.Body.Close()
+	time.Sleep(600 * time.Millisecond) // three write timeouts
+	reused := false
+	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+	req, _ := http.NewRequestWithContext(ctx, "POST", s.URL+"/v0/executions", strings.NewReader(`{"agent_id":"ka-agent"}`))
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatalf("a request on the stream's connection: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 || !reused {
+		t.Fatalf("status %d, connection reused %v", resp.StatusCode, reused)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,20 +18,25 @@ const tooManyConns = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: applicatio
 // address. fasthttp's own MaxConnsPerIP races with its shutdown (a conn is
 // nilled while a worker still reads it), so the bound lives here, where a
 // refused connection never reaches fasthttp at all.
+//
+// It also gives a new connection the idle timeout, not the header timeout,
+// to send its first byte: HTTP clients dial spare connections and keep
+// them in their pools unused, and one closed after a few seconds of
+// silence would fail the POST a client later sends on it (clients retry
+// only idempotent requests on a connection that turns out closed).
 type perIPListener struct {
 	net.Listener
 	max    int
+	idle   time.Duration
 	mu     sync.Mutex
 	counts map[netip.Addr]int
 	// refused counts connections turned away, for the metrics.
 	refused func()
 }
 
-func limitPerIP(ln net.Listener, max int, refused func()) net.Listener {
-	if max <= 0 {
-		return ln
-	}
-	return &perIPListener{Listener: ln, max: max, counts: map[netip.Addr]int{}, refused: refused}
+// limitPerIP wraps ln; max <= 0 sets no bound per address.
+func limitPerIP(ln net.Listener, max int, idle time.Duration, refused func()) net.Listener {
+	return &perIPListener{Listener: ln, max: max, idle: idle, counts: map[netip.Addr]int{}, refused: refused}
 }
 
 func (l *perIPListener) Accept() (net.Conn, error) {
@@ -42,14 +48,14 @@ func (l *perIPListener) Accept() (net.Conn, error) {
 		ip := remoteAddr(c)
 		l.mu.Lock()
 		n := l.counts[ip]
-		if n >= l.max {
+		if l.max > 0 && n >= l.max {
 			l.mu.Unlock()
 			l.refuse(c)
 			continue
 		}
 		l.counts[ip] = n + 1
 		l.mu.Unlock()
-		pc := &perIPConn{Conn: c, release: func() { l.release(ip) }}
+		pc := &perIPConn{Conn: c, release: func() { l.release(ip) }, idle: l.idle}
 		if tc, ok := c.(*tls.Conn); ok {
 			// fasthttp recognises TLS by these methods.
 			return &perIPTLSConn{perIPConn: pc, tls: tc}, nil
@@ -92,11 +98,52 @@ func remoteAddr(c net.Conn) netip.Addr {
 	return netip.Addr{}
 }
 
-// perIPConn gives its address's slot back once, on the first Close.
+// perIPConn gives its address's slot back once, on the first Close. Until
+// its first byte arrives, a read deadline set on it (fasthttp's header
+// timeout, which it starts at accept) is held back and the idle timeout
+// applies instead; the first byte starts the held-back timeout afresh.
 type perIPConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+	idle    time.Duration
+
+	started atomic.Bool // the first byte has arrived
+	mu      sync.Mutex
+	held    time.Duration // the deadline set before it, as a duration; 0: none
+}
+
+func (c *perIPConn) SetReadDeadline(t time.Time) error {
+	if c.started.Load() || c.idle <= 0 {
+		return c.Conn.SetReadDeadline(t)
+	}
+	c.mu.Lock()
+	if c.started.Load() {
+		c.mu.Unlock()
+		return c.Conn.SetReadDeadline(t)
+	}
+	c.held = 0
+	if !t.IsZero() {
+		c.held = max(time.Until(t), time.Millisecond)
+		t = time.Now().Add(c.idle)
+	}
+	c.mu.Unlock()
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *perIPConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.started.Load() {
+		c.mu.Lock()
+		if !c.started.Load() {
+			c.started.Store(true)
+			if c.held > 0 {
+				_ = c.Conn.SetReadDeadline(time.Now().Add(c.held))
+			}
+		}
+		c.mu.Unlock()
+	}
+	return n, err
 }
 
 func (c *perIPConn) Close() error {

@@ -176,7 +176,7 @@ func New(o Options) (*Server, error) {
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	perIP := s.metrics.refused.WithLabelValues("per_ip")
-	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, perIP.Inc))
+	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, s.opts.IdleTimeout, perIP.Inc))
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("gateway: serve: %w", err)
 	}
@@ -216,8 +216,13 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 		s.refuse(ctx, nil, errTooLarge)
 	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut})
+	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
+		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestHeaderFieldsTooLarge, CodeHeadersTooLarge, errHeadersTooLarge})
 	default:
-		s.writeError(ctx, kernelValidation("malformed request: "+err.Error()))
+		// fasthttp's message quotes the request, which may hold a token:
+		// the answer says what went wrong, the log how.
+		s.log.Debug("malformed request", "err", err)
+		s.refuse(ctx, nil, &guardError{fasthttp.StatusBadRequest, CodeValidation, errMalformed})
 	}
 	ctx.SetConnectionClose()
 }

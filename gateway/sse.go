@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 
@@ -72,7 +74,18 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 			src.Close()
 			return
 		}
-		_, _ = stream.New(src, r, tr, o).Run(context.Background())
+		reason, _ := stream.New(src, r, tr, o).Run(context.Background())
+		switch {
+		case reason == stream.Finished || reason == stream.Expired:
+			// The response ends cleanly and the connection may carry the
+			// client's next request: the write deadline the stream armed
+			// must not outlive it, or that request's answer would fail.
+			_ = conn.SetWriteDeadline(time.Time{})
+		case !presence:
+			// A cut stream must not look like a complete answer on a
+			// connection the client would then reuse.
+			_ = conn.Close()
+		}
 	})
 }
 
@@ -126,6 +139,9 @@ func checkIDs(ids map[string]string) error {
 		if len(v) > 256 {
 			return kernelValidation(name + " exceeds maximum length of 256 characters")
 		}
+		if !utf8.ValidString(v) || strings.IndexFunc(v, unicode.IsControl) >= 0 {
+			return kernelValidation(name + " must be UTF-8 without control characters")
+		}
 	}
 	return nil
 }
@@ -141,7 +157,7 @@ func checkIDs(ids map[string]string) error {
 // with the socket is sent again on reconnect.
 func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() func()) {
 	epoch := s.k.Epoch()
-	cur, epochOK, err := peerCursor(c.ctx, epoch)
+	cur, other, err := peerCursor(c.ctx, epoch)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
@@ -152,19 +168,19 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 	// a cursor starts after it, one with an earlier cursor still gets it.
 	ackOnFlush := !explicit && key.Role != kernel.RoleRunner
 	s.sseStream(c, kind, outboxRenderer(epoch), true, func(o *stream.Options) (stream.Source, func()) {
-		conn, reset := s.attach(key, cur, epochOK)
+		conn, reset := s.attach(key, cur, other)
 		if ackOnFlush {
 			o.Flushed = conn.Delivered
 		}
-		return newOutboxSource(conn, epoch, reset), connect()
+		return newOutboxSource(conn, epoch, other, reset), connect()
 	})
 }
 
 // attach takes over a consumer's outbox from a cursor; the reset, if any,
 // tells the client it cannot resume there. A cursor of another epoch
-// resumes from the start of what the outbox holds.
-func (s *Server) attach(key peer.Key, cur *uint64, epochOK bool) (*peer.Conn, *peer.Reset) {
-	if !epochOK {
+// (other is not empty) resumes from the start of what the outbox holds.
+func (s *Server) attach(key peer.Key, cur *uint64, other string) (*peer.Conn, *peer.Reset) {
+	if other != "" {
 		conn, _ := s.hub.Attach(key, nil)
 		return conn, &peer.Reset{Reason: peer.ResetEpochChanged, ResumeFrom: 1}
 	}
@@ -190,25 +206,47 @@ func (d hubDeliverer) Forget(p kernel.Peer) { d.h.Forget(key(p)) }
 
 // peerCursor reads a consumer's resume cursor from the cursor parameter or
 // Last-Event-ID: "<epoch>.<seq>" or a bare "<seq>". A cursor of another
-// epoch (a wiped or different store) cannot be honoured; ok is false then.
-func peerCursor(ctx *fasthttp.RequestCtx, epoch string) (cur *uint64, ok bool, err error) {
+// epoch (a wiped or different store) cannot be honoured: other names that
+// epoch then.
+func peerCursor(ctx *fasthttp.RequestCtx, epoch string) (cur *uint64, other string, err error) {
 	raw := string(ctx.QueryArgs().Peek("cursor"))
 	if raw == "" {
 		raw = string(ctx.Request.Header.Peek("Last-Event-ID"))
 	}
+	return parseCursor(raw, epoch)
+}
+
+// parseCursor is peerCursor on the raw value; empty is no cursor.
+func parseCursor(raw, epoch string) (cur *uint64, other string, err error) {
 	if raw == "" {
-		return nil, true, nil
+		return nil, "", nil
 	}
-	seqPart := raw
-	if e, s, found := strings.Cut(raw, "."); found {
-		if e != epoch {
-			return nil, false, nil
-		}
-		seqPart = s
+	e, seqPart, dotted := strings.Cut(raw, ".")
+	if !dotted {
+		e, seqPart = "", raw
 	}
 	n, perr := strconv.ParseUint(seqPart, 10, 64)
-	if perr != nil {
-		return nil, true, kernelValidation("cursor must be <epoch>.<sequence> or <sequence>")
+	// The epoch, when given, must look like the store's even when it is
+	// not the current one: "x.y" is malformed, not an old cursor.
+	if perr != nil || (dotted && !epochSyntax(e)) {
+		return nil, "", kernelValidation("cursor must be <epoch>.<sequence> or <sequence>, the sequence in decimal digits")
 	}
-	return &n, true, nil
+	if dotted && e != epoch {
+		return nil, e, nil
+	}
+	return &n, "", nil
+}
+
+// epochSyntax reports whether e can be a store epoch: 1-64 letters and
+// digits.
+func epochSyntax(e string) bool {
+	if e == "" || len(e) > 64 {
+		return false
+	}
+	for i := 0; i < len(e); i++ {
+		if c := e[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
 }

@@ -132,10 +132,10 @@ type outboxSource struct {
 	reset []byte // the pending stream.reset payload
 }
 
-func newOutboxSource(conn *peer.Conn, epoch string, r *peer.Reset) *outboxSource {
+func newOutboxSource(conn *peer.Conn, epoch, from string, r *peer.Reset) *outboxSource {
 	s := &outboxSource{conn: conn}
 	if r != nil {
-		s.reset = resetBody(epoch, r)
+		s.reset = resetBody(epoch, from, r)
 	}
 	return s
 }
@@ -188,11 +188,16 @@ func outboxRenderer(epoch string) stream.Renderer {
 
 // resetBody is the payload of a stream.reset frame: the consumer cannot
 // resume where it asked and should re-hydrate (list its executions) first.
-func resetBody(epoch string, r *peer.Reset) []byte {
-	data, _ := json.Marshal(map[string]any{
+func resetBody(epoch, from string, r *peer.Reset) []byte {
+	body := map[string]any{
 		"reason": r.Reason, "epoch": epoch, "resume_from": r.ResumeFrom, "latest_sequence": r.Latest,
 		"snapshot": "/v0/executions",
-	})
+	}
+	if r.Reason == peer.ResetEpochChanged {
+		// The epoch the client's cursor named, beside the new one.
+		body["previous_epoch"] = from
+	}
+	data, _ := json.Marshal(body)
 	return data
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/valyala/fasthttp"
@@ -172,7 +173,7 @@ type peerSocket struct {
 	key     peer.Key
 	connect func() (disconnected func())
 	cursor  *uint64 // from the cursor parameter or Last-Event-ID
-	epochOK bool    // false: the cursor names another store
+	other   string  // the other store's epoch the cursor names, if it does
 }
 
 func (s *Server) agentWS(c *call) {
@@ -200,12 +201,12 @@ func (s *Server) runnerWS(c *call) {
 }
 
 func (s *Server) upgradePeer(c *call, ps *peerSocket) {
-	cur, epochOK, err := peerCursor(c.ctx, s.k.Epoch())
+	cur, other, err := peerCursor(c.ctx, s.k.Epoch())
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	ps.cursor, ps.epochOK = cur, epochOK
+	ps.cursor, ps.other = cur, other
 	s.upgrade(c, "ws_"+ps.role, func(w *wsConn) { s.servePeer(w, ps) })
 }
 
@@ -403,11 +404,15 @@ func sameCaller(old, p *auth.Principal, now time.Time) error {
 func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 	first := true
 	for {
-		_, data, err := w.Read()
+		typ, data, err := w.Read()
 		if err != nil {
 			// The peer closed, went away, or sent a frame past the read
 			// limit (coder/websocket has answered that with 1009).
 			w.End(websocket.StatusNormalClosure, "")
+			return
+		}
+		if typ == websocket.MessageText && !utf8.Valid(data) {
+			w.End(websocket.StatusInvalidFramePayloadData, "text frame is not valid UTF-8")
 			return
 		}
 		fr, err := decodeFrame(w.format, data)
@@ -450,11 +455,11 @@ type peerSession struct {
 func (s *Server) servePeer(w *wsConn, ps *peerSocket) {
 	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch(), saying: make(chan struct{}, maxSaying)}
 	p.render = outboxRenderer(p.epoch)
-	conn, reset := s.attach(ps.key, ps.cursor, ps.epochOK)
+	conn, reset := s.attach(ps.key, ps.cursor, ps.other)
 	p.current.Store(conn)
 	disconnected := ps.connect()
 	w.open(frameDelivery, peerClose)
-	p.st = stream.New(newOutboxSource(conn, p.epoch, reset), p.render, w, stream.Options{})
+	p.st = stream.New(newOutboxSource(conn, p.epoch, ps.other, reset), p.render, w, stream.Options{})
 	w.OnEnd(func() {
 		p.st.Stop()
 		p.current.Load().Detach()
@@ -492,9 +497,13 @@ func peerClose(reason stream.Reason, err error) (websocket.StatusCode, string) {
 func (p *peerSession) resume(fr inFrame) {
 	cur := fr.Cursor
 	p.st.Switch(func() stream.Source {
-		conn, reset := p.s.attach(p.ps.key, &cur, fr.Epoch == "" || fr.Epoch == p.epoch)
+		other := fr.Epoch
+		if other == p.epoch {
+			other = ""
+		}
+		conn, reset := p.s.attach(p.ps.key, &cur, other)
 		p.current.Store(conn)
-		return newOutboxSource(conn, p.epoch, reset)
+		return newOutboxSource(conn, p.epoch, other, reset)
 	})
 }
 
@@ -652,8 +661,13 @@ func (s *Server) serveExecution(w *wsConn, res auth.Resource, last uint64) {
 	w.StartPings()
 	w.readFrames(func(fr inFrame, _ bool) {
 		// Acks and resumes mean nothing here: the client's position is
-		// the sequence it reconnects with.
+		// the sequence it reconnects with. One that asks for a reply
+		// (carries an id) is told so; one without is ignored.
 		switch fr.Type {
+		case frameAck, frameResume:
+			if fr.ID != "" {
+				_ = w.replyError(fr.ID, kernelValidation("the execution socket takes no "+fr.Type+": reconnect with after_sequence to move"))
+			}
 		case frameCommand:
 			w.frameRefused(fr, "the execution socket takes no commands")
 		case frameRefresh:

@@ -822,7 +822,7 @@ func TestWSResumeFromCursor(t *testing.T) {
 		}
 		ag.expect("hello")
 		r := ag.expect("reset")["data"].(obj)
-		if r["reason"] != c.reason || r["epoch"] != s.Node.Kernel.Epoch() {
+		if r["reason"] != c.reason || r["epoch"] != s.Node.Kernel.Epoch() || (c.reason == "epoch_changed" && r["previous_epoch"] != "otherepoch") {
 			t.Fatalf("reset %+v: %v", c, r)
 		}
 		_ = ag.c.CloseNow()

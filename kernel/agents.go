@@ -312,12 +312,15 @@ func (k *Kernel) Intent(ctx context.Context, req IntentRequest, meta Meta) (Inte
 		name, v string
 		max     int
 	}{{"execution_id", req.ExecutionID, maxIDLen}, {"session_id", req.SessionID, maxIDLen},
-		{"intent.tool_id", in.ToolID, maxIDLen}, {"intent.error", in.Error, maxErrorLen},
+		{"intent.tool_id", in.ToolID, maxIDLen},
 		{"intent.signal_type", in.SignalType, maxIDLen}, {"intent.idempotency_key", in.IdempotencyKey, maxIdempotencyKey},
 		{"intent.account", in.Account, maxIDLen}} {
-		if err := checkLen(f.name, f.v, f.max); err != nil {
+		if err := checkID(f.name, f.v, f.max); err != nil {
 			return IntentResult{}, nil, err
 		}
+	}
+	if err := checkLen("intent.error", in.Error, maxErrorLen); err != nil {
+		return IntentResult{}, nil, err
 	}
 	if isNull(in.Arguments) {
 		in.Arguments = nil

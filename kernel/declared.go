@@ -33,7 +33,7 @@ func (k *Kernel) Declare(ctx context.Context, agentID string, info json.RawMessa
 	if agentID == "" {
 		return invalid("agent_id is required")
 	}
-	if err := checkLen("agent_id", agentID, maxIDLen); err != nil {
+	if err := checkID("agent_id", agentID, maxIDLen); err != nil {
 		return err
 	}
 	if len(info) > maxAgentInfo || !json.Valid(info) {

@@ -24,10 +24,10 @@ func checkToolCall(c *ToolCall) error {
 	if c.ToolID == "" {
 		return invalid("tool.tool_id is required")
 	}
-	if err := checkLen("tool.tool_id", c.ToolID, maxIDLen); err != nil {
+	if err := checkID("tool.tool_id", c.ToolID, maxIDLen); err != nil {
 		return err
 	}
-	return checkLen("tool.account", c.Account, maxIDLen)
+	return checkID("tool.account", c.Account, maxIDLen)
 }
 
 // startDirect adds, to the transaction creating a direct execution, its

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -25,6 +27,19 @@ const (
 func checkLen(field, v string, max int) error {
 	if len(v) > max {
 		return invalid("%s exceeds maximum length of %d characters", field, max)
+	}
+	return nil
+}
+
+// checkID is checkLen for an id: besides its length, it must be UTF-8
+// without control characters, since ids are echoed into logs, event
+// streams and store keys (docs/protocol.md "Ids").
+func checkID(field, v string, max int) error {
+	if err := checkLen(field, v, max); err != nil {
+		return err
+	}
+	if !utf8.ValidString(v) || strings.IndexFunc(v, unicode.IsControl) >= 0 {
+		return invalid("%s must be UTF-8 without control characters", field)
 	}
 	return nil
 }
@@ -70,7 +85,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 		name, v string
 		max     int
 	}{{"agent_id", req.AgentID, maxIDLen}, {"session_id", req.SessionID, maxIDLen}, {"idempotency key", meta.IdempotencyKey, maxIdempotencyKey}} {
-		if err := checkLen(f.name, f.v, f.max); err != nil {
+		if err := checkID(f.name, f.v, f.max); err != nil {
 			return View{}, false, err
 		}
 	}
@@ -78,7 +93,7 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 		return View{}, false, invalid("ask_tools: at most %d tools", maxLabels)
 	}
 	for _, t := range req.Ask {
-		if err := checkLen("ask_tools", t, maxIDLen); err != nil {
+		if err := checkID("ask_tools", t, maxIDLen); err != nil {
 			return View{}, false, err
 		}
 	}
@@ -425,7 +440,7 @@ func (k *Kernel) Signal(ctx context.Context, id string, req SignalRequest, meta 
 	if req.SignalType == "" {
 		return nil, invalid("signal_type is required")
 	}
-	if err := checkLen("signal_type", req.SignalType, maxIDLen); err != nil {
+	if err := checkID("signal_type", req.SignalType, maxIDLen); err != nil {
 		return nil, err
 	}
 	ex, err := k.lockLive(id)

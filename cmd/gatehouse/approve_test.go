@@ -84,7 +84,11 @@ func pendingPrompt(t *testing.T, base, token string) string {
 			if err := json.Unmarshal([]byte(data), &push); err != nil {
 				t.Fatal(err)
 			}
-			intent := map[string]any{"type": "invoke_tool", "tool_id": "deploy.\x1b[2Japp", "arguments": map[string]any{"env": "prod"}}
+			// A tool id carrying a terminal escape never gets in: ids with
+			// control characters are refused at the door.
+			bad := map[string]any{"type": "invoke_tool", "tool_id": "deploy.\x1b[2Japp"}
+			apiCall(t, base, token, "POST", "/v0/agents/intent", map[string]any{"execution_id": execID, "session_id": push["session_id"], "intent": bad}, 400)
+			intent := map[string]any{"type": "invoke_tool", "tool_id": "deploy.app", "arguments": map[string]any{"env": "prod"}}
 			res := apiCall(t, base, token, "POST", "/v0/agents/intent", map[string]any{"execution_id": execID, "session_id": push["session_id"], "intent": intent}, 200)
 			if res["pending_approval"] != true {
 				t.Fatalf("intent: %v", res)
@@ -144,7 +148,7 @@ func TestApproveListsAndAnswers(t *testing.T) {
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ACTION") {
 		t.Fatalf("list output:\n%s", out)
 	}
-	for _, want := range []string{action, "deploy.?[2Japp", execID, "deploys need a human"} {
+	for _, want := range []string{action, "deploy.app", execID, "deploys need a human"} {
 		if !strings.Contains(lines[1], want) {
 			t.Fatalf("list row lacks %q:\n%s", want, out)
 		}

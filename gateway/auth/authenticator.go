@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -103,6 +104,25 @@ type tokenClaims struct {
 	Runners  []string `json:"runners,omitempty"`
 	Sessions []string `json:"sessions,omitempty"`
 	Tenant   string   `json:"tenant,omitempty"`
+}
+
+// UnmarshalJSON decodes the claims, refusing times that are not JSON
+// numbers: RFC 7519 says NumericDate, and the JWT library would take a
+// quoted "exp" as well, which other verifiers of the same token may not.
+func (c *tokenClaims) UnmarshalJSON(b []byte) error {
+	var times struct {
+		Exp, Nbf, Iat json.RawMessage
+	}
+	if err := json.Unmarshal(b, &times); err != nil {
+		return err
+	}
+	for name, raw := range map[string]json.RawMessage{"exp": times.Exp, "nbf": times.Nbf, "iat": times.Iat} {
+		if len(raw) > 0 && string(raw) != "null" && !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
+			return fmt.Errorf("claim %s must be a number", name)
+		}
+	}
+	type plain tokenClaims
+	return json.Unmarshal(b, (*plain)(c))
 }
 
 // New validates o, loads and parses every key once, and returns an

@@ -345,7 +345,7 @@ func (s *Surface) answer(r *protocol.Request, id, turn string, from uint64, mode
 
 // answerJSON waits for the turn to stop and answers its new messages.
 func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, created bool) {
-	ctx, cancel := context.WithTimeout(r.Ctx, turnWait)
+	ctx, cancel := requestContext(r.Ctx, turnWait)
 	defer cancel()
 	src := s.turnSource(id, turn, from, modeMessage, nil)
 	defer src.Close()
@@ -560,3 +560,26 @@ var renderer = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, er
 	f.Data = append(f.Data, data...)
 	return true, nil
 })
+
+// requestContext is a context for a handler's wait: it ends after d, or
+// when the server shuts down (rc.Done). It is not derived from rc, since a
+// context derived from a fasthttp.RequestCtx reads it from a goroutine
+// that may outlive the request, racing with the server's shutdown; the
+// watcher here is joined by cancel, which the handler calls before it
+// returns.
+func requestContext(rc *fasthttp.RequestCtx, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-rc.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		cancel()
+		<-stopped
+	}
+}

@@ -1,0 +1,62 @@
+package gateway
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzParseCursor: every cursor either parses to digits that print back
+// the same, names another epoch of the store's syntax, or is refused.
+func FuzzParseCursor(f *testing.F) {
+	for _, s := range []string{"", "5", "e1.5", "x.y", "5.", ".5", "-1", "18446744073709551616", "e1.", "a.b.c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		cur, other, err := parseCursor(raw, "e1")
+		switch {
+		case err != nil:
+			if cur != nil || other != "" {
+				t.Fatalf("%q: refused with a cursor", raw)
+			}
+		case raw == "":
+			if cur != nil || other != "" {
+				t.Fatalf("empty cursor parsed")
+			}
+		case other != "":
+			if cur != nil || !epochSyntax(other) || !strings.HasPrefix(raw, other+".") {
+				t.Fatalf("%q: other epoch %q", raw, other)
+			}
+		default:
+			seq := strings.TrimPrefix(raw, "e1.")
+			n, perr := strconv.ParseUint(seq, 10, 64)
+			if cur == nil || perr != nil || n != *cur || strings.Trim(seq, "0123456789") != "" {
+				t.Fatalf("%q parsed to %v", raw, cur)
+			}
+		}
+	})
+}
+
+// FuzzCheckJSONText: what the check accepts is UTF-8, and when it is JSON
+// a decoder takes it whole: no number beyond float64 gets through.
+func FuzzCheckJSONText(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, `{"a":1e999999}`, `{"s":"1e999999"}`, `[1.5e300,-2E-400]`, "\"\xff\"", `{"a":"\"1e999"}`, `99999999999999999999999999`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if checkJSONText(data) != nil {
+			return
+		}
+		if !utf8.Valid(data) {
+			t.Fatalf("accepted bytes that are not UTF-8: %q", data)
+		}
+		var v any
+		if json.Valid(data) {
+			if err := json.Unmarshal(data, &v); err != nil {
+				t.Fatalf("accepted JSON that does not decode: %q: %v", data, err)
+			}
+		}
+	})
+}
