@@ -334,8 +334,8 @@ func TestAAPStreamResumesAfterLastEventID(t *testing.T) {
 
 // TestAAPPermissionAnsweredByAChannel: the prompt of an untrusted server
 // tool is a bridge prompt like any other: a person's channel answers it,
-// the turn goes on, and the AAP client's late answer is shown the outcome
-// of the first one.
+// the turn goes on to its end, and the AAP client's late answer finds no
+// call waiting.
 func TestAAPPermissionAnsweredByAChannel(t *testing.T) {
 	s, c := aapWorld(t)
 	agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
@@ -354,19 +354,23 @@ func TestAAPPermissionAnsweredByAChannel(t *testing.T) {
 		}
 	}
 	v0.json("POST", "/actions/"+action+"/respond", map[string]any{"decision": "allow_once"}, 200)
+	ar := &aapClient{t: t, base: s.URL + "/agent-runtime"}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		h := fmt.Sprint(c.json("GET", "/session/"+id+"?history=full", nil, 200)["history"])
-		if strings.Contains(h, "The runner echoed: ping") {
+		th := ar.json("GET", "/sessions/"+id+"/threads/main", nil, 200)
+		if th["status"] == "idle" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the turn did not go on after the channel's answer: %s", h)
+			t.Fatalf("the turn did not end after the channel's answer: %v", th)
 		}
 	}
-	// The client's late denial does not undo the channel's allow: it is
-	// answered with what the allowed call led to.
-	late := c.json("POST", "/session/"+id, map[string]any{"messages": []any{map[string]any{"role": "tool_permission", "toolCallId": callID, "granted": false}}}, 200)
-	if !strings.Contains(fmt.Sprint(late["messages"]), "The runner echoed: ping") || late["stopReason"] != "end_turn" {
+	if h := fmt.Sprint(c.json("GET", "/session/"+id+"?history=full", nil, 200)["history"]); !strings.Contains(h, "The runner echoed: ping") {
+		t.Fatalf("the allowed call's result is not in the history: %s", h)
+	}
+	// The client's late denial answers no pending call: the channel's
+	// allow stood.
+	late := c.json("POST", "/session/"+id, map[string]any{"messages": []any{map[string]any{"role": "tool_permission", "toolCallId": callID, "granted": false}}}, 400)
+	if !strings.Contains(fmt.Sprint(late["error"]), "waits for an answer") {
 		t.Fatalf("the late answer: %v", late)
 	}
 }
