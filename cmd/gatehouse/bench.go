@@ -214,11 +214,14 @@ func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[s
 		if err == nil && n == len(want) {
 			return nil
 		}
+		if untrustedCert(err) {
+			return fmt.Errorf("bench: %w", explainTLS(err))
+		}
 		select {
 		case err := <-r.roleErr:
 			return fmt.Errorf("bench: %w", err)
 		case <-ctx.Done():
-			return fmt.Errorf("bench: %d of %d agents and runners connected (%v): %w", n, len(want), explainTLS(err), ctx.Err())
+			return fmt.Errorf("bench: %d of %d agents and runners connected (%v): %w", n, len(want), err, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
