@@ -52,8 +52,8 @@ func TestTLSConfigTrustsThePrivateCA(t *testing.T) {
 	}
 	defer untrusted.CloseIdleConnections()
 	var cerr *tls.CertificateVerificationError
-	if _, err := untrusted.GetExecution(ctx, ex.ID); !errors.As(err, &cerr) {
-		t.Fatalf("get without the CA: %v, want a certificate error", err)
+	if _, err := untrusted.GetExecution(ctx, ex.ID); !errors.As(err, &cerr) || ctx.Err() != nil {
+		t.Fatalf("get without the CA: %v, want a certificate error at once", err)
 	}
 	err = untrusted.RunRunner(ctx, &client.Runner{RunnerID: "r1", Tools: map[string]client.ToolFunc{
 		"t": func(context.Context, json.RawMessage) (any, error) { return nil, nil },

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
@@ -72,16 +73,17 @@ func TestServeRefusesBadTLSFlags(t *testing.T) {
 	}
 }
 
-// tlsServe runs `gatehouse serve` with the given TLS flags on a free port
-// until the test ends, and returns its https base URL once it answers.
-func tlsServe(t *testing.T, ca *tlscerttest.CA, flags ...string) string {
+// tlsServe runs `gatehouse serve` on a free port and the data folder data
+// with the given TLS flags until the test ends, and returns its https base
+// URL once it answers a client configured with cfg, and its log.
+func tlsServe(t *testing.T, cfg *tls.Config, data string, flags ...string) (string, *syncBuffer) {
 	t.Helper()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var logs syncBuffer
+	logs := &syncBuffer{}
 	go func() {
-		done <- serve(ctx, append([]string{"--addr", addr, "--data", t.TempDir(), "--log-level", "info"}, flags...), &logs)
+		done <- serve(ctx, append([]string{"--addr", addr, "--data", data, "--log-level", "info"}, flags...), logs)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -90,7 +92,7 @@ func tlsServe(t *testing.T, ca *tlscerttest.CA, flags ...string) string {
 		}
 	})
 	base := "https://" + addr
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: ca.ClientConfig()}, Timeout: 5 * time.Second}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 5 * time.Second}
 	defer hc.CloseIdleConnections()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -98,7 +100,7 @@ func tlsServe(t *testing.T, ca *tlscerttest.CA, flags ...string) string {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				break
+				return base, logs
 			}
 		}
 		select {
@@ -111,10 +113,51 @@ func tlsServe(t *testing.T, ca *tlscerttest.CA, flags ...string) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !strings.Contains(logs.String(), "tls=files") {
-		t.Fatalf("start-up line does not say TLS:\n%s", logs.String())
+}
+
+// TestServeACME: serve --acme-domain prepares its private cache in
+// <data>/acme, serves a certificate found there to handshakes naming the
+// domain without contacting the authority, and with --acme-http answers
+// plain HTTP with a redirect to https.
+func TestServeACME(t *testing.T) {
+	ca := tlscerttest.NewCA(t)
+	data := t.TempDir()
+	certPEM, keyPEM := ca.Issue(t, 77, "gatehouse.test")
+	if err := os.MkdirAll(filepath.Join(data, "acme"), 0o755); err != nil {
+		t.Fatal(err)
 	}
-	return base
+	// autocert's cache entry: the key, then the chain, under the domain.
+	if err := os.WriteFile(filepath.Join(data, "acme", "gatehouse.test"), append(keyPEM, certPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := freeAddr(t)
+	cfg := ca.ClientConfig()
+	cfg.ServerName = "gatehouse.test"
+	// Nothing listens at the directory: contacting the authority would fail.
+	_, logs := tlsServe(t, cfg, data, "--acme-domain", "gatehouse.test", "--acme-email", "ops@example.com",
+		"--acme-directory", "http://127.0.0.1:1/directory", "--acme-http", httpAddr)
+	if fi, err := os.Stat(filepath.Join(data, "acme")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("cache folder: %v %v, want mode 0700", fi.Mode(), err)
+	}
+	for _, want := range []string{"tls=acme", "acme_domains=gatehouse.test", "acme_http=" + httpAddr} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), "TLS-ALPN-01 challenges arrive on port 443") {
+		t.Errorf("port warning although --acme-http is given:\n%s", logs.String())
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/v0/health", nil)
+	req.Host = "gatehouse.test"
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "https://gatehouse.test/v0/health" {
+		t.Fatalf("plain HTTP: %s %q, want a redirect to https", resp.Status, resp.Header.Get("Location"))
+	}
 }
 
 // TestClientCommandsOverTLS: serve --tls-cert/--tls-key serves HTTPS;
@@ -126,7 +169,10 @@ func TestClientCommandsOverTLS(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
-	base := tlsServe(t, ca, "--tls-cert", certFile, "--tls-key", keyFile)
+	base, logs := tlsServe(t, ca.ClientConfig(), t.TempDir(), "--tls-cert", certFile, "--tls-key", keyFile)
+	if !strings.Contains(logs.String(), "tls=files") {
+		t.Fatalf("start-up line does not say TLS:\n%s", logs.String())
+	}
 	caFile := ca.WriteFile(t)
 	wrongCA := tlscerttest.NewCA(t).WriteFile(t)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: ca.ClientConfig()}}
