@@ -84,12 +84,12 @@ func (t *tlsFlags) build(data, addr string, log *slog.Logger) (*serverTLS, error
 		a, err := tlscert.NewACME(tlscert.ACMEOptions{Domains: strings.Split(t.acmeDomains, ","), Email: t.acmeEmail,
 			CacheDir: cache, DirectoryURL: t.acmeDirectoryURL})
 		if err != nil {
-			return nil, fmt.Errorf("serve: --acme-*: %w", err)
+			return nil, fmt.Errorf("serve: %w", err)
 		}
 		s.config, s.mode, s.acme = a.TLSConfig(), "acme", a
 		challenges := "tls-alpn-01"
 		if t.acmeHTTP != "" {
-			challenges += ",http-01 on " + t.acmeHTTP
+			challenges += ",http-01"
 		}
 		s.attrs = []slog.Attr{slog.String("acme_domains", t.acmeDomains), slog.String("acme_cache", cache), slog.String("acme_challenges", challenges)}
 		if _, port, err := net.SplitHostPort(addr); t.acmeHTTP == "" && err == nil && port != "443" {
