@@ -89,8 +89,9 @@ func (k *KeyPair) Leaf() *x509.Certificate { return k.cur.Load().Leaf }
 // older than Options.Interval. A check that finds them changed reads them
 // within this handshake; handshakes meanwhile get the previous certificate.
 func (k *KeyPair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	if time.Now().UnixNano() >= k.next.Load() && k.mu.TryLock() {
-		if time.Now().UnixNano() >= k.next.Load() {
+	if now := time.Now().UnixNano(); now >= k.next.Load() && k.mu.TryLock() {
+		// Another check may have finished between the load and the lock.
+		if now >= k.next.Load() {
 			k.check()
 			k.next.Store(time.Now().Add(k.interval).UnixNano())
 		}

@@ -209,3 +209,38 @@ func TestKeyPairTLSConfigOffersHTTP1Only(t *testing.T) {
 		t.Fatalf("negotiated %q, serial %v, version %x", st.NegotiatedProtocol, st.PeerCertificates[0].SerialNumber, st.Version)
 	}
 }
+
+// BenchmarkGetCertificate is the cost the reload check adds to a
+// handshake. With the default interval nearly every call only loads the
+// current certificate; with "stat-each" every call checks the files (two
+// stats), the most a check costs when nothing changed.
+func BenchmarkGetCertificate(b *testing.B) {
+	ca := tlscerttest.NewCA(b)
+	dir := b.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca.WritePair(b, certFile, keyFile, 1, "127.0.0.1")
+	hello := &tls.ClientHelloInfo{ServerName: "127.0.0.1"}
+	load := func(b *testing.B, interval time.Duration) *tlscert.KeyPair {
+		k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: interval})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return k
+	}
+	b.Run("default", func(b *testing.B) {
+		k := load(b, 0)
+		for b.Loop() {
+			if _, err := k.GetCertificate(hello); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("stat-each", func(b *testing.B) {
+		k := load(b, time.Nanosecond)
+		for b.Loop() {
+			if _, err := k.GetCertificate(hello); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
