@@ -35,6 +35,12 @@ func (l *logBuffer) count(s string) int {
 	return strings.Count(l.b.String(), s)
 }
 
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 // pairFiles returns the paths of a certificate and key in a fresh folder.
@@ -133,7 +139,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 		}
 	}
 	if n := logs.count(refused); n != 1 {
-		t.Fatalf("bad pair logged %d times, want once:\n%s", n, logs.b.String())
+		t.Fatalf("bad pair logged %d times, want once:\n%s", n, logs.String())
 	}
 
 	// The key file disappears in the middle of a rotation: a new state,
