@@ -82,9 +82,9 @@ type assignment struct {
 
 // RunAgent serves a until ctx is done, reconnecting with jittered backoff
 // whenever the stream drops. It returns ctx.Err(), or earlier an error that
-// reconnecting cannot fix (the server refused the stream with a 4xx), once
-// the Handle calls in flight, whose context is then cancelled, have
-// returned.
+// reconnecting cannot fix (the server refused the stream with a 4xx, or its
+// TLS certificate is not trusted), once the Handle calls in flight, whose
+// context is then cancelled, have returned.
 func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 	if a.AgentID == "" || a.Handle == nil {
 		return errors.New("client: Agent.AgentID and Agent.Handle are required")

@@ -7,13 +7,16 @@
 // step and job results, intents, which carry idempotency keys) are retried
 // on network errors and 5xx answers with jittered exponential backoff; a 429
 // is retried after its Retry-After. Streams reconnect the same way and
-// resume where they stopped. Non-2xx answers are returned as *[APIError],
+// resume where they stopped. A gateway certificate that is not trusted
+// (*tls.CertificateVerificationError) is never retried: trust its CA
+// through Options.TLSConfig. Non-2xx answers are returned as *[APIError],
 // which matches the sentinel of its code (errors.Is(err, ErrNotFound)).
 package client
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -38,6 +41,10 @@ type Options struct {
 	// uses a client whose transport keeps up to 64 idle connections to the
 	// gateway, enough for busy agents and runners.
 	HTTPClient *http.Client
+	// TLSConfig is used by that default client for https:// gateways, e.g.
+	// to trust a private CA (RootCAs); nil uses the system's roots. It is
+	// ignored when HTTPClient is set.
+	TLSConfig *tls.Config
 	// Logger receives reconnects and dropped deliveries; nil discards.
 	Logger *slog.Logger
 	// MinBackoff and MaxBackoff bound the jittered exponential backoff of
@@ -84,7 +91,7 @@ func New(o Options) (*Client, error) {
 	c := &Client{base: u.String(), token: o.Token, hc: o.HTTPClient, log: o.Logger,
 		min: o.MinBackoff, max: o.MaxBackoff, timeout: o.RequestTimeout, idle: o.StreamIdleTimeout}
 	if c.hc == nil {
-		c.hc = &http.Client{Transport: newTransport()}
+		c.hc = &http.Client{Transport: newTransport(o.TLSConfig)}
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -111,9 +118,10 @@ func New(o Options) (*Client, error) {
 // when done with the Client, so that the gateway is not left holding them.
 func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
 
-func newTransport() *http.Transport {
+func newTransport(tc *tls.Config) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
+		TLSClientConfig:       tc.Clone(),
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           d.DialContext,
 		MaxIdleConns:          256,
@@ -181,7 +189,7 @@ func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (ti
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		err = fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
-		if cl.retry {
+		if cl.retry && !untrusted(err) {
 			return 0, err
 		}
 		return -1, err

@@ -114,8 +114,9 @@ type jobResult struct {
 
 // RunRunner serves r until ctx is done, reconnecting with jittered backoff
 // whenever the stream drops. It returns ctx.Err(), or earlier an error that
-// reconnecting cannot fix (the server refused the stream with a 4xx), once
-// the tools in flight, whose context is then cancelled, have returned.
+// reconnecting cannot fix (the server refused the stream with a 4xx, or its
+// TLS certificate is not trusted), once the tools in flight, whose context
+// is then cancelled, have returned.
 func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 	if r.RunnerID == "" || len(r.Tools) == 0 {
 		return errors.New("client: Runner.RunnerID and Runner.Tools are required")

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,17 +91,25 @@ func (s *sseConn) close() {
 }
 
 // fatal reports whether a stream error cannot be cured by reconnecting: the
-// request itself was refused.
+// request itself was refused, or the gateway's certificate is not trusted.
 func fatal(err error) bool {
 	var aerr *APIError
 	if !errors.As(err, &aerr) {
-		return false
+		return untrusted(err)
 	}
 	switch aerr.Status {
 	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
 		return true
 	}
 	return false
+}
+
+// untrusted reports whether err is the refusal of the gateway's TLS
+// certificate (unknown authority, wrong name, expired): a setting to fix,
+// which retrying would only hide.
+func untrusted(err error) bool {
+	var cerr *tls.CertificateVerificationError
+	return errors.As(err, &cerr)
 }
 
 // StreamExecution calls fn for each event of execution id with a sequence

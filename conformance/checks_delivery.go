@@ -356,7 +356,13 @@ func (t *tc) openRaw(path, cursor string) *rawStream {
 		t.fatalf("dial %s: %v", host, err)
 	}
 	if u.Scheme == "https" {
-		conn = tls.Client(conn, &tls.Config{ServerName: u.Hostname()})
+		// The roots the suite's HTTP client trusts (a private CA, say).
+		cfg := &tls.Config{}
+		if tr, ok := t.o.HTTPClient.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil {
+			cfg = tr.TLSClientConfig.Clone()
+		}
+		cfg.ServerName = u.Hostname()
+		conn = tls.Client(conn, cfg)
 	}
 	t.cleanup(func(context.Context) { conn.Close() })
 	req := "GET " + path + " HTTP/1.1\r\nHost: " + u.Host + "\r\nAccept: text/event-stream\r\n"

@@ -38,6 +38,14 @@ type api struct {
 	t     *testing.T
 	base  string
 	token string
+	hc    *http.Client // nil: http.DefaultClient
+}
+
+func (a *api) client() *http.Client {
+	if a.hc != nil {
+		return a.hc
+	}
+	return http.DefaultClient
 }
 
 func newAPI(t *testing.T, s *gatewaytest.Server) *api { return &api{t: t, base: s.URL} }
@@ -73,7 +81,7 @@ func (a *api) do(method, path string, body any, hdr ...string) (int, []byte, htt
 		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := a.client().Do(req)
 	if err != nil {
 		a.t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -206,7 +214,7 @@ func (a *api) trySSE(path string, hdr ...string) (*sseStream, int, string) {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := a.client().Do(req)
 	if err != nil {
 		cancel()
 		a.t.Fatalf("GET %s: %v", path, err)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,7 +27,11 @@ import (
 // Config describes a whole gateway node: store, kernel, delivery hub and
 // server. The zero value (plus Data or InMemory) runs the embedded default.
 type Config struct {
-	Addr     string // "127.0.0.1:8080" when empty
+	Addr string // "127.0.0.1:8080" when empty
+	// TLS, when set, makes the node serve HTTPS (and wss) on Addr instead
+	// of plain HTTP; see package gateway/tlscert for certificates reloaded
+	// from files or obtained over ACME. HTTP/2 is never offered.
+	TLS      *tls.Config
 	Data     string // data folder
 	InMemory bool   // keep everything in memory (nothing survives a restart)
 	Sync     store.SyncMode
@@ -185,6 +190,9 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		hub.Close()
 		_ = st.Close()
 		return nil, fmt.Errorf("gateway: listen: %w", err)
+	}
+	if c.TLS != nil {
+		ln = tls.NewListener(ln, serverTLS(c.TLS))
 	}
 	n := &Node{
 		Store: st, Sessions: sessions, Bridge: br, Channels: chans, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,

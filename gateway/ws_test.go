@@ -62,7 +62,7 @@ func (a *api) tryWS(path, proto string) (*websocket.Conn, *http.Response, error)
 	}
 	ctx, cancel := context.WithTimeout(a.t.Context(), 10*time.Second)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(a.base, "http")+path, &websocket.DialOptions{HTTPHeader: h, Subprotocols: protos})
+	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(a.base, "http")+path, &websocket.DialOptions{HTTPClient: a.hc, HTTPHeader: h, Subprotocols: protos})
 	if err == nil {
 		c.SetReadLimit(64 << 20)
 		a.t.Cleanup(func() { _ = c.CloseNow() })

@@ -43,8 +43,9 @@ func agentInfo(name string) map[string]any {
 // to "use <tool>" it calls that tool of the client's.
 func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("agent", stderr)
-	var url, token, name, consumerID, logLevel string
-	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL")
+	var url, token, name, consumerID, logLevel, caFile string
+	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL (http:// or https://)")
+	caFileFlag(fs, &caFile)
 	fs.StringVar(&token, "token", "", "bearer token (an agent JWT scoped to --name, or the static token)")
 	fs.StringVar(&name, "name", "example", "agent id, and the AAP agent name")
 	fs.StringVar(&consumerID, "consumer-id", "", "this process's connection id (default: the name and the host name)")
@@ -63,12 +64,16 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log})
+	tc, err := clientTLS(caFile)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log, TLSConfig: tc})
 	if err != nil {
 		return err
 	}
 	if err := c.DeclareAgent(ctx, agentInfo(name)); err != nil {
-		return fmt.Errorf("agent: declare: %w", err)
+		return fmt.Errorf("agent: declare: %w", explainTLS(err))
 	}
 	fmt.Fprintf(stdout, "agent %s (consumer %s) declared and serving on %s\n", name, consumerID, url)
 	log.Info("agent started", slog.String("agent_id", name), slog.String("consumer_id", consumerID))
@@ -78,7 +83,7 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return err
+	return explainTLS(err)
 }
 
 // exampleTurn runs one AAP turn of the example agent.

@@ -39,12 +39,13 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprint(stderr, approveUsage)
 		fs.PrintDefaults()
 	}
-	var base, token, reason string
+	var base, token, reason, caFile string
 	var timeout time.Duration
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "gateway base `URL`")
 	fs.StringVar(&token, "token", "", "bearer token: the static token, or a channel or client JWT (empty: open gateway)")
 	fs.StringVar(&reason, "reason", "", "reason recorded with the answer")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for each request")
+	caFileFlag(fs, &caFile)
 	// flag stops at the first positional argument; flags may also follow
 	// the action id and decision, so parsing resumes after each one.
 	var pos []string
@@ -62,7 +63,13 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("approve: --url %q: want http://host:port or https://host:port", base)
 	}
-	c := &approveClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: timeout}}
+	tc, err := clientTLS(caFile)
+	if err != nil {
+		return fmt.Errorf("approve: %w", err)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	c := &approveClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: timeout, Transport: tr}}
 	switch len(pos) {
 	case 0:
 		if reason != "" {
@@ -118,7 +125,7 @@ func (c *approveClient) do(ctx context.Context, method, path string, body, out a
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("approve: %w", err)
+		return fmt.Errorf("approve: %w", explainTLS(err))
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))

@@ -26,7 +26,7 @@ type benchConfig struct {
 	repeat                  int
 	sync                    string
 	duration                time.Duration
-	url, token              string
+	url, token, caFile      string
 }
 
 func (c *benchConfig) flags(fs *flag.FlagSet) {
@@ -39,6 +39,7 @@ func (c *benchConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.duration, "duration", 60*time.Second, "stop starting executions after this long")
 	fs.StringVar(&c.url, "url", "", "bench the gateway at this URL instead of starting one in-process")
 	fs.StringVar(&c.token, "token", "", "bearer token for --url")
+	caFileFlag(fs, &c.caFile)
 }
 
 // The bench's names: one agent id shared by all agent connections, one tool
@@ -153,7 +154,7 @@ func newBenchRig(ctx context.Context, c benchConfig, stderr io.Writer) (*benchRi
 			return nil, fmt.Errorf("bench: %w", err)
 		}
 		sc.addr, sc.data, sc.sync, sc.token = "127.0.0.1:0", r.dir, c.sync, c.token
-		if r.node, err = start(ctx, sc, log); err != nil {
+		if r.node, err = start(ctx, sc, nil, log); err != nil {
 			_ = os.RemoveAll(r.dir)
 			return nil, err
 		}
@@ -162,7 +163,12 @@ func newBenchRig(ctx context.Context, c benchConfig, stderr io.Writer) (*benchRi
 	} else {
 		r.where = url + " (external)"
 	}
-	if r.drv, err = newLoadDriver(url, c.token, log, r.tracker); err != nil {
+	tc, err := clientTLS(c.caFile)
+	if err != nil {
+		_ = r.close()
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if r.drv, err = newLoadDriver(url, c.token, tc, log, r.tracker); err != nil {
 		_ = r.close()
 		return nil, err
 	}
@@ -204,9 +210,12 @@ func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[s
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for {
-		n, err := onlinePeers(ctx, url, token, want)
+		n, err := onlinePeers(ctx, r.drv.streams, url, token, want)
 		if err == nil && n == len(want) {
 			return nil
+		}
+		if untrustedCert(err) {
+			return fmt.Errorf("bench: %w", explainTLS(err))
 		}
 		select {
 		case err := <-r.roleErr:
@@ -219,7 +228,7 @@ func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[s
 }
 
 // onlinePeers counts the consumers of want the gateway lists as online.
-func onlinePeers(ctx context.Context, base, token string, want map[string]bool) (int, error) {
+func onlinePeers(ctx context.Context, hc *http.Client, base, token string, want map[string]bool) (int, error) {
 	n := 0
 	cursor := ""
 	for {
@@ -230,7 +239,7 @@ func onlinePeers(ctx context.Context, base, token string, want map[string]bool) 
 			}
 			Next string `json:"next_cursor"`
 		}
-		if err := getPeers(ctx, base+"/v0/peers?limit=1000&cursor="+url.QueryEscape(cursor), token, &page); err != nil {
+		if err := getPeers(ctx, hc, base+"/v0/peers?limit=1000&cursor="+url.QueryEscape(cursor), token, &page); err != nil {
 			return 0, err
 		}
 		for _, p := range page.Peers {
@@ -246,7 +255,7 @@ func onlinePeers(ctx context.Context, base, token string, want map[string]bool) 
 }
 
 // getPeers reads one page of GET /v0/peers into out.
-func getPeers(ctx context.Context, u, token string, out any) error {
+func getPeers(ctx context.Context, hc *http.Client, u, token string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return err
@@ -255,7 +264,7 @@ func getPeers(ctx context.Context, u, token string, out any) error {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Close = true // a poll; keeping the connection would only delay the gateway's shutdown
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	linkedlist "container/list" // "list" is the token subcommand
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -90,9 +91,9 @@ type endpoint struct{ url, path string }
 func (d *loadDriver) endpoint(path string) endpoint { return endpoint{d.base + path, path} }
 
 // newLoadDriver returns a driver for the gateway at base (http or https,
-// optionally with a path prefix), reporting the end of each execution its
-// agents run to t.
-func newLoadDriver(base, token string, log *slog.Logger, t *tracker) (*loadDriver, error) {
+// optionally with a path prefix; tc, when not nil, configures https),
+// reporting the end of each execution its agents run to t.
+func newLoadDriver(base, token string, tc *tls.Config, log *slog.Logger, t *tracker) (*loadDriver, error) {
 	u, err := url.Parse(strings.TrimRight(base, "/"))
 	if err != nil {
 		return nil, fmt.Errorf("bench: URL: %w", err)
@@ -113,7 +114,8 @@ func newLoadDriver(base, token string, log *slog.Logger, t *tracker) (*loadDrive
 		log:     log,
 		tracker: t,
 		streams: &http.Client{Transport: &http.Transport{
-			DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+			DialContext:     (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+			TLSClientConfig: tc.Clone(),
 		}},
 	}
 	if token != "" {
@@ -123,10 +125,11 @@ func newLoadDriver(base, token string, log *slog.Logger, t *tracker) (*loadDrive
 	d.intent = d.endpoint("/v0/agents/intent")
 	d.ack = d.endpoint("/v0/peers/ack")
 	d.hc = &fasthttp.HostClient{
-		Addr:     addr,
-		IsTLS:    u.Scheme == "https",
-		Name:     "gatehouse-bench",
-		MaxConns: maxBenchConns,
+		Addr:      addr,
+		IsTLS:     u.Scheme == "https",
+		TLSConfig: tc.Clone(),
+		Name:      "gatehouse-bench",
+		MaxConns:  maxBenchConns,
 		// Past MaxConns a request waits for a connection, within its
 		// deadline, rather than failing at once.
 		MaxConnWaitTimeout:  execTimeout,

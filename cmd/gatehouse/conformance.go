@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/conformance"
@@ -27,6 +28,7 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		asJSON   bool
 		list     bool
 		patterns stringList
+		caFile   string
 	)
 	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -36,6 +38,7 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	fs.StringVar(&o.URL, "url", "http://127.0.0.1:8080", "base `URL` of the gateway under test")
 	fs.StringVar(&o.Token, "token", "", "admin bearer `token`, when the server requires one")
+	caFileFlag(fs, &caFile)
 	fs.StringVar(&o.RestartCmd, "restart-cmd", "", "shell `command` (run with sh -c) that restarts the server on the same data and address; checks needing a restart are skipped without it")
 	fs.DurationVar(&o.Timeout, "timeout", 30*time.Second, "time limit of each check")
 	fs.IntVar(&o.Parallel, "parallel", 8, "checks run at once")
@@ -63,9 +66,19 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return nil
 	}
+	tc, err := clientTLS(caFile)
+	if err != nil {
+		return fmt.Errorf("conformance: %w", err)
+	}
+	if tc != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		tr.TLSClientConfig = tc
+		o.HTTPClient = &http.Client{Transport: tr}
+	}
 	results, err := conformance.Run(ctx, o, patterns...)
 	if err != nil {
-		return err
+		return explainTLS(err)
 	}
 	if len(results) == 0 {
 		return errors.New("conformance: no check matches --run")

@@ -78,8 +78,9 @@ func builtinInfo() map[string]client.ToolInfo {
 func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("runner", stderr)
 	host, _ := os.Hostname()
-	var url, token, runnerID, consumerID, tools, accounts, logLevel string
-	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL")
+	var url, token, runnerID, consumerID, tools, accounts, logLevel, caFile string
+	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL (http:// or https://)")
+	caFileFlag(fs, &caFile)
 	fs.StringVar(&token, "token", "", "bearer token (a runner JWT scoped to --runner-id, or the static token)")
 	fs.StringVar(&runnerID, "runner-id", "runner-"+host, "runner id")
 	fs.StringVar(&consumerID, "consumer-id", "", "this process's connection id, kept across reconnects and restarts so the gateway hands it back its job; give each process of one --runner-id on one host its own (default: the host name)")
@@ -111,7 +112,11 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		served[name] = f
 	}
-	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log})
+	tc, err := clientTLS(caFile)
+	if err != nil {
+		return fmt.Errorf("runner: %w", err)
+	}
+	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log, TLSConfig: tc})
 	if err != nil {
 		return err
 	}
@@ -132,7 +137,7 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return err
+	return explainTLS(err)
 }
 
 // hostConsumerID is the default consumer id: the host name, folded to

@@ -42,6 +42,7 @@ type config struct {
 	idleTimeout                     time.Duration
 	maxConns, maxConnsPerIP         int
 	allowedHosts                    string
+	tls                             tlsFlags
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -132,6 +133,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
 	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
+	c.tls.flags(fs)
 }
 
 // authOptions turns the auth flags into auth.Options.
@@ -172,8 +174,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	g, err := start(ctx, c, log)
+	st, err := c.tls.build(c.data, c.addr, log)
 	if err != nil {
+		return err
+	}
+	if err := st.serveHTTP01(c.tls.acmeHTTP); err != nil {
+		return err
+	}
+	g, err := start(ctx, c, st, log)
+	if err != nil {
+		st.close(context.Background())
 		if ctx.Err() != nil {
 			// Stopped while starting: everything opened was closed again,
 			// which is a clean shutdown.
@@ -186,11 +196,17 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	return g.Close(sctx)
+	err = g.Close(sctx)
+	st.close(sctx)
+	return err
 }
 
-// start opens the node described by c.
-func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, error) {
+// start opens the node described by c, serving TLS as st says (nil: plain
+// HTTP).
+func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gateway.Node, error) {
+	if st == nil {
+		st = &serverTLS{mode: "off"}
+	}
 	mode, err := store.ParseSyncMode(c.sync)
 	if err != nil {
 		return nil, err
@@ -203,7 +219,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 	}
 	origins := splitList(c.cors)
 	n, err := gateway.Open(ctx, gateway.Config{
-		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
+		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount,
@@ -237,8 +253,12 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 	default:
 		authMode = "static token"
 	}
-	log.Info("gatehouse listening", "addr", n.Addr().String(), "data", where, "sync", mode.String(),
-		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))
+	attrs := []any{"addr", n.Addr().String(), "tls", st.mode}
+	for _, a := range st.attrs {
+		attrs = append(attrs, a)
+	}
+	log.Info("gatehouse listening", append(attrs, "data", where, "sync", mode.String(),
+		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))...)
 	return n, nil
 }
 

@@ -21,12 +21,13 @@ import (
 // once following, it rides out disconnects until interrupted.
 func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("tail", stderr)
-	var base, token string
+	var base, token, caFile string
 	var after uint64
 	var raw bool
 	var timeout time.Duration
-	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "gateway base `URL`")
+	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "gateway base `URL` (http:// or https://)")
 	fs.StringVar(&token, "token", "", "bearer token")
+	caFileFlag(fs, &caFile)
 	fs.Uint64Var(&after, "after", 0, "start after this sequence")
 	fs.BoolVar(&raw, "json", false, "print each event as one line of JSON")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for reaching the gateway and each request")
@@ -38,7 +39,11 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.New("tail: give one execution id")
 	}
 	id := fs.Arg(0)
-	c, err := client.New(client.Options{BaseURL: base, Token: token, RequestTimeout: timeout})
+	tc, err := clientTLS(caFile)
+	if err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
+	c, err := client.New(client.Options{BaseURL: base, Token: token, RequestTimeout: timeout, TLSConfig: tc})
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
@@ -83,6 +88,8 @@ func tailError(base string, err error) error {
 			code = http.StatusText(aerr.Status)
 		}
 		return fmt.Errorf("tail: %s: %s", code, printable(aerr.Message))
+	case untrustedCert(err):
+		return fmt.Errorf("tail: %w", explainTLS(err))
 	case errors.As(err, &nerr):
 		return fmt.Errorf("tail: cannot reach %s: %w", base, nerr)
 	case errors.Is(err, context.DeadlineExceeded):

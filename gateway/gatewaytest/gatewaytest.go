@@ -14,7 +14,8 @@ import (
 
 // Server is a gateway running for a test. Close is registered as a cleanup.
 type Server struct {
-	// URL is the base URL, e.g. "http://127.0.0.1:41234".
+	// URL is the base URL, e.g. "http://127.0.0.1:41234"; https when the
+	// config has TLS.
 	URL string
 	// Node is the running node; it changes on Restart.
 	Node *gateway.Node
@@ -48,7 +49,11 @@ func (s *Server) open() {
 		s.tb.Fatalf("gatewaytest: open gateway: %v", err)
 	}
 	s.Node = n
-	s.URL = "http://" + n.Addr().String()
+	scheme := "http://"
+	if s.config.TLS != nil {
+		scheme = "https://"
+	}
+	s.URL = scheme + n.Addr().String()
 	// A restart reuses the port so that clients reconnect to the same URL.
 	s.config.Addr = n.Addr().String()
 }

@@ -1,0 +1,252 @@
+package tlscert_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
+	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+)
+
+// logBuffer collects log lines from concurrent writers.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// pairFiles returns the paths of a certificate and key in a fresh folder.
+func pairFiles(t *testing.T) (string, string) {
+	dir := t.TempDir()
+	return filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+}
+
+// serial returns the serial number of the certificate a handshake gets now.
+func serial(t *testing.T, k *tlscert.KeyPair) int64 {
+	t.Helper()
+	c, err := k.GetCertificate(&tls.ClientHelloInfo{ServerName: "127.0.0.1"})
+	if err != nil || c == nil || c.Leaf == nil {
+		t.Fatalf("GetCertificate: %v, %v", c, err)
+	}
+	return c.Leaf.SerialNumber.Int64()
+}
+
+// eventually calls cond until it holds, failing after a generous deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestLoadKeyPairRefuses(t *testing.T) {
+	ca := tlscerttest.NewCA(t)
+	certPEM, keyPEM := ca.Issue(t, 1, "127.0.0.1")
+	_, otherKey := ca.Issue(t, 2, "127.0.0.1")
+	for _, tc := range []struct {
+		name      string
+		cert, key []byte // nil: the file is missing
+		want      error
+	}{
+		{"missing certificate", nil, keyPEM, fs.ErrNotExist},
+		{"missing key", certPEM, nil, fs.ErrNotExist},
+		{"key of another certificate", certPEM, otherKey, tlscert.ErrInvalid},
+		{"files swapped", keyPEM, certPEM, tlscert.ErrInvalid},
+		{"not PEM", []byte("hello"), keyPEM, tlscert.ErrInvalid},
+		{"empty key", certPEM, []byte{}, tlscert.ErrInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			certFile, keyFile := pairFiles(t)
+			if tc.cert != nil {
+				tlscerttest.Replace(t, certFile, tc.cert)
+			}
+			if tc.key != nil {
+				tlscerttest.Replace(t, keyFile, tc.key)
+			}
+			k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{})
+			if !errors.Is(err, tc.want) || k != nil {
+				t.Fatalf("LoadKeyPair: %v, %v; want %v", k, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestKeyPairReloadsChangedFiles: new files are served to handshakes that
+// follow; a pair that does not fit, or a missing file, is logged once and
+// the previous certificate stays.
+func TestKeyPairReloadsChangedFiles(t *testing.T) {
+	ca := tlscerttest.NewCA(t)
+	certFile, keyFile := pairFiles(t)
+	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
+	var logs logBuffer
+	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: time.Millisecond, Logger: logs.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := serial(t, k); got != 1 || k.Leaf().SerialNumber.Int64() != 1 {
+		t.Fatalf("serial %d, want 1", got)
+	}
+
+	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
+	eventually(t, "new certificate served", func() bool { return serial(t, k) == 2 })
+	if n := logs.count("TLS certificate reloaded"); n != 1 {
+		t.Fatalf("%d reload lines, want 1", n)
+	}
+
+	// A certificate whose key is not the one in the key file.
+	certPEM, _ := ca.Issue(t, 3, "127.0.0.1")
+	tlscerttest.Replace(t, certFile, certPEM)
+	const refused = "TLS certificate files changed but cannot be used"
+	eventually(t, "bad pair logged", func() bool { serial(t, k); return logs.count(refused) > 0 })
+	// Many handshakes later, each past the interval, the old certificate is
+	// still served and the bad pair was logged once.
+	for range 50 {
+		time.Sleep(2 * time.Millisecond)
+		if got := serial(t, k); got != 2 {
+			t.Fatalf("serial %d after a bad pair, want 2 (the previous)", got)
+		}
+	}
+	if n := logs.count(refused); n != 1 {
+		t.Fatalf("bad pair logged %d times, want once:\n%s", n, logs.String())
+	}
+
+	// The key file disappears in the middle of a rotation: a new state,
+	// logged once more; the old certificate stays.
+	if err := os.Remove(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "missing key logged", func() bool { serial(t, k); return logs.count(refused) == 2 })
+	if got := serial(t, k); got != 2 {
+		t.Fatalf("serial %d with the key missing, want 2", got)
+	}
+
+	// A good pair again.
+	ca.WritePair(t, certFile, keyFile, 4, "127.0.0.1")
+	eventually(t, "good pair served", func() bool { return serial(t, k) == 4 })
+	if n := logs.count(refused); n != 2 {
+		t.Fatalf("refusals logged %d times, want 2", n)
+	}
+}
+
+// TestKeyPairChecksAtMostOncePerInterval: within the interval no handshake
+// looks at the files, so a change waits for the next check.
+func TestKeyPairChecksAtMostOncePerInterval(t *testing.T) {
+	ca := tlscerttest.NewCA(t)
+	certFile, keyFile := pairFiles(t)
+	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
+	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
+	for range 100 {
+		if got := serial(t, k); got != 1 {
+			t.Fatalf("serial %d within the interval, want 1", got)
+		}
+	}
+}
+
+// TestKeyPairTLSConfigOffersHTTP1Only: a client that offers HTTP/2 first
+// gets HTTP/1.1, the only protocol the gateway's server speaks.
+func TestKeyPairTLSConfigOffersHTTP1Only(t *testing.T) {
+	ca := tlscerttest.NewCA(t)
+	certFile, keyFile := pairFiles(t)
+	ca.WritePair(t, certFile, keyFile, 7, "127.0.0.1")
+	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", k.TLSConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	cfg := ca.ClientConfig()
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	c, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st := c.ConnectionState()
+	if st.NegotiatedProtocol != "http/1.1" || st.PeerCertificates[0].SerialNumber.Int64() != 7 || st.Version < tls.VersionTLS12 {
+		t.Fatalf("negotiated %q, serial %v, version %x", st.NegotiatedProtocol, st.PeerCertificates[0].SerialNumber, st.Version)
+	}
+}
+
+// BenchmarkGetCertificate is the cost the reload check adds to a
+// handshake. With the default interval nearly every call only loads the
+// current certificate; with "stat-each" every call checks the files (two
+// stats), the most a check costs when nothing changed.
+func BenchmarkGetCertificate(b *testing.B) {
+	ca := tlscerttest.NewCA(b)
+	dir := b.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca.WritePair(b, certFile, keyFile, 1, "127.0.0.1")
+	hello := &tls.ClientHelloInfo{ServerName: "127.0.0.1"}
+	load := func(b *testing.B, interval time.Duration) *tlscert.KeyPair {
+		k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: interval})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return k
+	}
+	b.Run("default", func(b *testing.B) {
+		k := load(b, 0)
+		for b.Loop() {
+			if _, err := k.GetCertificate(hello); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("stat-each", func(b *testing.B) {
+		k := load(b, time.Nanosecond)
+		for b.Loop() {
+			if _, err := k.GetCertificate(hello); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
