@@ -99,10 +99,20 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// undo closes what Open has opened so far, last first, when a later
+	// step fails.
+	var undo []func()
+	fail := func(err error) (*Node, error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		return nil, err
+	}
 	st, err := store.Open(store.Options{Dir: c.Data, InMemory: c.InMemory, Sync: c.Sync, Logger: c.Logger})
 	if err != nil {
 		return nil, err
 	}
+	undo = append(undo, func() { _ = st.Close() })
 	retention := c.PeerRetention
 	if retention <= 0 {
 		retention = time.Hour
@@ -116,57 +126,40 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: c.OutboxLimit, Retention: c.OutboxRetention,
 		ConsumerRetention: retention, Logger: c.Logger})
 	if err != nil {
-		_ = st.Close()
-		return nil, err
+		return fail(err)
 	}
+	undo = append(undo, hub.Close)
 	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: c.Logger, Retention: retention, WebhookAllow: c.WebhookAllow})
 	if err != nil {
-		hub.Close()
-		_ = st.Close()
-		return nil, err
+		return fail(err)
 	}
+	undo = append(undo, chans.Close)
 	br, err := bridge.New(ctx, bridge.Options{Store: st, Notifier: chans, Logger: c.Logger})
 	if err != nil {
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, err
+		return fail(err)
 	}
 	sessions, err := session.New(session.Options{Store: st, Logger: c.Logger})
 	if err != nil {
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, err
+		return fail(err)
 	}
 	ko := c.Kernel
 	ko.Store, ko.Deliverer, ko.Policy, ko.Logger, ko.Approvals, ko.Sessions = st, Deliverer(hub), c.Policy, c.Logger, br, sessions
 	k, err := kernel.New(ctx, ko)
 	if err != nil {
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, err
+		return fail(err)
 	}
+	undo = append(undo, k.Close)
+	// The sessions stop before the kernel, as in Close.
+	undo = append(undo, sessions.Close)
 	if err := sessions.Start(ctx, k); err != nil {
-		sessions.Close()
-		k.Close()
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, err
+		return fail(err)
+	}
+	notes, err := memory.Open(memory.Options{Store: st})
+	if err != nil {
+		return fail(err)
 	}
 	so := c.Server
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, c.Logger, br, chans, sessions
-	notes, err := memory.Open(memory.Options{Store: st})
-	if err != nil {
-		sessions.Close()
-		k.Close()
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, err
-	}
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
 		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
@@ -175,21 +168,11 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	)
 	srv, err := New(so)
 	if err != nil {
-		sessions.Close()
-		k.Close()
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, err
+		return fail(err)
 	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
-		sessions.Close()
-		k.Close()
-		chans.Close()
-		hub.Close()
-		_ = st.Close()
-		return nil, fmt.Errorf("gateway: listen: %w", err)
+		return fail(fmt.Errorf("gateway: listen: %w", err))
 	}
 	if c.TLS != nil {
 		ln = tls.NewListener(ln, serverTLS(c.TLS))
