@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -103,12 +104,10 @@ func newBrowser(t *testing.T, flags ...chromedp.ExecAllocatorOption) *browser {
 		}
 		t.Skipf("%s not found: install Debian's chromium package (apt-get install chromium) to run this end-to-end test", chromiumPath)
 	}
-	// TempDir first: cleanups run last-in first-out, so the browser is gone
-	// before its profile folder is removed.
-	profile := t.TempDir()
+	// Each start's profile is a TempDir made before the browser: cleanups
+	// run last-in first-out, so the browser is gone before its folder is.
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromiumPath),
-		chromedp.UserDataDir(profile),
 		chromedp.NoSandbox, // tests run as root in CI containers
 		chromedp.DisableGPU,
 		chromedp.Flag("disable-background-networking", true),
@@ -118,25 +117,20 @@ func newBrowser(t *testing.T, flags ...chromedp.ExecAllocatorOption) *browser {
 		chromedp.NoFirstRun,
 	)
 	opts = append(opts, flags...)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(allocCtx)
-	t.Cleanup(cancel)
-	b := &browser{t: t, ctx: ctx}
-	// The first run starts the browser, bound to ctx: it must carry no
-	// timeout, or the timeout would end the whole browser. A hung start is
-	// still bounded, by this watchdog.
-	started := make(chan error, 1)
-	go func() { started <- chromedp.Do(ctx) }()
-	select {
-	case err := <-started:
-		if err != nil {
+	// A start can fail on a loaded machine (the process exits before it
+	// prints its DevTools address); it is tried once more with a fresh
+	// profile before the test fails.
+	var ctx context.Context
+	for attempt := 1; ; attempt++ {
+		var err error
+		if ctx, err = startBrowser(t, append(opts, chromedp.UserDataDir(t.TempDir()))); err == nil {
+			break
+		} else if attempt == 2 {
 			t.Fatalf("start Chromium: %v", err)
 		}
-	case <-time.After(60 * time.Second):
-		cancel()
-		t.Fatal("Chromium did not start within 60s")
+		t.Logf("Chromium did not start (%v); trying again", err)
 	}
+	b := &browser{t: t, ctx: ctx}
 	messages := chromedp.Console(ctx)
 	go func() {
 		for m, err := range messages {
@@ -178,6 +172,30 @@ func (b *browser) eval(expr string) string {
 		b.t.Fatalf("browser: evaluate %s: %v", expr, err)
 	}
 	return v
+}
+
+// startBrowser starts Chromium with opts, bound to the test: the first
+// run starts the browser on a context with no timeout (a timeout would end
+// the whole browser), and a hung start is bounded by a watchdog instead.
+func startBrowser(t *testing.T, opts []chromedp.ExecAllocatorOption) (context.Context, error) {
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancel)
+	started := make(chan error, 1)
+	go func() { started <- chromedp.Do(ctx) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			cancel()
+			cancelAlloc()
+		}
+		return ctx, err
+	case <-time.After(60 * time.Second):
+		cancel()
+		cancelAlloc()
+		return nil, errors.New("Chromium did not start within 60s")
+	}
 }
 
 // evalAsync returns the value a JavaScript promise resolves to.
