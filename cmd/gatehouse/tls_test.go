@@ -99,7 +99,9 @@ func tlsServe(t *testing.T, cfg *tls.Config, data string, flags ...string) (stri
 		resp, err := hc.Get(base + "/v0/ready")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
+			// The start-up line, which the tests read, is logged once Open
+			// has returned: a moment after the listener answers.
+			if resp.StatusCode == 200 && strings.Contains(logs.String(), "gatehouse listening") {
 				return base, logs
 			}
 		}
