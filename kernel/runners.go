@@ -716,12 +716,16 @@ func (k *Kernel) Tools() []ServedTool {
 	return out
 }
 
-// DescribeTools records what a runner says about its tools (a protocol's
-// capability metadata: description, parameters, accounts), by tool id,
-// replacing what it said before. The kernel keeps it while the runner is
-// known and means nothing by it; Tools returns it beside the tools.
+// DescribeTools records what a connected runner says about its tools (a
+// protocol's capability metadata: description, parameters, accounts), by
+// tool id, replacing what it said before. The kernel keeps it while the
+// runner is known, forgets it with the runner, and means nothing by it;
+// Tools returns it beside the tools. An unknown runner changes nothing, as
+// for UpdateCapabilities.
 func (k *Kernel) DescribeTools(runnerID string, info map[string]json.RawMessage) {
 	k.mu.Lock()
-	k.runnerSetLocked(runnerID).info = info
+	if rs := k.runners[runnerID]; rs != nil {
+		rs.info = info
+	}
 	k.mu.Unlock()
 }
