@@ -115,15 +115,21 @@ func checkAAPMeta(t *tc) {
 	if v, _ := meta.num("version"); v != 1 {
 		t.fatalf("meta version: %v", meta)
 	}
+	if !t.aapOnline(a.id) {
+		t.fatalf("the declared, connected agent %s is not listed online: %v", a.id, meta)
+	}
+}
+
+// aapOnline reports whether /aap/v1/meta lists agent name as online.
+func (t *tc) aapOnline(name string) bool {
+	meta := t.expectJSON(t.call(http.MethodGet, aap+"/meta", nil), http.StatusOK)
 	for _, ag := range objects(meta, "agents") {
-		if name, _ := ag.str("name"); name == a.id {
-			if online, _ := ag.boolean("online"); !online {
-				t.fatalf("the connected agent is not online: %v", ag)
-			}
-			return
+		if n, _ := ag.str("name"); n == name {
+			online, _ := ag.boolean("online")
+			return online
 		}
 	}
-	t.fatalf("the declared agent %s is not listed: %v", a.id, meta)
+	return false
 }
 
 func userMessage(text string) []any {
@@ -218,6 +224,12 @@ func checkAAPHistoryListDelete(t *tc) {
 func checkAAPExternalAgent(t *tc) {
 	if t.o.AAPAgent == "" {
 		t.skipf("needs a running AAP agent: pass --aap-agent NAME")
+	}
+	// The agent may still be starting: wait for it to be declared online.
+	for deadline := time.Now().Add(20 * time.Second); !t.aapOnline(t.o.AAPAgent); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.fatalf("agent %s is not declared and online in /aap/v1/meta", t.o.AAPAgent)
+		}
 	}
 	call := t.aapStart(http.MethodPut, aap+"/session", map[string]any{"agent": map[string]any{"name": t.o.AAPAgent}, "stream": "delta", "messages": userMessage("hello")})
 	status, body := call.wait(t)
