@@ -185,7 +185,7 @@ func options(t *testing.T, g *testGateway) conformance.Options {
 		URL:              g.url(),
 		Token:            adminToken,
 		Restart:          g.restart,
-		Timeout:          30 * time.Second,
+		Timeout:          60 * time.Second, // the race detector slows the heaviest checks several times
 		ApprovalTool:     "conformance.approve",
 		RunnerToken:      mint(t, auth.RoleRunner, nil, []string{"conf-scoped-runner"}),
 		RunnerTokenID:    "conf-scoped-runner",
