@@ -62,6 +62,10 @@ type Config struct {
 	// most that many finished executions.
 	Retention      time.Duration
 	RetentionCount int
+	// RetentionInterval is how often retention runs (10 min when zero);
+	// its first pass comes soon after start, at most 30 s, so that a box
+	// that restarts often still prunes.
+	RetentionInterval time.Duration
 }
 
 // Node is a running gateway with everything it owns.
@@ -198,11 +202,16 @@ func (n *Node) gcLoop() {
 	if retention <= 0 {
 		retention = 168 * time.Hour
 	}
-	t := time.NewTicker(10 * time.Minute)
+	every := n.cfg.RetentionInterval
+	if every <= 0 {
+		every = 10 * time.Minute
+	}
+	t := time.NewTimer(min(every, 30*time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
+			t.Reset(every)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			if _, err := n.Kernel.Prune(ctx, time.Now().Add(-retention), n.cfg.RetentionCount); err != nil {
 				n.log.Warn("retention", "err", err)

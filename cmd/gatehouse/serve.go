@@ -31,6 +31,7 @@ type config struct {
 	outboxRetention, writeTimeout   time.Duration
 	retention                       time.Duration
 	retentionCount                  int
+	retentionEvery                  time.Duration
 	idemWindow                      time.Duration
 	idemKeys                        int
 	peerRetention                   time.Duration
@@ -118,6 +119,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.DurationVar(&c.retention, "retention", 168*time.Hour, "finished executions are deleted this long after they end")
 	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
+	fs.DurationVar(&c.retentionEvery, "retention-interval", 10*time.Minute, "how often retention runs; its first pass comes at most 30s after start")
 	fs.DurationVar(&c.idemWindow, "idempotency-window", 24*time.Hour, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", time.Hour, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
@@ -222,7 +224,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gat
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
-		Retention: c.retention, RetentionCount: c.retentionCount,
+		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionEvery,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
