@@ -141,7 +141,7 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(400 * time.Millisecond)
+	waitAcked(t, &mu, func() int { return len(all) }, 40)
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestPowerCutKeepsMemoryNotes(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(600 * time.Millisecond)
+	waitAcked(t, &mu, func() int { return len(acked) }, 20)
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(800 * time.Millisecond)
+	waitAcked(t, &mu, func() int { return len(acked) }, 6)
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -336,4 +336,19 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 		}
 	}
 	t.Logf("%d answered turns checked after SIGKILL", len(acked))
+}
+
+// waitAcked lets the writers run until count (read under mu) reaches want,
+// or 20 s pass, so that a kill falls in the middle of a load on a busy
+// machine as on an idle one.
+func waitAcked(t *testing.T, mu *sync.Mutex, count func() int, want int) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := count()
+		mu.Unlock()
+		if n >= want {
+			return
+		}
+	}
 }
