@@ -64,19 +64,19 @@ func (l *perIPListener) Accept() (net.Conn, error) {
 	}
 }
 
-// refuse answers c on its own goroutine, so that a client that does not
-// read cannot hold up Accept.
+// refuse answers c and closes it. The answer is written on the accepting
+// goroutine: it is a few bytes into a new socket's empty send buffer, so
+// the write does not wait (and is bounded anyway), and a flood of refused
+// connections costs no goroutine each.
 func (l *perIPListener) refuse(c net.Conn) {
 	if l.refused != nil {
 		l.refused()
 	}
-	go func() {
-		_ = c.SetDeadline(time.Now().Add(time.Second))
-		if _, ok := c.(*tls.Conn); !ok {
-			_, _ = c.Write([]byte(tooManyConns))
-		}
-		_ = c.Close()
-	}()
+	if _, ok := c.(*tls.Conn); !ok {
+		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = c.Write([]byte(tooManyConns))
+	}
+	_ = c.Close()
 }
 
 func (l *perIPListener) release(ip netip.Addr) {

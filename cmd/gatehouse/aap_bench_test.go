@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -89,44 +87,18 @@ func BenchmarkAAPTurns(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var mu sync.Mutex
-	var starts, firsts []time.Duration
-	work := make(chan struct{}, b.N)
-	for range b.N {
-		work <- struct{}{}
-	}
-	close(work)
-	b.ResetTimer()
-	t0 := time.Now()
-	var wg sync.WaitGroup
-	for range sessions {
-		wg.Go(func() {
-			id := ""
-			for range work {
-				s, f, got, err := turn(id)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				id = got
-				mu.Lock()
-				starts, firsts = append(starts, s), append(firsts, f)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(t0)
-	b.StopTimer()
-	if len(starts) == 0 {
-		return
-	}
-	slices.Sort(starts)
-	slices.Sort(firsts)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	b.ReportMetric(float64(len(starts))/elapsed.Seconds(), "turns/s")
-	b.ReportMetric(ms(starts[len(starts)/2]), "turn_start_p50_ms")
-	b.ReportMetric(ms(starts[len(starts)*99/100]), "turn_start_p99_ms")
-	b.ReportMetric(ms(firsts[len(firsts)/2]), "first_delta_p50_ms")
-	b.ReportMetric(ms(firsts[len(firsts)*99/100]), "first_delta_p99_ms")
+	rs := spread(b, sessions, 2, func() func() ([]time.Duration, error) {
+		id := "" // the session the worker's turns run in
+		return func() ([]time.Duration, error) {
+			start, first, got, err := turn(id)
+			id = got
+			return []time.Duration{start, first}, err
+		}
+	})
+	starts, firsts := rs[0], rs[1]
+	b.ReportMetric(starts.rate(), "turns/s")
+	b.ReportMetric(millis(starts.percentile(50)), "turn_start_p50_ms")
+	b.ReportMetric(millis(starts.percentile(99)), "turn_start_p99_ms")
+	b.ReportMetric(millis(firsts.percentile(50)), "first_delta_p50_ms")
+	b.ReportMetric(millis(firsts.percentile(99)), "first_delta_p99_ms")
 }

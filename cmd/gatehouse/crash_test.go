@@ -113,46 +113,27 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var all []*acked
-	ctx, cancel := context.WithCancel(context.Background())
 	client := &http.Client{Timeout: 5 * time.Second}
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil && i < 10000; i++ {
-				status, ex, err := post(ctx, client, c.base+"/v0/executions", map[string]any{"agent_id": fmt.Sprintf("crash-%d", w), "input": i})
-				if err != nil || status != 201 {
-					return
-				}
-				a := &acked{id: ex["id"].(string)}
-				mu.Lock()
-				all = append(all, a)
-				mu.Unlock()
-				for range 3 {
-					status, _, err := post(ctx, client, c.base+"/v0/executions/"+a.id+"/signal", map[string]any{"signal_type": "tick"})
-					if err != nil || status != 200 {
-						return
-					}
-					mu.Lock()
-					a.signals++
-					mu.Unlock()
-				}
+	killDuringLoad(t, c, 8, func(ctx context.Context, w, i int) bool {
+		status, ex, err := post(ctx, client, c.base+"/v0/executions", map[string]any{"agent_id": fmt.Sprintf("crash-%d", w), "input": i})
+		if err != nil || status != 201 {
+			return false
+		}
+		a := &acked{id: ex["id"].(string)}
+		mu.Lock()
+		all = append(all, a)
+		mu.Unlock()
+		for range 3 {
+			status, _, err := post(ctx, client, c.base+"/v0/executions/"+a.id+"/signal", map[string]any{"signal_type": "tick"})
+			if err != nil || status != 200 {
+				return false
 			}
-		}()
-	}
-	waitAcked(t, &mu, func() int { return len(all) }, 40)
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.cmd.Wait()
-	cancel()
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(all) < 20 {
-		t.Fatalf("only %d executions acknowledged before the kill; the test did not load the server", len(all))
-	}
+			mu.Lock()
+			a.signals++
+			mu.Unlock()
+		}
+		return true
+	}, func() int { mu.Lock(); defer mu.Unlock(); return len(all) }, 40, 20)
 
 	c = startChild(t, addr, dir)
 	for _, a := range all {
@@ -199,36 +180,19 @@ func TestPowerCutKeepsMemoryNotes(t *testing.T) {
 	c := startChild(t, addr, dir)
 	var mu sync.Mutex
 	acked := map[string]string{} // line -> session
-	ctx, cancel := context.WithCancel(context.Background())
 	client := &http.Client{Timeout: 10 * time.Second}
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; ctx.Err() == nil && i < 10000; i++ {
-				line := fmt.Sprintf("w%d-line%d", w, i)
-				status, out, err := post(ctx, client, c.base+"/runtime/v1/tools/memory_append", map[string]any{
-					"input": map[string]any{"path": "/crash/log.md", "content": line}, "wait": true})
-				if err != nil || status != 200 || out["status"] != "completed" {
-					return
-				}
-				mu.Lock()
-				acked[line] = out["sessionId"].(string)
-				mu.Unlock()
-			}
-		})
-	}
-	waitAcked(t, &mu, func() int { return len(acked) }, 20)
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.cmd.Wait()
-	cancel()
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(acked) < 5 {
-		t.Fatalf("only %d appends acknowledged before the kill; the test did not load the server", len(acked))
-	}
+	killDuringLoad(t, c, 4, func(ctx context.Context, w, i int) bool {
+		line := fmt.Sprintf("w%d-line%d", w, i)
+		status, out, err := post(ctx, client, c.base+"/runtime/v1/tools/memory_append", map[string]any{
+			"input": map[string]any{"path": "/crash/log.md", "content": line}, "wait": true})
+		if err != nil || status != 200 || out["status"] != "completed" {
+			return false
+		}
+		mu.Lock()
+		acked[line] = out["sessionId"].(string)
+		mu.Unlock()
+		return true
+	}, func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }, 20, 5)
 	c = startChild(t, addr, dir)
 	status, out, err := post(context.Background(), client, c.base+"/runtime/v1/tools/memory_read", map[string]any{
 		"input": map[string]any{"path": "/crash/log.md"}, "wait": true})
@@ -285,35 +249,18 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 	}
 	var mu sync.Mutex
 	acked := map[string]string{} // session -> the user's words
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; loadCtx.Err() == nil && i < 1000; i++ {
-				words := fmt.Sprintf("hello %d-%d", w, i)
-				status, out, err := send(loadCtx, client, http.MethodPut, c.base+"/aap/v1/session", map[string]any{
-					"agent": map[string]any{"name": "example"}, "messages": []any{map[string]any{"role": "user", "content": words}}})
-				if err != nil || status != 201 {
-					return
-				}
-				mu.Lock()
-				acked[out["sessionId"].(string)] = words
-				mu.Unlock()
-			}
-		})
-	}
-	waitAcked(t, &mu, func() int { return len(acked) }, 6)
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.cmd.Wait()
-	stopLoad()
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(acked) < 3 {
-		t.Fatalf("only %d turns answered before the kill; the test did not load the server", len(acked))
-	}
+	killDuringLoad(t, c, 4, func(ctx context.Context, w, i int) bool {
+		words := fmt.Sprintf("hello %d-%d", w, i)
+		status, out, err := send(ctx, client, http.MethodPut, c.base+"/aap/v1/session", map[string]any{
+			"agent": map[string]any{"name": "example"}, "messages": []any{map[string]any{"role": "user", "content": words}}})
+		if err != nil || status != 201 {
+			return false
+		}
+		mu.Lock()
+		acked[out["sessionId"].(string)] = words
+		mu.Unlock()
+		return true
+	}, func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }, 6, 3)
 	c = startChild(t, addr, dir)
 	for id, words := range acked {
 		resp, err := client.Get(c.base + "/aap/v1/session/" + id + "?history=full")
@@ -338,17 +285,32 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 	t.Logf("%d answered turns checked after SIGKILL", len(acked))
 }
 
-// waitAcked lets the writers run until count (read under mu) reaches want,
-// or 20 s pass, so that a kill falls in the middle of a load on a busy
-// machine as on an idle one.
-func waitAcked(t *testing.T, mu *sync.Mutex, count func() int, want int) {
+// killDuringLoad kills child c with SIGKILL in the middle of a load: write
+// runs on workers goroutines, the i-th call of worker w, until it returns
+// false or the kill; the kill comes once acked reports want acknowledged
+// writes (or after 20 s, so that a busy machine still loads the server
+// first). After the writers have stopped, fewer than atLeast acknowledged
+// writes fail the test: the load never reached the server.
+func killDuringLoad(t *testing.T, c *child, workers int, write func(ctx context.Context, w, i int) bool, acked func() int, want, atLeast int) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		mu.Lock()
-		n := count()
-		mu.Unlock()
-		if n >= want {
-			return
-		}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil && i < 10000 && write(ctx, w, i); i++ {
+			}
+		})
+	}
+	for deadline := time.Now().Add(20 * time.Second); acked() < want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+	cancel()
+	wg.Wait()
+	if n := acked(); n < atLeast {
+		t.Fatalf("only %d writes acknowledged before the kill; the test did not load the server", n)
 	}
 }

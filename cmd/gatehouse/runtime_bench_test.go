@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -73,37 +71,13 @@ func BenchmarkRuntimeInvocations(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var mu sync.Mutex
-	lat := make([]time.Duration, 0, b.N)
-	work := make(chan struct{}, b.N)
-	for range b.N {
-		work <- struct{}{}
-	}
-	close(work)
-	b.ResetTimer()
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			for range work {
-				d, err := invoke()
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				mu.Lock()
-				lat = append(lat, d)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	slices.Sort(lat)
-	if len(lat) > 0 {
-		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "invocations/s")
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
-		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
-	}
+	r := spread(b, callers, 1, func() func() ([]time.Duration, error) {
+		return func() ([]time.Duration, error) {
+			d, err := invoke()
+			return []time.Duration{d}, err
+		}
+	})[0]
+	b.ReportMetric(r.rate(), "invocations/s")
+	b.ReportMetric(millis(r.percentile(50)), "p50_ms")
+	b.ReportMetric(millis(r.percentile(99)), "p99_ms")
 }

@@ -52,7 +52,6 @@ func parsePosition(id string) (position, bool) {
 type execSource struct {
 	k       Kernel
 	v       kernel.View // the execution when the stream opened
-	session string
 	watch   *kernel.Watch
 	from    position
 	ended   bool
@@ -61,7 +60,7 @@ type execSource struct {
 }
 
 func (s *Surface) source(v kernel.View, from position) *execSource {
-	return &execSource{k: s.o.Kernel, v: v, session: v.SessionID, watch: s.o.Kernel.Watch(v.ID), from: from}
+	return &execSource{k: s.o.Kernel, v: v, watch: s.o.Kernel.Watch(v.ID), from: from}
 }
 
 func (src *execSource) Next(buf []stream.Item) (int, error) {
@@ -137,7 +136,7 @@ func (src *execSource) render(e *event.Event) []frame {
 	}
 	switch e.Type {
 	case event.ExecutionCreated:
-		return []frame{mk("session", map[string]any{"id": src.session, "executionId": id, "runId": run, "interactionMode": interactionMode})}
+		return []frame{mk("session", map[string]any{"id": src.v.SessionID, "executionId": id, "runId": run, "interactionMode": interactionMode})}
 	case event.ExecutionStarted, event.ExecutionResumed:
 		return []frame{status("executing")}
 	case event.ExecutionBlocked:
@@ -216,7 +215,7 @@ var renderer = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, er
 // from the start (or after Last-Event-ID), then live, ending after the
 // terminal event; opened after the end it replays everything and ends.
 func (s *Surface) streamEvents(r *protocol.Request) {
-	v, _, err := s.execution(r.Ctx, r.Principal, r.Params[0])
+	v, err := s.execution(r.Ctx, r.Principal, r.Params[0])
 	if err != nil {
 		fail(r.Ctx, err)
 		return

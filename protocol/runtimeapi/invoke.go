@@ -116,7 +116,7 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
 	if in.Wait || v.Status.Terminal() {
 		if v, err = s.await(r.Ctx, v); err == nil && v.Status.Terminal() {
 			status = fasthttp.StatusOK
-			out = s.outcome(r.Ctx, &v, sess.ID)
+			out = s.outcome(&v)
 		}
 	}
 	writeJSON(r.Ctx, status, out)
@@ -202,8 +202,8 @@ func (s *Surface) await(ctx context.Context, v kernel.View) (kernel.View, error)
 }
 
 // outcome is a finished execution as an invocation's answer.
-func (s *Surface) outcome(ctx context.Context, v *kernel.View, sessionID string) Invoked {
-	out := Invoked{ExecutionID: v.ID, SessionID: sessionID, RunID: runID(v.ID), Status: runStatus(v.Status)}
+func (s *Surface) outcome(v *kernel.View) Invoked {
+	out := Invoked{ExecutionID: v.ID, SessionID: v.SessionID, RunID: runID(v.ID), Status: runStatus(v.Status)}
 	if v.Status == kernel.StatusCompleted {
 		out.Output = v.Output
 		out.Summary = summarize(v.Tool, v.Output)
@@ -237,20 +237,20 @@ func (s *Surface) failure(id string) string {
 
 // getExecution answers GET /executions/{id} (extension).
 func (s *Surface) getExecution(r *protocol.Request) {
-	v, sessionID, err := s.execution(r.Ctx, r.Principal, r.Params[0])
+	v, err := s.execution(r.Ctx, r.Principal, r.Params[0])
 	if err != nil {
 		fail(r.Ctx, err)
 		return
 	}
 	out := map[string]any{
-		"executionId": v.ID, "sessionId": sessionID, "runId": runID(v.ID), "tool": v.Tool.ToolID,
+		"executionId": v.ID, "sessionId": v.SessionID, "runId": runID(v.ID), "tool": v.Tool.ToolID,
 		"input": json.RawMessage(orEmpty(v.Tool.Arguments)), "status": runStatus(v.Status), "createdAt": v.CreatedAt,
 	}
 	if v.Tool.Account != "" {
 		out["connectedAccountId"] = v.Tool.Account
 	}
 	if v.Status.Terminal() {
-		o := s.outcome(r.Ctx, &v, sessionID)
+		o := s.outcome(&v)
 		out["completedAt"] = v.UpdatedAt
 		if o.Output != nil {
 			out["output"] = o.Output
@@ -267,19 +267,19 @@ func (s *Surface) getExecution(r *protocol.Request) {
 
 // execution returns direct execution id if p may read it: another's, and
 // an execution that is not an invocation, are not found.
-func (s *Surface) execution(ctx context.Context, p *auth.Principal, id string) (kernel.View, string, error) {
+func (s *Surface) execution(ctx context.Context, p *auth.Principal, id string) (kernel.View, error) {
 	if err := p.Can(auth.ActRead, auth.KindExecution); err != nil {
-		return kernel.View{}, "", err
+		return kernel.View{}, err
 	}
 	v, err := s.o.Kernel.Get(ctx, id)
 	if err != nil || v.Tool == nil {
-		return kernel.View{}, "", notFound("execution", id)
+		return kernel.View{}, notFound("execution", id)
 	}
 	res := auth.Resource{Kind: auth.KindExecution, ID: v.ID, Owner: auth.Owner{Principal: v.Owner, Tenant: v.Tenant}}
 	if p.Authorize(auth.ActRead, res) != nil {
-		return kernel.View{}, "", notFound("execution", id)
+		return kernel.View{}, notFound("execution", id)
 	}
-	return v, v.SessionID, nil
+	return v, nil
 }
 
 func orEmpty(v json.RawMessage) json.RawMessage {
