@@ -542,6 +542,10 @@ func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string)
 		r.mu.Unlock()
 		return Channel{}, false, fmt.Errorf("%w: %s has %d", ErrTooMany, owner, r.maxChans)
 	default:
+		if err := r.st.Admit(); err != nil {
+			r.mu.Unlock()
+			return Channel{}, false, err // short of room: a new channel waits
+		}
 		fresh = true
 		r.claims[k] = owner
 		rc = record{Owner: owner, ChannelID: channelID, PeerID: peerID, Kind: KindNative, CreatedAt: now}

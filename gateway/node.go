@@ -55,6 +55,13 @@ type Config struct {
 	// most that many finished executions.
 	Retention      time.Duration
 	RetentionCount int
+
+	// DiskBudget is the most the data folder may hold (zero: its size
+	// plus the free space at start), DiskLowWater the room below which
+	// new work is refused with 507 STORAGE_FULL (zero: derived), and
+	// MemoryLimit the memory the process may use (zero: no bound); see
+	// store.Options.
+	DiskBudget, DiskLowWater, MemoryLimit int64
 }
 
 // Node is a running gateway with everything it owns.
@@ -91,7 +98,8 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(store.Options{Dir: c.Data, InMemory: c.InMemory, Sync: c.Sync, Logger: c.Logger})
+	st, err := store.Open(store.Options{Dir: c.Data, InMemory: c.InMemory, Sync: c.Sync, Logger: c.Logger,
+		DiskBudget: c.DiskBudget, LowWater: c.DiskLowWater, MemoryLimit: c.MemoryLimit})
 	if err != nil {
 		return nil, err
 	}

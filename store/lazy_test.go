@@ -190,6 +190,13 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // one moment.
 func crashCopy(t *testing.T, s *Store, from string) string {
 	t.Helper()
+	return crashCopyMem(t, s, from, false)
+}
+
+// crashCopyMem is crashCopy, with Badger's memory tables' logs copied too
+// when mem is set: for a test that made the store sync them.
+func crashCopyMem(t *testing.T, s *Store, from string, mem bool) string {
+	t.Helper()
 	tables := func() string {
 		var ids []string
 		for _, ti := range s.db.Tables() {
@@ -212,7 +219,7 @@ func crashCopy(t *testing.T, s *Store, from string) string {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if e.IsDir() || strings.HasSuffix(name, ".mem") || name == "LOCK" {
+		if e.IsDir() || strings.HasSuffix(name, ".mem") && !mem || name == "LOCK" {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(from, name))

@@ -38,6 +38,7 @@ type config struct {
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
+	diskBudget, diskLowWater        byteSize
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -122,6 +123,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
 	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
+	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
+	fs.Var(&c.diskLowWater, "disk-low-water", "room (free space, or what the budget leaves) below which new work gets 507 STORAGE_FULL (`size`); 0: derived from the budget")
 }
 
 // authOptions turns the auth flags into auth.Options.
@@ -203,6 +206,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
+		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater),
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,

@@ -1,0 +1,437 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/dustin/go-humanize"
+)
+
+// ErrStorageFull matches the errors of writes and admissions refused for
+// lack of disk space (see Space); they are *SpaceError. Unlike ErrFailed,
+// it passes: writes are taken again once there is room.
+var ErrStorageFull = errors.New("storage full")
+
+// SpaceState says how much room the data folder has left.
+type SpaceState int32
+
+const (
+	// SpaceOK: room above the low-water mark.
+	SpaceOK SpaceState = iota
+	// SpaceLow: below the low-water mark. New work waits (Admit refuses
+	// it); writes that let work already running finish, and free space,
+	// still go on.
+	SpaceLow
+	// SpaceFull: below the reserve, the room Badger may still need on its
+	// own. Every write that grows the data is refused; deletions and the
+	// reads' bookkeeping still go on.
+	SpaceFull
+)
+
+// String returns "ok", "low" or "full".
+func (s SpaceState) String() string {
+	switch s {
+	case SpaceOK:
+		return "ok"
+	case SpaceLow:
+		return "low"
+	case SpaceFull:
+		return "full"
+	}
+	return fmt.Sprintf("SpaceState(%d)", int32(s))
+}
+
+// Space is a snapshot of the data folder's room, taken a few times a
+// second. Room is the lesser of the file system's free space and what the
+// budget leaves.
+type Space struct {
+	State SpaceState
+	// Free is the file system's free space for the folder (what an
+	// unprivileged writer may use); Used, the bytes the folder holds.
+	Free, Used int64
+	// Budget is the most the folder may hold; LowWater and Reserve, the
+	// room below which new work waits and every growing write is refused.
+	Budget, LowWater, Reserve int64
+	// Err is why the space could not be read, or why the journal could
+	// not prepare its last segment; nil when all is well.
+	Err error
+}
+
+// Room returns the lesser of the free space and what the budget leaves.
+func (s Space) Room() int64 { return min(s.Free, s.Budget-s.Used) }
+
+// SpaceError is a write or an admission refused for lack of room. It
+// matches ErrStorageFull.
+type SpaceError struct {
+	Space Space
+	// Cause is the file system's own refusal (ENOSPC), when there was one.
+	Cause error
+}
+
+// Error says how much room there is and how much is needed.
+func (e *SpaceError) Error() string {
+	need := e.Space.LowWater
+	if e.Space.State == SpaceFull {
+		need = e.Space.Reserve
+	}
+	msg := fmt.Sprintf("storage full: %s of room left in the data folder (%s free, %s of a %s budget used); writes resume above %s",
+		size(e.Space.Room()), size(e.Space.Free), size(e.Space.Used), size(e.Space.Budget), size(need))
+	if e.Cause != nil {
+		msg += ": " + e.Cause.Error()
+	}
+	return msg
+}
+
+// Is makes a SpaceError match ErrStorageFull.
+func (e *SpaceError) Is(target error) bool { return target == ErrStorageFull }
+
+// Unwrap returns the file system's refusal, if any.
+func (e *SpaceError) Unwrap() error { return e.Cause }
+
+func size(n int64) string {
+	if n < 0 {
+		return "-" + humanize.IBytes(uint64(-n))
+	}
+	return humanize.IBytes(uint64(n))
+}
+
+// isNoSpace reports whether err is the file system saying it has no room.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// watermarks turn room into a SpaceState.
+type watermarks struct {
+	budget, lowWater, reserve int64
+	// hysteresis is the room above a mark a state needs before it is
+	// left: near a mark, a few writes and a compaction would otherwise
+	// flip it back and forth.
+	hysteresis int64
+}
+
+// next is the state after prev, for free bytes free and used bytes used.
+func (w watermarks) next(prev SpaceState, free, used int64) SpaceState {
+	room := min(free, w.budget-used)
+	next := SpaceOK
+	switch {
+	case room < w.reserve:
+		next = SpaceFull
+	case room < w.lowWater:
+		next = SpaceLow
+	}
+	if next < prev {
+		switch {
+		case prev == SpaceFull && room < w.reserve+w.hysteresis:
+			next = SpaceFull
+		case room < w.lowWater+w.hysteresis:
+			next = SpaceLow
+		}
+	}
+	return next
+}
+
+// Reading the space: a few times a second, and at once (but no more
+// often than spaceMinInterval) when writes since the last reading may
+// have used up the room it found.
+const (
+	spaceInterval    = 250 * time.Millisecond
+	spaceMinInterval = 50 * time.Millisecond
+	// writeCost is how many bytes of disk a journaled byte may take
+	// before the next reading sees it: the journal, Badger's log file and
+	// its table.
+	writeCost = 3
+)
+
+// diskUsage is what the store needs to know of its file system.
+type diskUsage struct {
+	// free is the space an unprivileged writer may still use.
+	free int64
+	// inodesLow is set when the file system is out of files to create.
+	inodesLow bool
+}
+
+// guard watches the data folder's room and says which writes may go on.
+type guard struct {
+	dir   string
+	marks watermarks
+	log   *slog.Logger
+	// read reads the file system's space; statfs but in tests.
+	read func(dir string) (diskUsage, error)
+
+	// room is the room found by the last reading, less writeCost for each
+	// byte journaled since (written).
+	room    atomic.Int64
+	written atomic.Int64
+	state   atomic.Int32
+	poke    chan struct{}
+
+	mu   sync.Mutex
+	last Space
+	// prepErr reports the journal's last failure to prepare a segment.
+	prepErr func() error
+}
+
+func newGuard(dir string, marks watermarks, log *slog.Logger, read func(string) (diskUsage, error)) *guard {
+	g := &guard{dir: dir, marks: marks, log: log, read: read, poke: make(chan struct{}, 1)}
+	g.room.Store(1<<62 - 1)
+	return g
+}
+
+// check reads the space and moves the state. A state change is logged
+// once.
+func (g *guard) check() Space {
+	du, err := g.read(g.dir)
+	used, uerr := folderSize(g.dir)
+	g.written.Store(0)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sp := Space{Free: du.free, Used: used, Budget: g.marks.budget, LowWater: g.marks.lowWater, Reserve: g.marks.reserve}
+	prev := SpaceState(g.state.Load())
+	switch {
+	case err != nil || uerr != nil:
+		// Nothing new is known: keep the state and the last figures.
+		sp = g.last
+		sp.Err = errors.Join(err, uerr)
+		if g.last.Err == nil {
+			g.log.Warn("cannot read the data folder's free space; keeping the last reading", "err", sp.Err)
+		}
+		sp.State = prev
+		g.last = sp
+		return sp
+	case du.inodesLow:
+		sp.State = SpaceFull
+	default:
+		sp.State = g.marks.next(prev, du.free, used)
+	}
+	g.room.Store(sp.Room())
+	g.state.Store(int32(sp.State))
+	g.last = sp
+	if sp.State != prev {
+		g.logChange(prev, sp)
+	}
+	return g.withPrepErr(sp)
+}
+
+// withPrepErr adds the journal's last failure to prepare a segment to sp.
+func (g *guard) withPrepErr(sp Space) Space {
+	if g.prepErr != nil {
+		sp.Err = errors.Join(sp.Err, g.prepErr())
+	}
+	return sp
+}
+
+func (g *guard) logChange(prev SpaceState, sp Space) {
+	attrs := []any{"room", size(sp.Room()), "free", size(sp.Free), "used", size(sp.Used), "budget", size(sp.Budget),
+		"low_water", size(sp.LowWater), "reserve", size(sp.Reserve)}
+	switch sp.State {
+	case SpaceOK:
+		g.log.Info("storage: room again; new work is taken", attrs...)
+	case SpaceLow:
+		if prev == SpaceFull {
+			g.log.Warn("storage: above the reserve again; running work may write, new work still waits (507 STORAGE_FULL)", attrs...)
+			return
+		}
+		g.log.Warn("storage: below the low-water mark; new work is refused (507 STORAGE_FULL), running work goes on", attrs...)
+	case SpaceFull:
+		g.log.Error("storage: reserve reached; every write that grows the data is refused (507 STORAGE_FULL) until space returns", attrs...)
+	}
+}
+
+// wrote counts n bytes journaled since the last reading, and asks for a
+// new reading when they may have used up the room it found.
+func (g *guard) wrote(n int) {
+	cost := int64(n) * writeCost
+	g.written.Add(cost)
+	if g.room.Add(-cost) < g.marks.lowWater {
+		g.wake()
+	}
+}
+
+func (g *guard) wake() {
+	select {
+	case g.poke <- struct{}{}:
+	default:
+	}
+}
+
+// admit returns nil when a write that grows the data (or, with shrinks,
+// one that only deletes) may go on.
+func (g *guard) admit(shrinks bool) error {
+	floor := g.marks.reserve
+	if shrinks {
+		// The reserve's lower half is Badger's alone.
+		floor /= 2
+	}
+	if g.room.Load() >= floor && (shrinks || SpaceState(g.state.Load()) != SpaceFull) {
+		return nil
+	}
+	g.wake()
+	return g.refusal(nil)
+}
+
+// admitNew returns nil when new work may start.
+func (g *guard) admitNew() error {
+	if g.room.Load() >= g.marks.lowWater && SpaceState(g.state.Load()) == SpaceOK {
+		return nil
+	}
+	g.wake()
+	return g.refusal(nil)
+}
+
+// refusal returns the error of a refused write, with the last reading.
+func (g *guard) refusal(cause error) *SpaceError {
+	sp := g.snapshot()
+	if sp.State == SpaceOK {
+		// The writes since the last reading took the room it found.
+		sp.State = SpaceLow
+	}
+	return &SpaceError{Space: sp, Cause: cause}
+}
+
+// full records the file system refusing a write: no room, whatever the
+// last reading said, until the next one finds some.
+func (g *guard) full(cause error) *SpaceError {
+	g.room.Store(0)
+	g.mu.Lock()
+	prev := SpaceState(g.state.Swap(int32(SpaceFull)))
+	g.last.State = SpaceFull
+	if prev != SpaceFull {
+		g.logChange(prev, g.last)
+	}
+	g.mu.Unlock()
+	g.wake()
+	return g.refusal(cause)
+}
+
+// snapshot returns the last reading.
+func (g *guard) snapshot() Space {
+	g.mu.Lock()
+	sp := g.last
+	g.mu.Unlock()
+	return g.withPrepErr(sp)
+}
+
+// run reads the space every spaceInterval, and at once when poked, until
+// stop is closed.
+func (g *guard) run(stop <-chan struct{}) {
+	t := time.NewTicker(spaceInterval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-t.C:
+		case <-g.poke:
+			if wait := spaceMinInterval - time.Since(last); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-stop:
+					return
+				}
+			}
+		case <-stop:
+			return
+		}
+		g.check()
+		last = time.Now()
+	}
+}
+
+// folderSize returns the bytes the files under dir take on disk: blocks
+// allocated, so that sparse files (Badger maps its logs at twice their
+// size) count for what they hold.
+func folderSize(dir string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // a file removed while walking
+			}
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		total += allocated(fi)
+		return nil
+	})
+	return total, err
+}
+
+// openSpace reads the data folder's room and sizes the store for its
+// budget. It refuses to open a store that could not even start without
+// running out of space, since Badger writes the memory tables it finds out
+// as tables, and the journal is replayed into Badger, through memory-mapped
+// files that would fault on a full disk: it then writes nothing, so that a
+// supervisor starting it again and again uses up nothing either.
+func openSpace(o Options, log *slog.Logger) (sizing, *guard, error) {
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return sizing{}, nil, fmt.Errorf("store: %w", err)
+	}
+	read := o.readSpace
+	if read == nil {
+		read = statfs
+	}
+	du, err := read(o.Dir)
+	if err != nil {
+		return sizing{}, nil, fmt.Errorf("store: read the free space of %q: %w", o.Dir, err)
+	}
+	used, err := folderSize(o.Dir)
+	if err != nil {
+		return sizing{}, nil, fmt.Errorf("store: measure %q: %w", o.Dir, err)
+	}
+	budget := o.DiskBudget
+	if budget <= 0 {
+		budget = used + du.free
+	}
+	z := sized(budget, o.MemoryLimit)
+	if o.LowWater > 0 {
+		z.lowWater = max(o.LowWater, z.reserve)
+	}
+	need, err := startNeed(o.Dir, z)
+	if err != nil {
+		return sizing{}, nil, err
+	}
+	if room := min(du.free, budget-used); room < need {
+		return sizing{}, nil, fmt.Errorf("store: %s of room in %q (%s free, %s of a %s budget used), and starting needs %s "+
+			"(the journal replayed, Badger's memory tables written out); nothing was written: free space, grow the file system or raise the budget: %w",
+			size(room), o.Dir, size(du.free), size(used), size(budget), size(need), ErrStorageFull)
+	}
+	marks := watermarks{budget: budget, lowWater: z.lowWater, reserve: z.reserve, hysteresis: max(mib, z.reserve/8)}
+	return z, newGuard(o.Dir, marks, log, read), nil
+}
+
+// startNeed is the room opening the store in dir may take: Badger writes
+// the memory tables it finds as tables, the journal is replayed into a
+// new memory table, and a fresh segment is made.
+func startNeed(dir string, z sizing) (int64, error) {
+	need := min(minSegmentSize, z.segment) + mib
+	for _, pattern := range []string{filepath.Join(dir, "*.mem"), filepath.Join(dir, "journal", "*"+segmentExt)} {
+		paths, err := filepath.Glob(pattern)
+		if err != nil {
+			return 0, fmt.Errorf("store: %w", err)
+		}
+		for _, p := range paths {
+			fi, err := os.Stat(p)
+			if err != nil {
+				return 0, fmt.Errorf("store: %w", err)
+			}
+			need += allocated(fi)
+		}
+	}
+	return need, nil
+}
