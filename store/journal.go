@@ -236,32 +236,8 @@ func (j *journal) replay(apply func(ts uint64, ops []op) error) (lastTs uint64, 
 // replaySegment applies the whole records of one segment.
 func (j *journal) replaySegment(num uint64, apply func(ts uint64, ops []op) error) (segment, error) {
 	seg := segment{num: num}
-	f, err := os.Open(j.path(num))
-	if err != nil {
-		return seg, fmt.Errorf("store: journal: %w", err)
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil {
-		seg.size = fi.Size()
-	}
-	r := bufio.NewReaderSize(f, 1<<20)
-	var hdr [recordHeader]byte
-	var payload []byte
-	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return seg, nil
-		}
-		n := binary.LittleEndian.Uint32(hdr[0:4])
-		if n == 0 || n > maxRecord {
-			return seg, nil
-		}
-		payload = slices.Grow(payload[:0], int(n))[:n]
-		if _, err := io.ReadFull(r, payload); err != nil {
-			return seg, nil
-		}
-		if checksum(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) {
-			return seg, nil
-		}
+	var stop error
+	size, _, err := readSegment(j.path(num), num, func(payload []byte) bool {
 		ts, ops, err := decodeRecord(payload)
 		if err == nil && ts <= seg.lastTs {
 			err = fmt.Errorf("version %d after %d", ts, seg.lastTs)
@@ -269,19 +245,88 @@ func (j *journal) replaySegment(num uint64, apply func(ts uint64, ops []op) erro
 		if err != nil {
 			// A checksum matched, so this is not a partial write: say so.
 			j.log.Warn("journal record is malformed; its segment ends here", "segment", j.path(num), "err", err)
-			return seg, nil
+			return false
 		}
 		if err := apply(ts, ops); err != nil {
-			return seg, fmt.Errorf("store: journal replay: %w", err)
+			stop = fmt.Errorf("store: journal replay: %w", err)
+			return false
 		}
 		seg.lastTs = ts
+		return true
+	})
+	seg.size = size
+	return seg, errors.Join(err, stop)
+}
+
+// readSegment calls fn with the payload of each whole record of segment
+// num at path, in order, until fn returns false. It returns the file's
+// size and the end of its whole records.
+func readSegment(path string, num uint64, fn func(payload []byte) bool) (size, end int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: journal: %w", err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size()
+	}
+	r := bufio.NewReaderSize(f, 1<<20)
+	var hdr [recordHeader]byte
+	var payload []byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return size, end, nil
+		}
+		n := binary.LittleEndian.Uint32(hdr[0:4])
+		if n == 0 || n > maxRecord {
+			return size, end, nil
+		}
+		payload = slices.Grow(payload[:0], int(n))[:n]
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return size, end, nil
+		}
+		if checksum(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) || !fn(payload) {
+			return size, end, nil
+		}
 		// The next record starts at the next block boundary.
-		if pad := (blockSize - (recordHeader+int(n))%blockSize) % blockSize; pad > 0 {
+		next := end + int64(recordHeader+int(n))
+		next = (next + blockSize - 1) / blockSize * blockSize
+		if pad := int(next - end - int64(recordHeader+int(n))); pad > 0 {
 			if _, err := r.Discard(pad); err != nil {
-				return seg, nil
+				return size, next, nil
 			}
 		}
+		end = next
 	}
+}
+
+// recordBytes returns the bytes of the whole records in the journal in dir:
+// what a replay may write.
+func recordBytes(dir string) (int64, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: journal: %w", err)
+	}
+	var total int64
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), segmentExt)
+		if !ok {
+			continue
+		}
+		num, err := strconv.ParseUint(name, 16, 64)
+		if err != nil {
+			continue // replay says what is wrong with it
+		}
+		_, end, err := readSegment(filepath.Join(dir, e.Name()), num, func([]byte) bool { return true })
+		if err != nil {
+			return 0, err
+		}
+		total += end
+	}
+	return total, nil
 }
 
 // keepOrRemove keeps a released or leftover segment file for reuse while

@@ -17,6 +17,8 @@ const (
 // docs/decisions.md); a small one, files small enough that their number,
 // and what Badger may still write once writes stop, fit its disk.
 type sizing struct {
+	// budget is the budget it was made for; zero for none.
+	budget int64
 	// segment is the most a journal segment holds (see journal.grow).
 	segment int64
 	// Badger: memory tables (each is as much again in its log file),
@@ -86,9 +88,9 @@ func sized(budget, memory int64) sizing {
 		// and one table in level 0 before it is compacted, so that what
 		// Badger may write on its own stays a small part of the disk.
 		z.segment = pow2(budget/64, minSegmentSize, defaultSegmentSize)
-		z.memTable = pow2(budget/32, 2*mib, 32*mib)
+		z.memTable = pow2(budget/32, mib, 32*mib)
 		z.numMemtables = 2
-		z.backlog = max(2*mib, budget/32)
+		z.backlog = max(mib, budget/32)
 		z.vlogFile = pow2(budget/16, 4*mib, 64*mib)
 		z.journal = 2 * z.segment
 		z.lazyWait = lazyInterval / 4
@@ -105,6 +107,16 @@ func sized(budget, memory int64) sizing {
 		z.indexCache = min(z.indexCache, pow2(memory/32, mib, 16*mib))
 		z.backlog = min(z.backlog, max(2*mib, memory/16))
 	}
+	z.budget = budget
+	z.derive()
+	return z
+}
+
+// derive sets what follows from the memory table size and the budget:
+// level 0, table and level sizes, the value threshold, the reserve and the
+// low-water mark. sized calls it; so does whoever changes memTable after.
+func (z *sizing) derive() {
+	budget := z.budget
 	if budget > 0 && budget < roomy {
 		// Level 0 is compacted once it holds a third of its stall, which
 		// leaves the reserve about a sixteenth of the budget, and at least
@@ -121,15 +133,14 @@ func sized(budget, memory int64) sizing {
 	// its write batches (15% of a memory table); larger ones go to the
 	// value log.
 	z.valueThreshold = min(mib, z.memTable*15/100-4*kib)
-	// What Badger may write once writes stop: its memory tables written
-	// out, level 0 at its stall (and the table waiting for room there)
-	// compacted, with half as much again of the level below it, where
-	// the records of the executions it touched live (tables of events are
-	// keyed by time-ordered ids, so a compaction touches few of them); and
-	// the backlog applied.
-	z.reserve = int64(z.numMemtables)*z.memTable + int64(z.l0Stall+1)*z.memTable*3/2 + z.backlog
+	// What Badger may write once writes stop: a memory table written out
+	// (its table is written before its log goes), level 0 at its stall,
+	// and the table waiting for room there, compacted with half as much
+	// again of the level below it, where the records of the executions it
+	// touched live (tables of events are keyed by time-ordered ids, so a
+	// compaction touches few of them); and the backlog applied.
+	z.reserve = z.memTable + int64(z.l0Stall+1)*z.memTable*3/2 + z.backlog
 	z.lowWater = z.reserve + max(z.reserve/4, min(budget/32, gib))
-	return z
 }
 
 // pow2 returns the largest power of two at most n, within [lo, hi] (both

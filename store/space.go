@@ -118,8 +118,12 @@ type watermarks struct {
 }
 
 // next is the state after prev, for free bytes free and used bytes used.
+// A zero budget bounds nothing: the room is the free space.
 func (w watermarks) next(prev SpaceState, free, used int64) SpaceState {
-	room := min(free, w.budget-used)
+	room := free
+	if w.budget > 0 {
+		room = min(free, w.budget-used)
+	}
 	next := SpaceOK
 	switch {
 	case room < w.reserve:
@@ -140,14 +144,15 @@ func (w watermarks) next(prev SpaceState, free, used int64) SpaceState {
 
 // Reading the space: a few times a second, and at once (but no more
 // often than spaceMinInterval) when writes since the last reading may
-// have used up the room it found.
+// have used up the room it found: a write or an admission that the
+// estimate would refuse reads it again first.
 const (
 	spaceInterval    = 250 * time.Millisecond
-	spaceMinInterval = 50 * time.Millisecond
+	spaceMinInterval = 100 * time.Millisecond
 	// writeCost is how many bytes of disk a journaled byte may take
-	// before the next reading sees it: the journal, Badger's log file and
-	// its table.
-	writeCost = 3
+	// before the next reading sees it: the journal and Badger's log file
+	// (whose table replaces it).
+	writeCost = 2
 )
 
 // diskUsage is what the store needs to know of its file system.
@@ -172,6 +177,10 @@ type guard struct {
 	written atomic.Int64
 	state   atomic.Int32
 	poke    chan struct{}
+	// checking serializes readings; checked is when the last one began
+	// (Unix nanoseconds).
+	checking sync.Mutex
+	checked  atomic.Int64
 
 	mu   sync.Mutex
 	last Space
@@ -188,12 +197,19 @@ func newGuard(dir string, marks watermarks, log *slog.Logger, read func(string) 
 // check reads the space and moves the state. A state change is logged
 // once.
 func (g *guard) check() Space {
+	g.checking.Lock()
+	defer g.checking.Unlock()
+	g.checked.Store(time.Now().UnixNano())
 	du, err := g.read(g.dir)
 	used, uerr := folderSize(g.dir)
 	g.written.Store(0)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	sp := Space{Free: du.free, Used: used, Budget: g.marks.budget, LowWater: g.marks.lowWater, Reserve: g.marks.reserve}
+	if sp.Budget <= 0 {
+		// No budget: the folder may take what is free.
+		sp.Budget = used + du.free
+	}
 	prev := SpaceState(g.state.Load())
 	switch {
 	case err != nil || uerr != nil:
@@ -267,23 +283,34 @@ func (g *guard) wake() {
 func (g *guard) admit(shrinks bool) error {
 	floor := g.marks.reserve
 	if shrinks {
-		// The reserve's lower half is Badger's alone.
-		floor /= 2
+		// The reserve's lowest quarter is Badger's alone, and room to
+		// start again after a crash.
+		floor = floor * 3 / 4
 	}
-	if g.room.Load() >= floor && (shrinks || SpaceState(g.state.Load()) != SpaceFull) {
+	ok := func() bool { return g.room.Load() >= floor && (shrinks || SpaceState(g.state.Load()) != SpaceFull) }
+	if ok() || g.recheck() && ok() {
 		return nil
 	}
-	g.wake()
 	return g.refusal(nil)
 }
 
 // admitNew returns nil when new work may start.
 func (g *guard) admitNew() error {
-	if g.room.Load() >= g.marks.lowWater && SpaceState(g.state.Load()) == SpaceOK {
+	ok := func() bool { return g.room.Load() >= g.marks.lowWater && SpaceState(g.state.Load()) == SpaceOK }
+	if ok() || g.recheck() && ok() {
 		return nil
 	}
-	g.wake()
 	return g.refusal(nil)
+}
+
+// recheck reads the space again, unless that was done less than
+// spaceMinInterval ago; it reports whether it did.
+func (g *guard) recheck() bool {
+	if time.Since(time.Unix(0, g.checked.Load())) < spaceMinInterval {
+		return false
+	}
+	g.check()
+	return true
 }
 
 // refusal returns the error of a refused write, with the last reading.
@@ -394,11 +421,27 @@ func openSpace(o Options, log *slog.Logger) (sizing, *guard, error) {
 	if err != nil {
 		return sizing{}, nil, fmt.Errorf("store: measure %q: %w", o.Dir, err)
 	}
+	// Without a budget the folder may take what is free, which sizes it;
+	// the budget is not kept, or a start on a disk that something else
+	// filled would shrink it for good.
 	budget := o.DiskBudget
-	if budget <= 0 {
-		budget = used + du.free
+	if budget > 0 && budget < minBudget {
+		return sizing{}, nil, fmt.Errorf("store: a disk budget of %s is too small: at least %s", size(budget), size(minBudget))
 	}
-	z := sized(budget, o.MemoryLimit)
+	hint := budget
+	if hint <= 0 {
+		hint = used + du.free
+	}
+	z := sized(hint, o.MemoryLimit)
+	// Badger cannot replay a memory table's log into a smaller table: a
+	// folder keeps the size its memory tables were made with (their logs
+	// are twice it) until they are written out.
+	if old, err := memTableOf(o.Dir); err != nil {
+		return sizing{}, nil, err
+	} else if old > z.memTable {
+		z.memTable = old
+		z.derive()
+	}
 	if o.LowWater > 0 {
 		z.lowWater = max(o.LowWater, z.reserve)
 	}
@@ -406,32 +449,69 @@ func openSpace(o Options, log *slog.Logger) (sizing, *guard, error) {
 	if err != nil {
 		return sizing{}, nil, err
 	}
-	if room := min(du.free, budget-used); room < need {
-		return sizing{}, nil, fmt.Errorf("store: %s of room in %q (%s free, %s of a %s budget used), and starting needs %s "+
+	room := du.free
+	if budget > 0 {
+		room = min(room, budget-used)
+	}
+	if room < need {
+		return sizing{}, nil, fmt.Errorf("store: %s of room in %q (%s free, %s used), and starting needs %s "+
 			"(the journal replayed, Badger's memory tables written out); nothing was written: free space, grow the file system or raise the budget: %w",
-			size(room), o.Dir, size(du.free), size(used), size(budget), size(need), ErrStorageFull)
+			size(room), o.Dir, size(du.free), size(used), size(need), ErrStorageFull)
 	}
 	marks := watermarks{budget: budget, lowWater: z.lowWater, reserve: z.reserve, hysteresis: max(mib, z.reserve/8)}
 	return z, newGuard(o.Dir, marks, log, read), nil
 }
 
-// startNeed is the room opening the store in dir may take: Badger writes
-// the memory tables it finds as tables, the journal is replayed into a
-// new memory table, and a fresh segment is made.
-func startNeed(dir string, z sizing) (int64, error) {
-	need := min(minSegmentSize, z.segment) + mib
-	for _, pattern := range []string{filepath.Join(dir, "*.mem"), filepath.Join(dir, "journal", "*"+segmentExt)} {
-		paths, err := filepath.Glob(pattern)
+// minBudget is the smallest disk budget the store takes: below it the
+// reserve would leave nothing.
+const minBudget = 32 * mib
+
+// memTableOf returns the size of the memory tables whose logs are in dir,
+// or zero when there are none. Badger makes a log twice its table's size
+// (a power of two, as sized makes them) and cuts it to what it holds when
+// it replays it; such a log's table needs at least its size.
+func memTableOf(dir string) (int64, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if err != nil {
+		return 0, fmt.Errorf("store: %w", err)
+	}
+	var most int64
+	for _, p := range paths {
+		fi, err := os.Stat(p)
 		if err != nil {
 			return 0, fmt.Errorf("store: %w", err)
 		}
-		for _, p := range paths {
-			fi, err := os.Stat(p)
-			if err != nil {
-				return 0, fmt.Errorf("store: %w", err)
-			}
-			need += allocated(fi)
+		n := fi.Size()
+		if n&(n-1) == 0 {
+			n /= 2
 		}
+		most = max(most, n)
 	}
-	return need, nil
+	return most, nil
+}
+
+// startNeed is the room opening the store in dir may take: Badger writes
+// the memory tables it finds out as tables, one at a time, each replacing
+// its log; the journal is replayed into a new memory table (at most all
+// of it: after a crash that spared the page cache Badger holds nearly
+// everything already, see replayApply); and a fresh segment is made.
+func startNeed(dir string, z sizing) (int64, error) {
+	records, err := recordBytes(filepath.Join(dir, "journal"))
+	if err != nil {
+		return 0, err
+	}
+	need := min(minSegmentSize, z.segment) + mib + records
+	var mem int64
+	paths, err := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if err != nil {
+		return 0, fmt.Errorf("store: %w", err)
+	}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return 0, fmt.Errorf("store: %w", err)
+		}
+		mem = max(mem, allocated(fi))
+	}
+	return need + mem, nil
 }

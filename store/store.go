@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -197,6 +198,8 @@ type Store struct {
 	// takes values of valueThreshold bytes and more (see checkpoint).
 	vlogDirty      atomic.Bool
 	valueThreshold int64
+	// replayed is what the journal's replay at Open applied and skipped.
+	replayed replay
 
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
@@ -271,7 +274,7 @@ func Open(o Options) (*Store, error) {
 	}
 	if o.memTableSize > 0 {
 		z.memTable = o.memTableSize
-		z.valueThreshold = min(mib, z.memTable*15/100-4*kib)
+		z.derive()
 	}
 	bo := badger.DefaultOptions(o.Dir).
 		WithInMemory(o.InMemory).
@@ -332,9 +335,17 @@ func Open(o Options) (*Store, error) {
 			jo.minSegment, jo.maxSegment = o.segmentSize, o.segmentSize
 		}
 		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), jo); err == nil {
-			var replayed uint64
-			replayed, err = s.journal.replay(func(ts uint64, ops []op) error { return s.apply(ts, ops) })
+			var (
+				replayed uint64
+				r        replay
+			)
+			replayed, err = s.journal.replay(func(ts uint64, ops []op) error { return s.replayApply(&r, ts, ops) })
 			last = max(last, replayed)
+			s.late.add(r.from, r.at)
+			s.replayed = r
+			if r.skipped > 0 {
+				log.Info("journal replayed", "writes", r.applied, "already_held", r.skipped)
+			}
 		}
 		if err != nil {
 			_ = db.Close()
@@ -784,6 +795,72 @@ func (s *Store) countCommit(g *group) {
 	s.stats.Writes += uint64(len(g.reqs))
 	s.stats.LastBatch = len(g.reqs)
 	s.stats.LastCommit = time.Since(g.start)
+}
+
+// replay counts what a replay applied and skipped, and spans the writes
+// Badger held at a later version than their record's.
+type replay struct {
+	applied, skipped int
+	from, at         uint64
+}
+
+// replayApply applies the writes of the journal record at version ts that
+// Badger does not hold yet. After a crash that spared the page cache
+// (a killed process), Badger replays its own logs and holds nearly all of
+// them: writing them again would only make tables of duplicates (tens of
+// MiB per restart), which compactions must then remove. A write is held
+// when Badger has its key, set or deleted, at version ts or later; a
+// delete of a key Badger never had changes nothing either. Writes Badger
+// holds at a later version (lazy writes, groups applied together) are
+// recorded as late, so that the journal keeps them until Badger's tables
+// hold that version.
+func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
+	txn := s.db.NewTransactionAt(math.MaxUint64, false)
+	defer txn.Discard()
+	keep := ops[:0]
+	for _, o := range ops {
+		v, found, err := latestVersion(txn, o.key)
+		switch {
+		case err != nil:
+			return fmt.Errorf("store: journal replay: read: %w", err)
+		case found && v > ts:
+			if r.from == 0 {
+				r.from = ts
+			}
+			r.at = max(r.at, v)
+		case found && v == ts, !found && o.del:
+		default:
+			keep = append(keep, o)
+			continue
+		}
+		r.skipped++
+	}
+	r.applied += len(keep)
+	if len(keep) == 0 {
+		return nil
+	}
+	return s.apply(ts, keep)
+}
+
+// latestVersion returns the newest version Badger has of key, a deletion
+// included, and whether it has one.
+func latestVersion(txn *badger.Txn, key []byte) (uint64, bool, error) {
+	item, err := txn.Get(key)
+	if err == nil {
+		return item.Version(), true, nil
+	}
+	if !errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, false, err
+	}
+	// Deleted, or never written: only an iterator over every version
+	// sees a deletion.
+	it := txn.NewKeyIterator(key, badger.IteratorOptions{AllVersions: true})
+	defer it.Close()
+	it.Rewind()
+	if !it.Valid() {
+		return 0, false, nil
+	}
+	return it.Item().Version(), true, nil
 }
 
 // apply writes ops to Badger at version ts. Readers see none of it until
