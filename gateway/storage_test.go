@@ -2,11 +2,14 @@ package gateway_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,4 +152,74 @@ func grepLines(text []byte, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// lockedBuffer is a log destination the test reads while the gateway
+// writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFullStoreDoesNotSpin: with the store refusing every growing write
+// (below the reserve), an agent that connects with executions waiting for
+// it gets its stream at once, and the assignments that cannot be written
+// are tried again after a wait that grows, not in a loop: a handful of
+// refused writes and log lines, not thousands a second. When space
+// returns, every execution is assigned, by itself; shutdown is prompt.
+func TestFullStoreDoesNotSpin(t *testing.T) {
+	mnt := smallFS(t, 64<<20)
+	var logs lockedBuffer
+	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	a := newAPI(t, s)
+	st := s.Node.Store
+	sp := waitSpace(t, st, store.SpaceOK)
+	var ids []string
+	for range 20 {
+		ids = append(ids, a.create("late", obj{"task": "wait for me"})["id"].(string))
+	}
+	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-sp.Reserve/2-(sp.Reserve*3/4-sp.Reserve/2)/2)
+	waitSpace(t, st, store.SpaceFull)
+	refused, errorsBefore := st.Stats().Refused, strings.Count(logs.String(), "level=ERROR")
+
+	ag := a.agent("late", "late-1")
+	// Long enough for a loop to show, short against the back-off.
+	time.Sleep(2 * time.Second)
+	if n := st.Stats().Refused - refused; n > 100 {
+		t.Errorf("%d writes refused in 2 s: the assignments are retried in a loop", n)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR") - errorsBefore; n > 5 {
+		t.Errorf("%d error lines in 2 s:\n%s", n, logs.String())
+	}
+
+	if err := os.Remove(filepath.Join(mnt, "ballast")); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for len(got) < len(ids) {
+		got[ag.expect("execution.assigned")["execution_id"].(string)] = true
+	}
+	for _, id := range ids {
+		if !got[id] {
+			t.Errorf("execution %s was not assigned once space came back", id)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Node.Close(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	s.Node = nil
 }

@@ -228,7 +228,7 @@ func (t *tx) commitWith(ctx context.Context, other *tx) error {
 		if errors.Is(err, ErrStorageFull) {
 			return err // the store logs its changes of state once
 		}
-		t.k.log.Error("commit failed", "execution", t.ex.ID, "err", err)
+		t.k.logCommitFailure("commit failed", t.ex.ID, err)
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return newErr(ErrUnavailable, "service unavailable: %v", err)
 		}

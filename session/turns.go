@@ -185,6 +185,7 @@ func (r *Registry) startTurn(t Turn) {
 		s := b.sess.clone()
 		b.mu.Unlock()
 		for wait := time.Second; ; wait = min(2*wait, maxStartWait) {
+			changed := r.st.SpaceChanged()
 			_, _, err = k.Create(ctx, kernel.CreateRequest{
 				AgentID: s.AgentID, Input: t.Input, SessionID: t.SessionID, ThreadID: t.ThreadID, TurnID: t.ID, Ask: t.Ask,
 			}, kernel.Meta{Principal: s.Owner, Tenant: s.Tenant})
@@ -196,6 +197,7 @@ func (r *Registry) startTurn(t Turn) {
 			// too. The store logs its changes of state.
 			select {
 			case <-time.After(wait):
+			case <-changed:
 			case <-r.closing:
 				return
 			}

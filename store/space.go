@@ -177,6 +177,7 @@ type guard struct {
 	written atomic.Int64
 	state   atomic.Int32
 	poke    chan struct{}
+	refused atomic.Uint64
 	// checking serializes readings; checked is when the last one began
 	// (Unix nanoseconds).
 	checking sync.Mutex
@@ -184,12 +185,14 @@ type guard struct {
 
 	mu   sync.Mutex
 	last Space
+	// changed is closed, and replaced, at each change of state.
+	changed chan struct{}
 	// prepErr reports the journal's last failure to prepare a segment.
 	prepErr func() error
 }
 
 func newGuard(dir string, marks watermarks, log *slog.Logger, read func(string) (diskUsage, error)) *guard {
-	g := &guard{dir: dir, marks: marks, log: log, read: read, poke: make(chan struct{}, 1)}
+	g := &guard{dir: dir, marks: marks, log: log, read: read, poke: make(chan struct{}, 1), changed: make(chan struct{})}
 	g.room.Store(1<<62 - 1)
 	return g
 }
@@ -232,8 +235,23 @@ func (g *guard) check() Space {
 	g.last = sp
 	if sp.State != prev {
 		g.logChange(prev, sp)
+		g.signalLocked()
 	}
 	return g.withPrepErr(sp)
+}
+
+// signalLocked wakes whoever waits for a change of state. The caller
+// holds mu.
+func (g *guard) signalLocked() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// changes returns a channel closed at the next change of state.
+func (g *guard) changes() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.changed
 }
 
 // withPrepErr adds the journal's last failure to prepare a segment to sp.
@@ -315,6 +333,7 @@ func (g *guard) recheck() bool {
 
 // refusal returns the error of a refused write, with the last reading.
 func (g *guard) refusal(cause error) *SpaceError {
+	g.refused.Add(1)
 	sp := g.snapshot()
 	if sp.State == SpaceOK {
 		// The writes since the last reading took the room it found.
@@ -332,6 +351,7 @@ func (g *guard) full(cause error) *SpaceError {
 	g.last.State = SpaceFull
 	if prev != SpaceFull {
 		g.logChange(prev, g.last)
+		g.signalLocked()
 	}
 	g.mu.Unlock()
 	g.wake()

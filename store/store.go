@@ -227,6 +227,8 @@ type Stats struct {
 	// SegmentFailures counts the journal segments that could not be
 	// prepared.
 	SegmentFailures uint64
+	// Refused counts the writes refused for lack of room.
+	Refused uint64
 }
 
 type request struct {
@@ -439,6 +441,7 @@ func (s *Store) Stats() Stats {
 	if s.guard != nil {
 		st.Space = s.guard.snapshot()
 		st.SegmentFailures = s.journal.prepFailures.Load()
+		st.Refused = s.guard.refused.Load()
 	}
 	return st
 }
@@ -478,6 +481,16 @@ func (s *Store) Admit() error {
 		return nil
 	}
 	return s.guard.admitNew()
+}
+
+// SpaceChanged returns a channel closed at the next change of the room's
+// state (see Space): work refused for lack of room can wait on it rather
+// than try again and again. A store in memory never closes it.
+func (s *Store) SpaceChanged() <-chan struct{} {
+	if s.guard == nil {
+		return nil
+	}
+	return s.guard.changes()
 }
 
 // Space returns the data folder's room at the last reading; a store in
