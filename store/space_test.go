@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestSized(t *testing.T) {
@@ -283,5 +284,59 @@ func TestSegmentPrepareFailure(t *testing.T) {
 	})
 	if err := s.Ping(context.Background()); err != nil {
 		t.Errorf("Ping once a segment is prepared again: %v", err)
+	}
+}
+
+// TestCloseOnAFullDisk: a store closed with no room left for Badger to
+// write its memory tables out (something else took the reserve) leaves
+// Badger as a crash would rather than fault, keeps the journal, and opens
+// again with every write once there is room.
+func TestCloseOnAFullDisk(t *testing.T) {
+	mnt := t.TempDir()
+	smallFS(t, mnt, 32*mib)
+	dir := filepath.Join(mnt, "data")
+	s, err := Open(Options{Dir: dir, idleAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Left open below, Badger would keep the file system busy.
+	t.Cleanup(func() { _ = s.db.Close() })
+	for i := uint64(1); i <= 100; i++ {
+		write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 1000)) })
+	}
+	// A read waits until Badger has every write: it writes nothing more
+	// while the disk fills.
+	if _, err := s.Read("ev", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for size := int64(32 * mib); size >= 4*kib; size /= 2 {
+		f, err := os.Create(filepath.Join(mnt, fmt.Sprint("taken-", size)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if preallocate(f, size) != nil {
+			_ = os.Remove(f.Name())
+		}
+		f.Close()
+	}
+	if err := s.Close(); !errors.Is(err, ErrStorageFull) {
+		t.Fatalf("Close on a full disk: %v, want ErrStorageFull", err)
+	}
+	// The process lives on in a test: Badger, left open, still holds
+	// its folder. A copy is what the next start finds.
+	taken, _ := filepath.Glob(filepath.Join(mnt, "taken-*"))
+	for _, p := range taken {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copied := crashCopyMem(t, s, dir, true)
+	r, err := Open(Options{Dir: copied})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 100 {
+		t.Fatalf("%d of 100 entries after a close on a full disk (%v)", len(got), err)
 	}
 }

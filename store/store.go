@@ -1133,6 +1133,17 @@ func (s *Store) Close() error {
 		<-s.done
 		<-s.checkpointed
 		clean := s.failed.Load() == nil
+		if err = s.roomToClose(); err != nil {
+			// Closing Badger writes its memory tables out through memory
+			// maps, which fault on a full disk: it is left as a crash
+			// would leave it, and the journal, kept, is replayed at the
+			// next start.
+			s.log.Error("store: no room to write Badger's memory tables out; closing as after a crash", "err", err)
+			if jerr := s.journal.close(false); jerr != nil {
+				err = errors.Join(err, jerr)
+			}
+			return
+		}
 		if s.journal != nil && clean {
 			if err = s.db.Sync(); err != nil {
 				clean = false
@@ -1151,6 +1162,25 @@ func (s *Store) Close() error {
 		}
 	})
 	return err
+}
+
+// roomToClose returns nil when the file system has room for Badger to write
+// its memory tables out, as it does when it closes: the reserve keeps that
+// room, unless something else took it.
+func (s *Store) roomToClose() error {
+	if s.guard == nil {
+		return nil
+	}
+	du, err := s.guard.read(s.opts.Dir)
+	if err != nil {
+		return nil // nothing known: close as usual
+	}
+	if need := int64(s.size.numMemtables)*s.size.memTable + mib; du.free < need {
+		sp := s.guard.snapshot()
+		sp.Free, sp.State = du.free, SpaceFull
+		return &SpaceError{Space: sp}
+	}
+	return nil
 }
 
 // RunGC reclaims value-log space; call it periodically.

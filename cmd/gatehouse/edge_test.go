@@ -287,3 +287,51 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 		t.Fatalf("the server crashed:\n%s", c.logs)
 	}
 }
+
+// TestEdgeStartOnFullDiskExitsOnce: a server started on a disk too full to
+// recover on (after a SIGKILL, the journal holds writes to replay) exits at
+// once with a clear message and writes nothing, however often a
+// supervisor starts it again; once space is freed it starts and has every
+// acknowledged execution.
+func TestEdgeStartOnFullDiskExitsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	mnt := mountTmpfs(t, 64<<20)
+	dir := filepath.Join(mnt, "data")
+	addr := freeAddr(t)
+	c := edgeChild(t, addr, dir)
+	var ids []string
+	client := &http.Client{Timeout: 30 * time.Second}
+	for range 50 {
+		status, ex, err := post(context.Background(), client, c.base+"/v0/executions", map[string]any{"agent_id": "edge", "input": input4K()})
+		if err != nil || status != 201 {
+			t.Fatalf("create: %d %v %v", status, ex, err)
+		}
+		ids = append(ids, ex["id"].(string))
+	}
+	c.kill(t)
+	takeSpace(t, filepath.Join(mnt, "taken"), freeBytes(t, mnt)-256<<10)
+	free := freeBytes(t, mnt)
+	for try := range 3 {
+		cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", dir)
+		cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		if err == nil || !strings.Contains(out.String(), "storage full") || !strings.Contains(out.String(), "nothing was written") {
+			t.Fatalf("start %d on a full disk: %v\n%s", try+1, err, out.String())
+		}
+		if strings.Count(strings.TrimSpace(out.String()), "\n") > 1 || crashed(out.String()) {
+			t.Errorf("start %d: more than a line or two of output:\n%s", try+1, out.String())
+		}
+		if now := freeBytes(t, mnt); now != free {
+			t.Fatalf("start %d took %d bytes", try+1, free-now)
+		}
+	}
+	if err := os.Remove(filepath.Join(mnt, "taken")); err != nil {
+		t.Fatal(err)
+	}
+	c = edgeChild(t, addr, dir)
+	checkAll(t, c.base, ids)
+}
