@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -222,4 +224,61 @@ func TestFullStoreDoesNotSpin(t *testing.T) {
 		t.Errorf("shutdown: %v", err)
 	}
 	s.Node = nil
+}
+
+// TestRetentionGivesSpaceBack: retention runs soon after start, and once
+// it deleted every finished execution the data folder is back near the
+// size of an empty one: the store compacts what was deleted away, and the
+// idle journal lets its segments go.
+func TestRetentionGivesSpaceBack(t *testing.T) {
+	dir := t.TempDir()
+	s := start(t, gateway.Config{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
+	a := newAPI(t, s)
+	empty := waitSpace(t, s.Node.Store, store.SpaceOK).Used
+	data := strings.Repeat("retention gives the room back. ", 130) // 4 KB
+	var ids []string
+	for range 1500 {
+		id := a.create("nobody", obj{"data": data})["id"].(string)
+		a.json("POST", "/v0/executions/"+id+"/cancel", obj{"reason": "done"}, 200)
+		ids = append(ids, id)
+	}
+	full := usedNow(t, dir)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		used := usedNow(t, dir)
+		status, _, _ := a.do("GET", "/v0/executions/"+ids[len(ids)-1], nil)
+		if status == 404 && used <= 2*empty+(1<<20) {
+			t.Logf("folder: %d KiB empty, %d KiB with 1,500 executions, %d KiB after retention", empty>>10, full>>10, used>>10)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("folder: %d KiB empty, %d KiB with 1,500 executions, still %d KiB after retention (last execution: %d)",
+				empty>>10, full>>10, used>>10, status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, id := range ids[:10] {
+		a.fail("GET", "/v0/executions/"+id, nil, 404, "NOT_FOUND")
+	}
+}
+
+// usedNow returns the bytes the files under dir take on disk.
+func usedNow(t *testing.T, dir string) int64 {
+	t.Helper()
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				total += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
 }

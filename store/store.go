@@ -172,6 +172,11 @@ type Store struct {
 	// idle asks the commit loop to move the journal to a small segment.
 	lastWrite atomic.Int64
 	idle      chan chan struct{}
+	// flushq asks the apply stage to have Badger write its memory tables
+	// out (see Compact); compacting is held by Compact, and by Close
+	// before it closes Badger.
+	flushq     chan chan error
+	compacting sync.Mutex
 	// crowded asks for a checkpoint at once: the journal holds more
 	// written segments than sizing.journal.
 	crowded chan struct{}
@@ -321,6 +326,7 @@ func Open(o Options) (*Store, error) {
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 		idle:   make(chan chan struct{}),
+		flushq: make(chan chan error),
 
 		crowded: make(chan struct{}, 1),
 
@@ -703,7 +709,19 @@ func (s *Store) enqueueApply(g *group) {
 // applies them.
 func (s *Store) applyLoop() {
 	var groups []*group
-	for g := range s.applyq {
+	for {
+		var g *group
+		select {
+		case next, ok := <-s.applyq:
+			if !ok {
+				s.applyLast()
+				return
+			}
+			g = next
+		case done := <-s.flushq:
+			done <- s.flushBadger()
+			continue
+		}
 		groups = append(groups[:0], g)
 		size := g.size
 	more:
@@ -736,8 +754,11 @@ func (s *Store) applyLoop() {
 		s.applyMu.Unlock()
 		clear(groups) // let the applied groups' bytes go
 	}
-	// Closing: Badger gets the lazy writes still waiting, so that a clean
-	// close leaves it everything.
+}
+
+// applyLast hands Badger the lazy writes still waiting when the store
+// closes, so that a clean close leaves it everything.
+func (s *Store) applyLast() {
 	if at := s.applied.Load(); s.failedErr() == nil {
 		if ops := s.lazy.take(nil, at, &s.late); len(ops) > 0 {
 			if err := s.apply(at, ops); err != nil {
@@ -745,6 +766,76 @@ func (s *Store) applyLoop() {
 			}
 		}
 	}
+}
+
+// flushKey is a key written only to be dropped: Badger writes its memory
+// tables out when a prefix that has data is dropped, and offers no other
+// way short of closing.
+var flushKey = []byte("m/flush")
+
+// flushBadger has Badger write its memory tables out as tables, the lazy
+// writes waiting included. It runs in the apply stage: Badger refuses
+// writes while it drops a prefix, and the apply stage is its only writer.
+func (s *Store) flushBadger() error {
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	at := s.applied.Load()
+	ops := append(s.lazy.take(nil, at, &s.late), op{key: flushKey, val: []byte{1}})
+	if err := s.apply(at, ops); err != nil {
+		return s.fail(err)
+	}
+	if err := s.db.DropPrefix(flushKey); err != nil {
+		return fmt.Errorf("store: write memory tables out: %w", err)
+	}
+	return nil
+}
+
+// maxFlatten bounds the tables Compact rewrites into one level: Badger's
+// compactions wait meanwhile, and so does Close.
+const maxFlatten = 512 * mib
+
+// Compact gives back the space of what was deleted: Badger writes its
+// memory tables out, compacts its tables into one level, where deletions
+// meet what they delete and both go, and collects its value log. Badger
+// gets there by itself under writes; an idle gateway has none, and kept
+// what retention deleted. Compacting writes the live data again before the
+// old tables go, so it runs only when the tables are at most maxFlatten
+// and the room holds them with the reserve to spare; otherwise only the
+// memory tables are written out and the value log collected. The journal
+// then keeps one small segment, as an idle one does. Close waits for it.
+func (s *Store) Compact(ctx context.Context) error {
+	if s.opts.InMemory {
+		return nil
+	}
+	s.compacting.Lock()
+	defer s.compacting.Unlock()
+	done := make(chan error, 1)
+	select {
+	case s.flushq <- done:
+	case <-ctx.Done():
+		return fmt.Errorf("store: compact: %w", ctx.Err())
+	case <-s.stop:
+		return ErrClosed
+	}
+	if err := <-done; err != nil {
+		return fmt.Errorf("store: compact: %w", err)
+	}
+	var tables int64
+	for _, t := range s.db.Tables() {
+		tables += int64(t.OnDiskSize)
+	}
+	if sp := s.guard.check(); tables <= maxFlatten && sp.Room()-sp.Reserve > tables && ctx.Err() == nil {
+		if err := s.db.Flatten(1); err != nil {
+			return fmt.Errorf("store: compact: %w", err)
+		}
+	}
+	for ctx.Err() == nil && s.db.RunValueLogGC(0.5) == nil {
+	}
+	// Badger's tables hold everything now: the journal can go to one
+	// small segment, as when idle.
+	s.settleIdle()
+	return nil
 }
 
 // applyGroups applies consecutive groups in one transaction at the newest
@@ -1132,6 +1223,8 @@ func (s *Store) Close() error {
 		close(s.stop)
 		<-s.done
 		<-s.checkpointed
+		s.compacting.Lock()
+		defer s.compacting.Unlock()
 		clean := s.failed.Load() == nil
 		if err = s.roomToClose(); err != nil {
 			// Closing Badger writes its memory tables out through memory

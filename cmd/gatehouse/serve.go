@@ -29,7 +29,7 @@ type config struct {
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
 	outboxRetention, writeTimeout   time.Duration
-	retention                       time.Duration
+	retention, retentionInterval    time.Duration
 	retentionCount                  int
 	idemWindow                      time.Duration
 	idemKeys                        int
@@ -114,6 +114,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.DurationVar(&c.retention, "retention", 168*time.Hour, "finished executions are deleted this long after they end")
 	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
+	fs.DurationVar(&c.retentionInterval, "retention-interval", 10*time.Minute, "how often retention runs (the first time 30s after start, or after one interval if shorter)")
 	fs.DurationVar(&c.idemWindow, "idempotency-window", 24*time.Hour, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", time.Hour, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
@@ -204,7 +205,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		Addr: c.addr, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
-		Retention: c.retention, RetentionCount: c.retentionCount,
+		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
 		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater),
 		Kernel: kernel.Options{
