@@ -177,6 +177,9 @@ type Store struct {
 	// before it closes Badger.
 	flushq     chan chan error
 	compacting sync.Mutex
+	// discarded is the version Badger may discard older versions below
+	// (see checkpoint).
+	discarded atomic.Uint64
 	// crowded asks for a checkpoint at once: the journal holds more
 	// written segments than sizing.journal.
 	crowded chan struct{}
@@ -810,6 +813,19 @@ func (s *Store) Compact(ctx context.Context) error {
 	}
 	s.compacting.Lock()
 	defer s.compacting.Unlock()
+	// A compaction drops a deletion, and what it deletes, only below the
+	// version Badger may discard at, which checkpoints move up behind the
+	// writes: wait until it covers every write acknowledged so far, the
+	// caller's deletions included.
+	for at := s.acked.Load(); s.discarded.Load() < at; {
+		select {
+		case <-time.After(checkpointInterval / 4):
+		case <-ctx.Done():
+			return fmt.Errorf("store: compact: %w", ctx.Err())
+		case <-s.stop:
+			return ErrClosed
+		}
+	}
 	done := make(chan error, 1)
 	select {
 	case s.flushq <- done:
@@ -1084,6 +1100,7 @@ func (s *Store) checkpointLoop() {
 // releasable), and returns the version to discard below next time.
 func (s *Store) checkpoint(discard uint64) uint64 {
 	s.db.SetDiscardTs(discard)
+	s.discarded.Store(discard)
 	if s.journal != nil && s.journal.pending() > 1 {
 		var durable uint64
 		for _, t := range s.db.Tables() {

@@ -258,10 +258,12 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 	}
 	var acked []string
 	for cycle := 1; cycle <= cycles; cycle++ {
+		began := time.Now()
 		ids := fill(t, c.base, 20000)
+		took := time.Since(began)
 		acked = append(acked, ids...)
-		t.Logf("cycle %d: %d executions with 4 KB inputs accepted before 507 (%.1f MiB free at the first 507)",
-			cycle, len(ids), float64(freeBytes(t, mnt))/(1<<20))
+		t.Logf("cycle %d: %d executions with 4 KB inputs accepted before 507 in %v (%.0f/s; %.1f MiB free at the first 507)",
+			cycle, len(ids), took.Round(time.Millisecond), float64(len(ids))/took.Seconds(), float64(freeBytes(t, mnt))/(1<<20))
 		// Below the reserve too: a file takes all but 8 MiB.
 		full := filepath.Join(mnt, fmt.Sprintf("full-%d", cycle))
 		takeSpace(t, full, max(0, freeBytes(t, mnt)-8<<20))
@@ -279,7 +281,7 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 		}
 		size += 8 << 20
 		grow(t, mnt, size)
-		took := waitCreate(t, c.base)
+		took = waitCreate(t, c.base)
 		t.Logf("cycle %d: %d acknowledged executions all there after SIGKILL at full; new work taken %v after the disk grew by 8 MiB",
 			cycle, len(acked), took.Round(time.Millisecond))
 	}

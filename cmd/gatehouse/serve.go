@@ -39,6 +39,7 @@ type config struct {
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
 	diskBudget, diskLowWater        byteSize
+	memoryLimit                     byteSize
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -125,6 +126,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
 	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
 	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
+	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")
 	fs.Var(&c.diskLowWater, "disk-low-water", "room (free space, or what the budget leaves) below which new work gets 507 STORAGE_FULL (`size`); 0: derived from the budget")
 }
 
@@ -195,6 +197,8 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 			return nil, err
 		}
 	}
+	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
+	goLimit := applyMemoryLimit(memLimit)
 	var origins []string
 	for _, o := range strings.Split(c.cors, ",") {
 		if o = strings.TrimSpace(o); o != "" {
@@ -207,7 +211,7 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
-		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater),
+		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater), MemoryLimit: memLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
@@ -235,5 +239,12 @@ func start(ctx context.Context, c config, log *slog.Logger) (*gateway.Node, erro
 	}
 	log.Info("gatehouse listening", "addr", n.Addr().String(), "data", where, "sync", mode.String(),
 		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))
+	if memLimit > 0 {
+		log.Info("memory limit", "limit", byteSize(memLimit).String(), "from", memSource, "go_heap_limit", byteSize(goLimit).String())
+	}
+	if sp := n.Store.Space(); sp.Budget > 0 {
+		log.Info("storage", "free", byteSize(sp.Free).String(), "used", byteSize(sp.Used).String(),
+			"low_water", byteSize(sp.LowWater).String(), "reserve", byteSize(sp.Reserve).String())
+	}
 	return n, nil
 }

@@ -12,11 +12,11 @@ import (
 // ten.
 type byteSize int64
 
-func (b *byteSize) String() string {
-	if b == nil || *b == 0 {
+func (b byteSize) String() string {
+	if b <= 0 {
 		return "0"
 	}
-	return humanize.IBytes(uint64(*b))
+	return humanize.IBytes(uint64(b))
 }
 
 func (b *byteSize) Set(v string) error {
