@@ -321,13 +321,20 @@ func (g *guard) admitNew() error {
 	return g.refusal(nil)
 }
 
-// recheck reads the space again, unless that was done less than
-// spaceMinInterval ago; it reports whether it did.
+// recheck reads the space again, first waiting until spaceMinInterval has
+// passed since the last reading (a write near the mark waits that long
+// rather than be refused on an estimate); it reports whether it read.
 func (g *guard) recheck() bool {
-	if time.Since(time.Unix(0, g.checked.Load())) < spaceMinInterval {
-		return false
+	last := g.checked.Load()
+	if wait := spaceMinInterval - time.Since(time.Unix(0, last)); wait > 0 {
+		time.Sleep(wait)
 	}
-	g.check()
+	g.checking.Lock()
+	fresh := g.checked.Load() != last // another caller read it meanwhile
+	g.checking.Unlock()
+	if !fresh {
+		g.check()
+	}
 	return true
 }
 

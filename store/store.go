@@ -12,6 +12,7 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -527,7 +528,10 @@ func (s *Store) Write(ctx context.Context, b *Batch) error {
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
-	if s.guard != nil {
+	// A write that only hands lazy writes over (a block of journal, no
+	// new data) goes through whatever the room: reads need it, and so does
+	// an idle journal letting its segments go.
+	if s.guard != nil && !b.settling() {
 		if err := s.guard.admit(b.shrinks()); err != nil {
 			return err
 		}
@@ -1073,10 +1077,17 @@ func (s *Store) checkpointLoop() {
 	defer ticker.Stop()
 	discard := s.applied.Load()
 	idle := false
+	changed := s.SpaceChanged()
 	for {
 		select {
 		case <-s.crowded:
 			discard = s.checkpoint(discard)
+			continue
+		case <-changed:
+			changed = s.SpaceChanged()
+			if s.Space().State != SpaceOK {
+				s.shedJournal()
+			}
 			continue
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
@@ -1183,6 +1194,23 @@ func (s *Store) syncRelease() bool {
 		return false
 	}
 	return true
+}
+
+// shedJournal, short of room, has Badger write its memory tables out and
+// the journal keep one small segment: what the journal holds is what a
+// start after a crash must replay, and it should find room for that.
+func (s *Store) shedJournal() {
+	done := make(chan error, 1)
+	select {
+	case s.flushq <- done:
+	case <-s.stop:
+		return
+	}
+	if err := <-done; err != nil {
+		s.log.Warn("storage: cannot write Badger's memory tables out", "err", err)
+		return
+	}
+	s.settleIdle()
 }
 
 // memFiles lists Badger's memory table logs: one for the table being
@@ -1351,10 +1379,14 @@ func (b *Batch) add(o op) {
 	}
 }
 
-// shrinks reports whether b only deletes, or hands lazy writes over before
-// a read: writes that short of room still go on, since they free space or
-// let reads go on.
-func (b *Batch) shrinks() bool { return b.settle || b.dels == len(b.ops) }
+// shrinks reports whether b only deletes: short of room such writes still
+// go on, since they free space.
+func (b *Batch) shrinks() bool { return b.dels == len(b.ops) }
+
+// settling reports whether b only hands the lazy writes over (see settle).
+func (b *Batch) settling() bool {
+	return b.settle && len(b.ops) == 1 && bytes.Equal(b.ops[0].key, settleKey)
+}
 
 // DeleteEntry removes entry seq of the log named stream.
 func (b *Batch) DeleteEntry(stream string, seq uint64) {

@@ -222,6 +222,28 @@ func crashed(logs string) bool {
 	return strings.Contains(logs, "SIGBUS") || strings.Contains(logs, "fatal error") || strings.Contains(logs, "panic:")
 }
 
+// waitJournal waits until the journal in dir holds at most n bytes.
+func waitJournal(t *testing.T, dir string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var total int64
+		segs, _ := filepath.Glob(filepath.Join(dir, "journal", "*"))
+		for _, p := range segs {
+			if fi, err := os.Stat(p); err == nil {
+				total += fi.Size()
+			}
+		}
+		if total <= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the journal still holds %d KiB on a full disk", total>>10)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // grow remounts the tmpfs at dir with size bytes: the partition grown.
 func grow(t *testing.T, dir string, size int64) {
 	t.Helper()
@@ -264,9 +286,12 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 		acked = append(acked, ids...)
 		t.Logf("cycle %d: %d executions with 4 KB inputs accepted before 507 in %v (%.0f/s; %.1f MiB free at the first 507)",
 			cycle, len(ids), took.Round(time.Millisecond), float64(len(ids))/took.Seconds(), float64(freeBytes(t, mnt))/(1<<20))
-		// Below the reserve too: a file takes all but 8 MiB.
+		// Below the reserve too: a file takes all but 8 MiB. The server
+		// sheds its journal when it sees that (a start after a crash must
+		// replay it); then it is killed.
 		full := filepath.Join(mnt, fmt.Sprintf("full-%d", cycle))
 		takeSpace(t, full, max(0, freeBytes(t, mnt)-8<<20))
+		waitJournal(t, dir, 2<<20)
 		c.kill(t)
 		if crashed(c.logs.String()) {
 			t.Fatalf("cycle %d: the server crashed:\n%s", cycle, c.logs)
