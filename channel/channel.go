@@ -530,6 +530,8 @@ func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string)
 
 	k := Key(channelID, peerID)
 	now := time.Now().UTC()
+	// Asked before r.mu: near the low-water mark it may read the disk.
+	admit := r.st.Admit()
 	r.mu.Lock()
 	var rc record
 	switch cur := r.chans[k]; {
@@ -542,6 +544,10 @@ func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string)
 		r.mu.Unlock()
 		return Channel{}, false, fmt.Errorf("%w: %s has %d", ErrTooMany, owner, r.maxChans)
 	default:
+		if admit != nil {
+			r.mu.Unlock()
+			return Channel{}, false, admit // short of room: a new channel waits
+		}
 		fresh = true
 		r.claims[k] = owner
 		rc = record{Owner: owner, ChannelID: channelID, PeerID: peerID, Kind: KindNative, CreatedAt: now}

@@ -180,6 +180,11 @@ func (r *Registry) SetWebhook(ctx context.Context, owner, rawURL, secret string)
 	r.mu.Unlock()
 
 	fresh = old == nil || old.key() != rc.key()
+	if fresh {
+		if err := r.st.Admit(); err != nil {
+			return Channel{}, false, err // short of room: a new channel waits
+		}
+	}
 	var b store.Batch
 	var facts []fact
 	if old != nil && fresh {

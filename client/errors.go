@@ -29,6 +29,9 @@ var (
 	ErrInternal = errors.New("internal error")
 	// ErrUnavailable matches 503 SERVICE_UNAVAILABLE answers.
 	ErrUnavailable = errors.New("service unavailable")
+	// ErrStorageFull matches 507 STORAGE_FULL answers: the gateway is
+	// short of disk space, and new work waits until it has room again.
+	ErrStorageFull = errors.New("storage full")
 
 	// ErrGap is returned by StreamExecution when the server skipped part of
 	// an execution's history (for example because it was deleted): the
@@ -46,6 +49,7 @@ var codeSentinels = map[string]error{
 	"RATE_LIMITED":        ErrRateLimited,
 	"INTERNAL_ERROR":      ErrInternal,
 	"SERVICE_UNAVAILABLE": ErrUnavailable,
+	"STORAGE_FULL":        ErrStorageFull,
 }
 
 // statusSentinels is the fallback for answers without a known code, such as
@@ -59,6 +63,7 @@ var statusSentinels = map[int]error{
 	http.StatusTooManyRequests:     ErrRateLimited,
 	http.StatusInternalServerError: ErrInternal,
 	http.StatusServiceUnavailable:  ErrUnavailable,
+	http.StatusInsufficientStorage: ErrStorageFull,
 }
 
 // APIError is a non-2xx answer of the kernel API. It matches the sentinel of

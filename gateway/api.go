@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 func (s *Server) buildRoutes() *router {
@@ -50,6 +52,15 @@ func (s *Server) ready(c *call) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2e9)
 	defer cancel()
 	if err := s.k.Ready(ctx); err != nil {
+		var serr *store.SpaceError
+		if errors.As(err, &serr) {
+			// Said in the log once per change, by the store.
+			c.ctx.Response.Header.Set("Retry-After", storageRetryAfter)
+			s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, errorBody{
+				Error: err.Error(), Code: CodeStorageFull, Details: spaceDetails(serr.Space),
+			})
+			return
+		}
 		s.log.Warn("not ready", "err", err)
 		s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, errorBody{
 			Error: "service unavailable: database not reachable", Code: CodeUnavailable,

@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/session"
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // Error codes of the kernel API.
@@ -27,6 +28,7 @@ const (
 	CodeRateLimited   = "RATE_LIMITED"
 	CodeInternal      = "INTERNAL_ERROR"
 	CodeUnavailable   = "SERVICE_UNAVAILABLE"
+	CodeStorageFull   = "STORAGE_FULL"
 	CodeTooLarge      = "PAYLOAD_TOO_LARGE"
 	CodeMethodMissing = "METHOD_NOT_ALLOWED"
 )
@@ -53,7 +55,13 @@ func statusOf(err error) (int, errorBody) {
 	if errors.As(err, &derr) {
 		details = derr.Details()
 	}
+	var serr *store.SpaceError
+	if errors.As(err, &serr) {
+		details = spaceDetails(serr.Space)
+	}
 	switch {
+	case errors.Is(err, store.ErrStorageFull):
+		return fasthttp.StatusInsufficientStorage, errorBody{err.Error(), CodeStorageFull, details}
 	case errors.Is(err, kernel.ErrValidation), errors.Is(err, session.ErrInvalid):
 		return fasthttp.StatusBadRequest, errorBody{err.Error(), CodeValidation, details}
 	case errors.Is(err, kernel.ErrNotFound), errors.Is(err, session.ErrNotFound):
@@ -72,6 +80,18 @@ func statusOf(err error) (int, errorBody) {
 		return fasthttp.StatusUnauthorized, errorBody{"unauthorized: " + err.Error(), CodeUnauthorized, nil}
 	}
 	return fasthttp.StatusInternalServerError, errorBody{"internal error", CodeInternal, nil}
+}
+
+// storageRetryAfter is the Retry-After of a 507: the store reads its free
+// space a few times a second and resumes within one once there is room.
+const storageRetryAfter = "2"
+
+// spaceDetails is the details of a STORAGE_FULL answer.
+func spaceDetails(sp store.Space) map[string]any {
+	return map[string]any{
+		"state": sp.State.String(), "room_bytes": sp.Room(), "free_bytes": sp.Free, "used_bytes": sp.Used,
+		"budget_bytes": sp.Budget, "low_water_bytes": sp.LowWater, "reserve_bytes": sp.Reserve,
+	}
 }
 
 // bufPool recycles response encoding buffers.
@@ -145,8 +165,11 @@ func (s *Server) writeError(ctx *fasthttp.RequestCtx, err error) {
 	if status == fasthttp.StatusInternalServerError {
 		s.log.Error("request failed", "method", string(ctx.Method()), "path", string(ctx.Path()), "err", err)
 	}
-	if status == fasthttp.StatusServiceUnavailable {
+	switch status {
+	case fasthttp.StatusServiceUnavailable:
 		ctx.Response.Header.Set("Retry-After", "1")
+	case fasthttp.StatusInsufficientStorage:
+		ctx.Response.Header.Set("Retry-After", storageRetryAfter)
 	}
 	s.writeJSON(ctx, status, body)
 }

@@ -111,6 +111,14 @@ func newKernelCollector(k *kernel.Kernel) *kernelCollector {
 	add("gatehouse_store_writes_total", "Writes committed; writes/commits is the group-commit batch size.", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Writes) })
 	add("gatehouse_store_syncs_total", "fsyncs of the store (one per batch under --sync always).", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Syncs) })
 	add("gatehouse_store_last_commit_seconds", "Duration of the last group commit, its fsync included.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return s.LastCommit.Seconds() })
+	add("gatehouse_storage_full", "0: room; 1: below the low-water mark, new work is refused with 507 STORAGE_FULL; 2: below the reserve, every write that grows the data is refused.",
+		gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.State) })
+	add("gatehouse_storage_free_bytes", "Free space of the data folder's file system.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Free) })
+	add("gatehouse_storage_used_bytes", "Bytes the data folder holds on disk.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Used) })
+	add("gatehouse_storage_budget_bytes", "The most the data folder may hold (--disk-budget).", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Budget) })
+	add("gatehouse_storage_low_water_bytes", "Room below which new work is refused.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.LowWater) })
+	add("gatehouse_storage_reserve_bytes", "Room kept for the store's own writes; below it every write that grows the data is refused.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Reserve) })
+	add("gatehouse_store_segment_failures_total", "Journal segments that could not be prepared (the log says why).", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.SegmentFailures) })
 	return c
 }
 

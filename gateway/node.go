@@ -62,10 +62,17 @@ type Config struct {
 	// most that many finished executions.
 	Retention      time.Duration
 	RetentionCount int
-	// RetentionInterval is how often retention runs (10 min when zero);
-	// its first pass comes soon after start, at most 30 s, so that a box
-	// that restarts often still prunes.
+	// RetentionInterval is how often retention runs; zero means 10m. The
+	// first pass runs 30s after start (or after one interval, if shorter),
+	// so that a box that restarts often still prunes.
 	RetentionInterval time.Duration
+
+	// DiskBudget is the most the data folder may hold (zero: its size
+	// plus the free space at start), DiskLowWater the room below which
+	// new work is refused with 507 STORAGE_FULL (zero: derived), and
+	// MemoryLimit the memory the process may use (zero: no bound); see
+	// store.Options.
+	DiskBudget, DiskLowWater, MemoryLimit int64
 }
 
 // Node is a running gateway with everything it owns.
@@ -85,7 +92,11 @@ type Node struct {
 	log     *slog.Logger
 	cfg     Config
 	served  chan error
-	gcStop  chan struct{}
+	// gcStop ends gcLoop, and the retention pass it is in; gcDone is
+	// closed when it has ended.
+	gcStop context.CancelFunc
+	gcCtx  context.Context
+	gcDone chan struct{}
 }
 
 // Open opens the store, recovers the kernel and starts serving on c.Addr.
@@ -112,7 +123,8 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 		}
 		return nil, err
 	}
-	st, err := store.Open(store.Options{Dir: c.Data, InMemory: c.InMemory, Sync: c.Sync, Logger: c.Logger})
+	st, err := store.Open(store.Options{Dir: c.Data, InMemory: c.InMemory, Sync: c.Sync, Logger: c.Logger,
+		DiskBudget: c.DiskBudget, LowWater: c.DiskLowWater, MemoryLimit: c.MemoryLimit})
 	if err != nil {
 		return nil, err
 	}
@@ -183,10 +195,11 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 	}
 	n := &Node{
 		Store: st, Sessions: sessions, Bridge: br, Channels: chans, Kernel: k, Hub: hub, Server: srv, Policy: c.Policy, Auth: authn,
-		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcStop: make(chan struct{}),
+		ln: ln, log: c.Logger, cfg: c, served: make(chan error, 1), gcDone: make(chan struct{}),
 	}
 	n.runtime = rt
 	rt.Start(c.Logger)
+	n.gcCtx, n.gcStop = context.WithCancel(context.Background())
 	go func() { n.served <- srv.Serve(ln) }()
 	go n.gcLoop()
 	return n, nil
@@ -195,46 +208,73 @@ func Open(ctx context.Context, c Config) (*Node, error) {
 // Addr returns the address the node listens on.
 func (n *Node) Addr() net.Addr { return n.ln.Addr() }
 
-// gcLoop prunes finished executions past retention and expired idempotency
-// keys, and reclaims Badger value-log space, now and then.
+// Retention runs every RetentionInterval, the first time firstRetention
+// after start.
+const (
+	defaultRetentionInterval = 10 * time.Minute
+	firstRetention           = 30 * time.Second
+)
+
+// gcLoop runs retention now and then, until Close.
 func (n *Node) gcLoop() {
-	retention := n.cfg.Retention
-	if retention <= 0 {
-		retention = 168 * time.Hour
+	defer close(n.gcDone)
+	interval := n.cfg.RetentionInterval
+	if interval <= 0 {
+		interval = defaultRetentionInterval
 	}
-	every := n.cfg.RetentionInterval
-	if every <= 0 {
-		every = 10 * time.Minute
-	}
-	t := time.NewTimer(min(every, 30*time.Second))
+	t := time.NewTimer(min(firstRetention, interval))
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			t.Reset(every)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			if _, err := n.Kernel.Prune(ctx, time.Now().Add(-retention), n.cfg.RetentionCount); err != nil {
-				n.log.Warn("retention", "err", err)
-			}
-			if _, err := n.Sessions.Prune(ctx, time.Now()); err != nil {
-				n.log.Warn("session retention", "err", err)
-			}
-			if _, err := n.Kernel.ExpireIdempotencyKeys(ctx); err != nil {
-				n.log.Warn("idempotency keys", "err", err)
-			}
-			cancel()
-			n.Store.RunGC()
-		case <-n.gcStop:
+			n.retain(n.gcCtx)
+			t.Reset(interval)
+		case <-n.gcCtx.Done():
 			return
 		}
 	}
+}
+
+// retain prunes finished executions past retention, sessions' logs and
+// expired idempotency keys; when it deleted anything, the store compacts,
+// so that the folder gives the space back (see store.Compact).
+func (n *Node) retain(ctx context.Context) {
+	retention := n.cfg.Retention
+	if retention <= 0 {
+		retention = 168 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	executions, err := n.Kernel.Prune(ctx, start.Add(-retention), n.cfg.RetentionCount)
+	if err != nil {
+		n.log.Warn("retention", "err", err)
+	}
+	sessions, err := n.Sessions.Prune(ctx, start)
+	if err != nil {
+		n.log.Warn("session retention", "err", err)
+	}
+	keys, err := n.Kernel.ExpireIdempotencyKeys(ctx)
+	if err != nil {
+		n.log.Warn("idempotency keys", "err", err)
+	}
+	if executions+sessions+keys == 0 {
+		n.Store.RunGC()
+		return
+	}
+	if err := n.Store.Compact(ctx); err != nil && ctx.Err() == nil {
+		n.log.Warn("retention: compaction", "err", err)
+	}
+	n.log.Info("retention", "executions", executions, "sessions", sessions, "idempotency_keys", keys,
+		"took", time.Since(start).Round(time.Millisecond))
 }
 
 // Close shuts the node down in dependency order: no new requests, streams
 // ended, kernel timers stopped, store drained and closed. Everything
 // acknowledged is already durable; Close writes nothing new.
 func (n *Node) Close(ctx context.Context) error {
-	close(n.gcStop)
+	n.gcStop()
+	<-n.gcDone
 	serr := n.Server.Shutdown(ctx)
 	if err := <-n.served; err != nil && serr == nil {
 		serr = err

@@ -177,7 +177,7 @@ func (k *Kernel) releaseLease(id, consumerID, reason string) {
 		t.add(event.ExecutionReset, "", &resetPayload{Reason: reason, FromStatus: ex.Status})
 	}
 	if err := t.commit(context.Background()); err != nil {
-		k.log.Error("release lease", "execution", id, "err", err)
+		k.logCommitFailure("release lease", id, err)
 		return
 	}
 	k.mu.Lock()
@@ -205,19 +205,25 @@ func (k *Kernel) assignPending(agentID string) {
 		id := as.pending[0]
 		as.pending = as.pending[1:]
 		k.mu.Unlock()
-		k.assign(id, consumer)
+		if !k.assign(id, consumer) {
+			// The store refused: try again later, not in a loop.
+			k.retryLater("agent/"+agentID, func() { k.assignPending(agentID) })
+			return
+		}
+		k.retried("agent/" + agentID)
 	}
 }
 
-// assign starts execution id on consumer, or puts it back in line.
-func (k *Kernel) assign(id, consumer string) {
+// assign starts execution id on consumer, or puts it back in line and
+// reports false when that could not be written.
+func (k *Kernel) assign(id, consumer string) bool {
 	ex, err := k.lockLive(id)
 	if err != nil {
-		return
+		return true
 	}
 	defer ex.mu.Unlock()
 	if ex.Status != StatusPending || ex.Lease != nil {
-		return
+		return true
 	}
 	lease := &Lease{ID: event.NewID(), ConsumerID: consumer}
 	push := assignedPush{
@@ -235,7 +241,7 @@ func (k *Kernel) assign(id, consumer string) {
 		as := k.agentSetLocked(ex.AgentID)
 		as.pending = append([]string{ex.ID}, as.pending...)
 		k.mu.Unlock()
-		return
+		return false
 	}
 	k.mu.Lock()
 	k.bindLeaseLocked(ex.AgentID, consumer, ex.ID, lease.ID)
@@ -243,6 +249,7 @@ func (k *Kernel) assign(id, consumer string) {
 	if publish := t.publish(); publish != nil {
 		publish()
 	}
+	return true
 }
 
 // maxHistoryBytes bounds the history sent with an assignment.

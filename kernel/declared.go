@@ -3,6 +3,7 @@ package kernel
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -44,6 +45,9 @@ func (k *Kernel) Declare(ctx context.Context, agentID string, info json.RawMessa
 		return err
 	}
 	if err := k.store.Write(ctx, &b); err != nil {
+		if errors.Is(err, ErrStorageFull) {
+			return err
+		}
 		return newErr(ErrUnavailable, "service unavailable: %v", err)
 	}
 	return nil

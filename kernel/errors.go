@@ -3,6 +3,8 @@ package kernel
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // Sentinel errors. Every error the kernel returns to a caller matches exactly
@@ -18,6 +20,10 @@ var (
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrUnavailable: the store cannot take writes; retry later.
 	ErrUnavailable = errors.New("service unavailable")
+	// ErrStorageFull: the data folder is short of room; new work waits
+	// until there is room again (see store.Space). It is
+	// store.ErrStorageFull: such errors are *store.SpaceError.
+	ErrStorageFull = store.ErrStorageFull
 )
 
 // Error is a kernel error with the wire message and optional details.

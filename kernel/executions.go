@@ -122,6 +122,9 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 	if full {
 		return View{}, false, newErr(ErrUnavailable, "service unavailable: %d executions are live, the configured maximum", k.opts.MaxLive)
 	}
+	if err := k.store.Admit(); err != nil {
+		return View{}, false, err
+	}
 	ex := &Execution{ID: event.NewID(), SessionID: req.SessionID, TraceID: meta.TraceID, Steps: map[string]*Step{}}
 	if ex.SessionID == "" {
 		ex.SessionID = "sess-" + ex.ID

@@ -155,6 +155,7 @@ type Kernel struct {
 	watchers map[string]map[*Watch]struct{}
 
 	creates *createKeys // idempotency keys of creates
+	retries *retries    // work to try again after a failed commit
 
 	counters counters
 	wg       sync.WaitGroup // running effects, so Close can wait for them
@@ -177,6 +178,7 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
 		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{},
 		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
+		retries: newRetries(),
 	}
 	if err := k.recover(ctx); err != nil {
 		return nil, fmt.Errorf("kernel: recover: %w", err)
@@ -205,6 +207,9 @@ func (k *Kernel) Close() {
 		for _, c := range rs.consumers {
 			c.stopGrace()
 		}
+	}
+	if !k.closedRetries() {
+		close(k.retries.stop)
 	}
 	k.mu.Unlock()
 	// Execution locks are taken before k.mu everywhere else, so never

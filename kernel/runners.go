@@ -347,8 +347,11 @@ func (k *Kernel) sendJob(c *runnerConsumer, j *job) {
 	if err := t.commit(context.Background()); err != nil {
 		ex.mu.Unlock()
 		k.unsend(c, j)
+		// The store refused: dispatch again later, not in a loop.
+		k.retryLater("dispatch", k.dispatch)
 		return
 	}
+	k.retried("dispatch")
 	k.sent(ex)
 	ex.mu.Unlock()
 	if publish := t.publish(); publish != nil {

@@ -14,10 +14,21 @@ func (k *Kernel) armExecutionTimer(ex *Execution) {
 		return
 	}
 	id := ex.ID
-	ex.timer = time.AfterFunc(time.Until(ex.CreatedAt.Add(k.opts.ExecutionTimeout)), func() { k.executionTimedOut(id) })
+	ex.timer = time.AfterFunc(time.Until(ex.CreatedAt.Add(k.opts.ExecutionTimeout)), func() { k.executionTimedOut(id, 0) })
 }
 
-func (k *Kernel) executionTimedOut(id string) {
+// timerRetry is the wait before a timer whose commit failed fires again:
+// retryFirst, doubling up to retryMax.
+func timerRetry(last time.Duration) time.Duration {
+	if last == 0 {
+		return retryFirst
+	}
+	return min(2*last, retryMax)
+}
+
+// executionTimedOut fails an execution past its timeout; wait is how long
+// the last failed try waited.
+func (k *Kernel) executionTimedOut(id string, wait time.Duration) {
 	ex, err := k.lockLive(id)
 	if err != nil {
 		return
@@ -30,8 +41,10 @@ func (k *Kernel) executionTimedOut(id string) {
 	k.cancelSteps(t, "execution timed out")
 	t.add(event.ExecutionFailed, "", &errorPayload{Error: "execution exceeded maximum duration"})
 	if err := t.commit(context.Background()); err != nil {
-		// Try again shortly rather than leave the execution running forever.
-		ex.timer = time.AfterFunc(time.Second, func() { k.executionTimedOut(id) })
+		// Try again rather than leave the execution running forever, after
+		// a wait that grows while the store refuses.
+		wait = timerRetry(wait)
+		ex.timer = time.AfterFunc(wait, func() { k.executionTimedOut(id, wait) })
 		return
 	}
 	k.finish(ex)
@@ -53,14 +66,14 @@ func (k *Kernel) armStepTimers(ex *Execution) {
 		}
 		st.stopTimer()
 		execID, stepID, deadline := ex.ID, st.ID, st.Deadline
-		st.timer = time.AfterFunc(time.Until(deadline), func() { k.stepTimedOut(execID, stepID, deadline) })
+		st.timer = time.AfterFunc(time.Until(deadline), func() { k.stepTimedOut(execID, stepID, deadline, 0) })
 	}
 }
 
 // stepTimedOut ends a step whose deadline passed. Only the step fails; the
 // agent is told through tool.result and decides what to do (the original
 // kernel failed the whole execution and told nobody).
-func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
+func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time, wait time.Duration) {
 	ex, err := k.lockLive(execID)
 	if err != nil {
 		return
@@ -77,7 +90,8 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time) {
 	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, jobID)
 	k.toolResult(t, st, StepFailed, nil, "step timed out")
 	if err := t.commit(context.Background()); err != nil {
-		st.timer = time.AfterFunc(time.Second, func() { k.stepTimedOut(execID, stepID, deadline) })
+		wait = timerRetry(wait)
+		st.timer = time.AfterFunc(wait, func() { k.stepTimedOut(execID, stepID, deadline, wait) })
 		return
 	}
 	if ex.Status.Terminal() {

@@ -225,7 +225,10 @@ func (t *tx) commitWith(ctx context.Context, other *tx) error {
 		for _, x := range txs {
 			x.abort()
 		}
-		t.k.log.Error("commit failed", "execution", t.ex.ID, "err", err)
+		if errors.Is(err, ErrStorageFull) {
+			return err // the store logs its changes of state once
+		}
+		t.k.logCommitFailure("commit failed", t.ex.ID, err)
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return newErr(ErrUnavailable, "service unavailable: %v", err)
 		}

@@ -97,6 +97,10 @@ type Hub struct {
 	dropped map[Key]*dropCount
 	stats   Stats
 	flushMu sync.Mutex // one flush or sweep at a time, its write included
+	// failing is the streak of failed writes (under flushMu): while the
+	// store refuses them, flushes wait longer and longer, and the log
+	// says so once a minute rather than at every try.
+	failing failStreak
 	// started is when the hub was opened: a restart counts as a
 	// disconnect, so no consumer is collected before ConsumerRetention has
 	// passed since then, as each gets its grace period again.
@@ -429,17 +433,55 @@ func (h *Hub) Forget(k Key) {
 	}
 	box.persisted = box.acked
 	h.mu.Unlock()
+	h.flushMu.Lock()
 	h.write(&b)
+	h.flushMu.Unlock()
 }
 
-func (h *Hub) write(b *store.Batch) {
+// write persists outbox state and reports whether it could; failures are
+// logged as a streak (see failStreak). The caller holds flushMu.
+func (h *Hub) write(b *store.Batch) bool {
 	if h.o.Store == nil || b.Len() == 0 {
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := h.o.Store.Write(ctx, b); err != nil {
-		h.log.Warn("persist outbox state", "err", err)
+	err := h.o.Store.Write(ctx, b)
+	h.failing.record(h.log, err, time.Now())
+	return err == nil
+}
+
+// failStreak logs a streak of failed writes: the first failure, then the
+// count once a minute while they go on, then the recovery.
+type failStreak struct {
+	count    int // failures since the last line
+	total    int // failures in the streak
+	since    time.Time
+	logged   time.Time
+	deferred time.Time // no flush before it
+}
+
+// failLogEvery is how often a streak of failures is logged.
+const failLogEvery = time.Minute
+
+func (f *failStreak) record(log *slog.Logger, err error, now time.Time) {
+	switch {
+	case err == nil && f.total > 0:
+		log.Info("outbox state persisted again", "failures", f.total, "for", now.Sub(f.since).Round(time.Second))
+		*f = failStreak{}
+	case err == nil:
+	case f.total == 0:
+		log.Warn("cannot persist outbox state; retrying with back-off", "err", err)
+		f.total, f.since, f.logged = 1, now, now
+		f.deferred = now.Add(time.Second)
+	default:
+		f.total++
+		f.count++
+		if now.Sub(f.logged) >= failLogEvery {
+			log.Warn("still cannot persist outbox state", "failures", f.count, "since", f.since, "err", err)
+			f.count, f.logged = 0, now
+		}
+		f.deferred = now.Add(min(30*time.Second, time.Second<<min(f.total, 5)))
 	}
 }
 
@@ -457,15 +499,15 @@ func (h *Hub) flushLoop() {
 	for {
 		select {
 		case <-t.C:
-			h.flush()
+			h.flush(false)
 		case <-h.flushNow:
-			h.flush()
+			h.flush(false)
 		case <-sweep.C:
 			h.sweep()
 		case <-report.C:
 			h.report()
 		case <-h.stop:
-			h.flush()
+			h.flush(true)
 			h.report()
 			return
 		}
@@ -534,20 +576,31 @@ func (h *Hub) deleteAckedLocked(box *outbox, b *store.Batch) {
 // returns once they and any background write of them in flight are
 // durable (or failed, which is logged): after it, the hub has nothing
 // waiting to be written until consumers act again.
-func (h *Hub) Flush() { h.flush() }
+func (h *Hub) Flush() { h.flush(true) }
 
-func (h *Hub) flush() {
+// flush persists what is dirty. Unless forced, it waits out the back-off
+// after a failed write (see failStreak).
+func (h *Hub) flush(force bool) {
 	// One flush at a time, its write included, so that Flush returns only
 	// after a background flush that was writing has finished.
 	h.flushMu.Lock()
 	defer h.flushMu.Unlock()
+	if !force && time.Now().Before(h.failing.deferred) {
+		return
+	}
 	var b store.Batch
 	h.mu.Lock()
+	type was struct {
+		k         Key
+		persisted uint64
+	}
+	written := make([]was, 0, len(h.dirty))
 	for k := range h.dirty {
 		box := h.boxes[k]
 		if box == nil {
 			continue
 		}
+		written = append(written, was{k, box.persisted})
 		if h.o.Store != nil {
 			h.deleteAckedLocked(box, &b)
 			_ = b.PutLazy(kindPeer, k.String(), box.record())
@@ -556,7 +609,17 @@ func (h *Hub) flush() {
 	}
 	clear(h.dirty)
 	h.mu.Unlock()
-	h.write(&b)
+	if !h.write(&b) {
+		// Written again with the next flush that goes through.
+		h.mu.Lock()
+		for _, w := range written {
+			if box := h.boxes[w.k]; box != nil {
+				box.persisted = min(box.persisted, w.persisted)
+				h.dirty[w.k] = true
+			}
+		}
+		h.mu.Unlock()
+	}
 }
 
 // report logs, for each consumer whose outbox dropped deliveries since the

@@ -80,6 +80,8 @@ type Registry struct {
 	k      Kernel
 	closed bool
 	wg     sync.WaitGroup
+	// closing is closed by Close: turns waiting for room stop waiting.
+	closing chan struct{}
 
 	wmu      sync.Mutex
 	watchers map[string]map[*Watch]struct{}
@@ -127,13 +129,17 @@ func New(o Options) (*Registry, error) {
 	if o.MaxAge <= 0 {
 		o.MaxAge = DefaultMaxAge
 	}
-	return &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{}, watchers: map[string]map[*Watch]struct{}{}}, nil
+	return &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{}, watchers: map[string]map[*Watch]struct{}{},
+		closing: make(chan struct{})}, nil
 }
 
 // Close flushes open delta runs and stops starting turns. Turns queued or
 // due to start are started again by the next Start.
 func (r *Registry) Close() {
 	r.mu.Lock()
+	if !r.closed {
+		close(r.closing)
+	}
 	r.closed = true
 	books := make([]*book, 0, len(r.books))
 	for _, b := range r.books {
@@ -251,6 +257,9 @@ func (r *Registry) Create(ctx context.Context, req CreateRequest) (Session, erro
 		if len(v) > maxAttrSize {
 			return Session{}, fmt.Errorf("%w: attributes of %s exceed %d bytes", ErrInvalid, surface, maxAttrSize)
 		}
+	}
+	if err := r.st.Admit(); err != nil {
+		return Session{}, err // short of room: new work waits
 	}
 	now := time.Now().UTC()
 	b := &book{id: req.ID, opened: map[string]*opening{}, sess: Session{

@@ -94,6 +94,10 @@ func (r *Registry) Submit(ctx context.Context, req SubmitRequest) (Turn, error) 
 			return t, nil
 		}
 	}
+	if err := r.st.Admit(); err != nil {
+		b.mu.Unlock()
+		return Turn{}, err // short of room: new work waits
+	}
 	t, start, err := r.submitLocked(ctx, b, req)
 	b.mu.Unlock()
 	if err != nil {
@@ -180,15 +184,34 @@ func (r *Registry) startTurn(t Turn) {
 		b.mu.Lock()
 		s := b.sess.clone()
 		b.mu.Unlock()
-		_, _, err = k.Create(ctx, kernel.CreateRequest{
-			AgentID: s.AgentID, Input: t.Input, SessionID: t.SessionID, ThreadID: t.ThreadID, TurnID: t.ID, Ask: t.Ask,
-		}, kernel.Meta{Principal: s.Owner, Tenant: s.Tenant})
+		for wait := time.Second; ; wait = min(2*wait, maxStartWait) {
+			changed := r.st.SpaceChanged()
+			_, _, err = k.Create(ctx, kernel.CreateRequest{
+				AgentID: s.AgentID, Input: t.Input, SessionID: t.SessionID, ThreadID: t.ThreadID, TurnID: t.ID, Ask: t.Ask,
+			}, kernel.Meta{Principal: s.Owner, Tenant: s.Tenant})
+			if !errors.Is(err, kernel.ErrStorageFull) {
+				break
+			}
+			// Short of room, new work waits: so does the turn, as it
+			// would in its queue, rather than fail; a restart starts it
+			// too. The store logs its changes of state.
+			select {
+			case <-time.After(wait):
+			case <-changed:
+			case <-r.closing:
+				return
+			}
+		}
 		if err != nil {
 			r.log.Warn("session: turn failed to start", "session", t.SessionID, "turn", t.ID, "err", err)
 			r.endTurn(ctx, b, t.ThreadID, t.ID, TurnFailed, "could not start: "+err.Error())
 		}
 	}()
 }
+
+// maxStartWait bounds the wait between tries to start a turn while the
+// store is short of room.
+const maxStartWait = 30 * time.Second
 
 // endTurn ends a turn that has no execution (it could not start), and
 // starts the next of its thread.

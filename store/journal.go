@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -50,9 +52,11 @@ import (
 // A record's checksum covers its segment's number, so the leftovers of a
 // recycled segment's earlier life read as the end of the segment.
 type journal struct {
-	dir     string
-	log     *slog.Logger
-	segSize int64
+	dir string
+	log *slog.Logger
+	// minSeg and maxSeg bound a fresh segment's size; want is the size the
+	// next fresh one gets (see grow).
+	minSeg, maxSeg, want int64
 	// durable asks for records that are durable when written (SyncAlways).
 	durable bool
 
@@ -61,24 +65,52 @@ type journal struct {
 	// direct is set when f was opened with O_DIRECT|O_DSYNC: writes must be
 	// aligned, whole blocks, and each is durable when it returns.
 	direct bool
-	off    int64  // end of the records in f, a multiple of blockSize
+	off    int64     // end of the records in f, a multiple of blockSize
+	size   int64     // what f holds before the journal moves on: its prepared size
+	opened time.Time // when f became the segment written
+	// sealed is set when a write to f failed: what it left is unknown, so
+	// f takes no further record and the next write moves to a new segment.
+	sealed bool
 	rec    []byte // scratch for encoding one record
 
 	// next delivers the segment after the current one, prepared in the
-	// background so that moving to it costs no file-system work. prev is
-	// the previous segment's background sync when writes are not direct.
+	// background once the current one is half full, so that moving to it
+	// costs no file-system work; nil until then. prev is the previous
+	// segment's background sync when writes are not direct.
 	next chan prepared
 	prev chan error
 
+	// prepErr is the last failure to prepare a segment, nil once one was
+	// prepared again; prepFailures counts the failures.
+	prepErr      atomic.Pointer[error]
+	prepFailures atomic.Uint64
+
 	mu       sync.Mutex
 	full     []segment // written segments, oldest first
+	held     int64     // their sizes
 	recycled []string  // released segment files kept for reuse
+	// recycledBytes is the size of the recycled files, at most maxRecycledBytes.
+	recycledBytes, maxRecycledBytes int64
+}
+
+// journalOptions configure a journal.
+type journalOptions struct {
+	// minSegment and maxSegment bound the size of a fresh segment; zero
+	// means defaultSegmentSize for both.
+	minSegment, maxSegment int64
+	// recycle bounds the bytes of released segments kept for reuse; zero
+	// means four segments of maxSegment.
+	recycle int64
+	// durable asks for records durable when written (SyncAlways).
+	durable bool
+	log     *slog.Logger
 }
 
 // prepared is a segment file ready to be written.
 type prepared struct {
 	num    uint64
 	f      *os.File
+	size   int64
 	direct bool
 	err    error
 }
@@ -87,12 +119,21 @@ type prepared struct {
 type segment struct {
 	num    uint64
 	lastTs uint64 // highest version written to it; 0 while empty
+	size   int64  // bytes of its file
 }
 
 const (
-	// defaultSegmentSize is how much a segment holds before the journal
-	// moves to the next one.
+	// defaultSegmentSize is the most a segment holds before the journal
+	// moves to the next one, on a disk with room for it (see plan).
 	defaultSegmentSize = 32 << 20
+	// minSegmentSize is the size of a fresh segment while writes are few:
+	// an idle gateway keeps one segment this size (see grow).
+	minSegmentSize = 1 << 20
+	// growWithin: a segment half filled sooner than this after it was
+	// begun makes the next fresh one twice as large; one that took more
+	// than shrinkAfter, half as large.
+	growWithin  = 5 * time.Second
+	shrinkAfter = time.Minute
 	// recordHeader is a record's uint32 payload length and uint32 CRC-32C.
 	recordHeader = 8
 	// maxRecord bounds a record's length when reading, so that a corrupt
@@ -112,17 +153,24 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // openJournal opens the journal in dir, creating the folder if needed. It
 // writes nothing until replay has run.
-func openJournal(dir string, segSize int64, durable bool, log *slog.Logger) (*journal, error) {
-	if segSize <= 0 {
-		segSize = defaultSegmentSize
+func openJournal(dir string, o journalOptions) (*journal, error) {
+	if o.maxSegment <= 0 {
+		o.maxSegment = defaultSegmentSize
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if o.minSegment <= 0 || o.minSegment > o.maxSegment {
+		o.minSegment = o.maxSegment
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: journal: %w", err)
 	}
-	return &journal{dir: dir, segSize: segSize, durable: durable, log: log}, nil
+	if o.recycle <= 0 {
+		o.recycle = maxRecycled * o.maxSegment
+	}
+	return &journal{dir: dir, minSeg: o.minSegment, maxSeg: o.maxSegment, want: o.minSegment,
+		durable: o.durable, log: o.log, maxRecycledBytes: o.recycle}, nil
 }
 
 // scan lists the segment numbers on disk, in order, and the recyclable files.
@@ -165,7 +213,9 @@ func (j *journal) replay(apply func(ts uint64, ops []op) error) (lastTs uint64, 
 	if err != nil {
 		return 0, err
 	}
-	j.recycled = free
+	for _, path := range free {
+		j.keepOrRemove(path)
+	}
 	next := uint64(1)
 	for _, num := range nums {
 		seg, err := j.replaySegment(num, apply)
@@ -173,6 +223,7 @@ func (j *journal) replay(apply func(ts uint64, ops []op) error) (lastTs uint64, 
 			return 0, err
 		}
 		j.full = append(j.full, seg)
+		j.held += seg.size
 		lastTs = max(lastTs, seg.lastTs)
 		next = num + 1
 	}
@@ -185,29 +236,8 @@ func (j *journal) replay(apply func(ts uint64, ops []op) error) (lastTs uint64, 
 // replaySegment applies the whole records of one segment.
 func (j *journal) replaySegment(num uint64, apply func(ts uint64, ops []op) error) (segment, error) {
 	seg := segment{num: num}
-	f, err := os.Open(j.path(num))
-	if err != nil {
-		return seg, fmt.Errorf("store: journal: %w", err)
-	}
-	defer f.Close()
-	r := bufio.NewReaderSize(f, 1<<20)
-	var hdr [recordHeader]byte
-	var payload []byte
-	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return seg, nil
-		}
-		n := binary.LittleEndian.Uint32(hdr[0:4])
-		if n == 0 || n > maxRecord {
-			return seg, nil
-		}
-		payload = slices.Grow(payload[:0], int(n))[:n]
-		if _, err := io.ReadFull(r, payload); err != nil {
-			return seg, nil
-		}
-		if checksum(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) {
-			return seg, nil
-		}
+	var stop error
+	size, _, err := readSegment(j.path(num), num, func(payload []byte) bool {
 		ts, ops, err := decodeRecord(payload)
 		if err == nil && ts <= seg.lastTs {
 			err = fmt.Errorf("version %d after %d", ts, seg.lastTs)
@@ -215,25 +245,109 @@ func (j *journal) replaySegment(num uint64, apply func(ts uint64, ops []op) erro
 		if err != nil {
 			// A checksum matched, so this is not a partial write: say so.
 			j.log.Warn("journal record is malformed; its segment ends here", "segment", j.path(num), "err", err)
-			return seg, nil
+			return false
 		}
 		if err := apply(ts, ops); err != nil {
-			return seg, fmt.Errorf("store: journal replay: %w", err)
+			stop = fmt.Errorf("store: journal replay: %w", err)
+			return false
 		}
 		seg.lastTs = ts
+		return true
+	})
+	seg.size = size
+	return seg, errors.Join(err, stop)
+}
+
+// readSegment calls fn with the payload of each whole record of segment
+// num at path, in order, until fn returns false. It returns the file's
+// size and the end of its whole records.
+func readSegment(path string, num uint64, fn func(payload []byte) bool) (size, end int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: journal: %w", err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size()
+	}
+	r := bufio.NewReaderSize(f, 1<<20)
+	var hdr [recordHeader]byte
+	var payload []byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return size, end, nil
+		}
+		n := binary.LittleEndian.Uint32(hdr[0:4])
+		if n == 0 || n > maxRecord {
+			return size, end, nil
+		}
+		payload = slices.Grow(payload[:0], int(n))[:n]
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return size, end, nil
+		}
+		if checksum(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) || !fn(payload) {
+			return size, end, nil
+		}
 		// The next record starts at the next block boundary.
-		if pad := (blockSize - (recordHeader+int(n))%blockSize) % blockSize; pad > 0 {
+		next := end + int64(recordHeader+int(n))
+		next = (next + blockSize - 1) / blockSize * blockSize
+		if pad := int(next - end - int64(recordHeader+int(n))); pad > 0 {
 			if _, err := r.Discard(pad); err != nil {
-				return seg, nil
+				return size, next, nil
 			}
 		}
+		end = next
 	}
 }
 
-// openSegment makes segment num the one written and starts preparing the
-// one after it.
+// recordBytes returns the bytes of the whole records in the journal in dir:
+// what a replay may write.
+func recordBytes(dir string) (int64, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: journal: %w", err)
+	}
+	var total int64
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), segmentExt)
+		if !ok {
+			continue
+		}
+		num, err := strconv.ParseUint(name, 16, 64)
+		if err != nil {
+			continue // replay says what is wrong with it
+		}
+		_, end, err := readSegment(filepath.Join(dir, e.Name()), num, func([]byte) bool { return true })
+		if err != nil {
+			return 0, err
+		}
+		total += end
+	}
+	return total, nil
+}
+
+// keepOrRemove keeps a released or leftover segment file for reuse while
+// the recycled files stay within their bounds, and deletes it otherwise.
+// The caller holds mu, or is the only user (replay).
+func (j *journal) keepOrRemove(path string) error {
+	fi, err := os.Stat(path)
+	if err == nil && fi.Size() > 0 && len(j.recycled) < maxRecycled && j.recycledBytes+fi.Size() <= j.maxRecycledBytes {
+		j.recycled = append(j.recycled, path)
+		j.recycledBytes += fi.Size()
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store: journal: %w", err)
+	}
+	return nil
+}
+
+// openSegment makes segment num the one written.
 func (j *journal) openSegment(num uint64) error {
-	p := j.prepare(num)
+	p := j.prepare(num, j.want)
 	if p.err != nil {
 		return p.err
 	}
@@ -241,17 +355,57 @@ func (j *journal) openSegment(num uint64) error {
 	return nil
 }
 
-// use makes p the segment written and starts preparing the next.
+// use makes p the segment written. The next one is prepared once p is half
+// full (see place).
 func (j *journal) use(p prepared) {
-	j.f, j.cur, j.off, j.direct = p.f, segment{num: p.num}, 0, p.direct
-	j.next = make(chan prepared, 1)
-	go func(next chan<- prepared, num uint64) { next <- j.prepare(num) }(j.next, p.num+1)
+	j.f, j.cur, j.off, j.size, j.direct = p.f, segment{num: p.num, size: p.size}, 0, p.size, p.direct
+	j.opened, j.sealed, j.next = time.Now(), false, nil
+}
+
+// grow sets the size of the next fresh segment from how fast the current
+// one filled: twice as large when half of it filled within growWithin,
+// half as large when that took longer than shrinkAfter. A busy journal
+// moves to a new segment every few seconds at most, with little file-system
+// work per write; an idle one holds one small segment.
+func (j *journal) grow(took time.Duration) {
+	switch {
+	case took < growWithin:
+		j.want = min(j.maxSeg, max(j.want, j.size)*2)
+	case took > shrinkAfter:
+		j.want = max(j.minSeg, min(j.want, j.size)/2)
+	}
+}
+
+// prepareNext starts preparing the segment after the current one.
+func (j *journal) prepareNext() {
+	j.grow(time.Since(j.opened))
+	next := make(chan prepared, 1)
+	j.next = next
+	go func(num uint64, size int64) { next <- j.prepare(num, size) }(j.cur.num+1, j.want)
 }
 
 // prepare readies segment num: a recycled file if one is kept, else a new
-// preallocated one. The folder is synced so the file's name survives a
-// power cut along with what is written to it.
-func (j *journal) prepare(num uint64) prepared {
+// one of size bytes, preallocated. The folder is synced so the file's name
+// survives a power cut along with what is written to it. A segment that
+// cannot be prepared is removed again, never left half made, and the
+// failure is logged (once until a segment is prepared again) and counted.
+func (j *journal) prepare(num uint64, size int64) prepared {
+	p := j.prepareFile(num, size)
+	if p.err != nil {
+		j.prepFailures.Add(1)
+		err := p.err
+		if j.prepErr.Swap(&err) == nil {
+			j.log.Warn("journal: cannot prepare a segment; writes go on while the current one has room", "err", err)
+		}
+		return p
+	}
+	if j.prepErr.Swap(nil) != nil {
+		j.log.Info("journal: segments are prepared again")
+	}
+	return p
+}
+
+func (j *journal) prepareFile(num uint64, size int64) prepared {
 	path := j.path(num)
 	j.mu.Lock()
 	var reuse string
@@ -261,18 +415,30 @@ func (j *journal) prepare(num uint64) prepared {
 	j.mu.Unlock()
 	fresh := reuse == ""
 	if !fresh {
-		if err := os.Rename(reuse, path); err != nil {
-			return prepared{err: fmt.Errorf("store: journal: %w", err)}
+		fi, err := os.Stat(reuse)
+		if err == nil {
+			j.mu.Lock()
+			j.recycledBytes -= fi.Size()
+			j.mu.Unlock()
+			size = fi.Size()
+			err = os.Rename(reuse, path)
+		}
+		if err != nil {
+			_ = os.Remove(reuse)
+			return prepared{err: fmt.Errorf("store: journal: reuse %s: %w", reuse, err)}
 		}
 	}
 	f, direct, err := openSegmentFile(path, fresh, j.durable)
 	if err != nil {
-		return prepared{err: fmt.Errorf("store: journal: %w", err)}
+		if !fresh {
+			_ = os.Remove(path)
+		}
+		return prepared{err: fmt.Errorf("store: journal: segment %s: %w", path, err)}
 	}
 	if fresh {
-		err = preallocate(f, j.segSize)
+		err = preallocate(f, size)
 		if err == nil && direct {
-			err = zeroFill(f, j.segSize)
+			err = zeroFill(f, size)
 		}
 		if err == nil {
 			err = f.Sync()
@@ -283,9 +449,11 @@ func (j *journal) prepare(num uint64) prepared {
 	}
 	if err != nil {
 		_ = f.Close()
+		_ = os.Remove(path)
+		_ = syncDir(j.dir)
 		return prepared{err: fmt.Errorf("store: journal: segment %s: %w", path, err)}
 	}
-	return prepared{num: num, f: f, direct: direct}
+	return prepared{num: num, f: f, size: size, direct: direct}
 }
 
 // segWrite is one record's write: whole blocks at a block boundary, so that
@@ -329,20 +497,29 @@ func (j *journal) encode(buf []byte, ts uint64, ops []op) []byte {
 // the caller rotates first. A record larger than a segment goes alone into
 // a fresh one.
 func (j *journal) fits(rec []byte) bool {
-	return j.off == 0 || j.off+int64(len(rec)) <= j.segSize
+	return !j.sealed && (j.off == 0 || j.off+int64(len(rec)) <= j.size)
 }
 
 // place assigns rec, holding version ts, the next place in the current
 // segment and returns its write. Writes must be performed in the order
-// placed.
+// placed. Once the segment is half full, the next one is prepared.
 func (j *journal) place(rec []byte, ts uint64) segWrite {
 	n := binary.LittleEndian.Uint32(rec[0:4])
 	binary.LittleEndian.PutUint32(rec[4:8], checksum(j.cur.num, rec[recordHeader:recordHeader+n]))
 	w := segWrite{f: j.f, off: j.off, buf: rec, sync: j.durable && !j.direct}
 	j.off += int64(len(rec))
 	j.cur.lastTs = ts
+	if j.next == nil && j.off >= j.size/2 {
+		j.prepareNext()
+	}
 	return w
 }
+
+// seal marks the current segment as taking no further record, after a
+// write to it failed: the failed write may have left part of its record,
+// and a shorter record written over it could leave the rest to be read
+// after it. The next write moves to a new segment.
+func (j *journal) seal() { j.sealed = true }
 
 // sync makes every appended record durable.
 func (j *journal) sync() error {
@@ -372,10 +549,26 @@ func (j *journal) waitPrev() error {
 // rotate finishes the current segment and moves to the prepared next one.
 // Records written directly are durable already; otherwise the finished
 // segment is synced in the background, and the next sync waits for it, so
-// that a record cut short can only ever be in the newest segment.
+// that a record cut short can only ever be in the newest segment. When no
+// next segment could be prepared, it tries once more; if that fails too,
+// the current segment stays the one written and the error is returned:
+// the write that needed room is refused, and the next one tries again.
 func (j *journal) rotate() error {
 	if err := j.waitPrev(); err != nil {
 		return err
+	}
+	var p prepared
+	if j.next != nil {
+		p = <-j.next
+		j.next = nil
+	}
+	if p.f == nil { // none prepared yet, or that failed: space may be back
+		if p.err == nil {
+			j.grow(time.Since(j.opened))
+		}
+		if p = j.prepare(j.cur.num+1, j.want); p.err != nil {
+			return p.err
+		}
 	}
 	old := j.f
 	done := make(chan error, 1)
@@ -395,13 +588,15 @@ func (j *journal) rotate() error {
 	}
 	j.prev = done
 	j.mu.Lock()
-	j.full = append(j.full, j.cur)
-	j.mu.Unlock()
-	p := <-j.next
-	if p.err != nil {
-		j.next = nil
-		return p.err
+	if j.cur.lastTs > 0 {
+		j.cur.size = max(j.cur.size, j.off)
+		j.full = append(j.full, j.cur)
+		j.held += j.cur.size
+	} else {
+		// Sealed before any record: nothing in it to keep.
+		_ = os.Remove(j.path(j.cur.num))
 	}
+	j.mu.Unlock()
 	j.use(p)
 	return nil
 }
@@ -414,15 +609,12 @@ func (j *journal) release(durable uint64) (int, error) {
 	defer j.mu.Unlock()
 	n := 0
 	for n < len(j.full) && j.full[n].lastTs <= durable {
+		j.held -= j.full[n].size
 		path := j.path(j.full[n].num)
-		var err error
-		if len(j.recycled) < maxRecycled {
-			free := strings.TrimSuffix(path, segmentExt) + recycleExt
-			if err = os.Rename(path, free); err == nil {
-				j.recycled = append(j.recycled, free)
-			}
-		} else {
-			err = os.Remove(path)
+		free := strings.TrimSuffix(path, segmentExt) + recycleExt
+		err := os.Rename(path, free)
+		if err == nil {
+			err = j.keepOrRemove(free)
 		}
 		if err != nil {
 			return n, fmt.Errorf("store: journal: %w", err)
@@ -434,6 +626,13 @@ func (j *journal) release(durable uint64) (int, error) {
 	}
 	j.full = slices.Delete(j.full, 0, n)
 	return n, syncDir(j.dir)
+}
+
+// heldBytes returns the bytes of the written segments kept.
+func (j *journal) heldBytes() int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.held
 }
 
 // pending returns how many segments are kept, the one written included.
@@ -457,6 +656,7 @@ func (j *journal) close(clean bool) error {
 			spare = p.f.Name()
 			_ = p.f.Close()
 		}
+		j.next = nil
 	}
 	if !clean {
 		return err
@@ -469,7 +669,7 @@ func (j *journal) close(clean bool) error {
 	if spare != "" {
 		paths = append(paths, spare)
 	}
-	j.full, j.recycled = nil, nil
+	j.full, j.recycled, j.recycledBytes, j.held = nil, nil, 0, 0
 	j.mu.Unlock()
 	for _, p := range paths {
 		if rerr := os.Remove(p); rerr != nil && err == nil {
@@ -610,4 +810,51 @@ func decodeRecord(p []byte) (uint64, []op, error) {
 		return 0, nil, errRecord
 	}
 	return ts, ops, nil
+}
+
+// lastPrepErr returns the last failure to prepare a segment, or nil once
+// one was prepared again.
+func (j *journal) lastPrepErr() error {
+	if p := j.prepErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// dropRecycled deletes the segment files kept for reuse.
+func (j *journal) dropRecycled() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, path := range j.recycled {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			j.log.Warn("journal: cannot delete a segment kept for reuse", "err", err)
+		}
+	}
+	j.recycled, j.recycledBytes = nil, 0
+}
+
+// shrink moves to a fresh segment of the smallest size unless the current
+// one is that already and empty: what an idle journal keeps once the
+// others are released. A segment prepared ahead and the ones kept for
+// reuse are deleted.
+func (j *journal) shrink() error {
+	if j.off == 0 && j.size <= j.minSeg && !j.sealed {
+		return nil
+	}
+	if j.next != nil {
+		if p := <-j.next; p.f != nil {
+			_ = p.f.Close()
+			_ = os.Remove(p.f.Name())
+		}
+		j.next = nil
+	}
+	j.dropRecycled()
+	j.want = j.minSeg
+	p := j.prepare(j.cur.num+1, j.minSeg)
+	if p.err != nil {
+		return p.err
+	}
+	j.next = make(chan prepared, 1)
+	j.next <- p
+	return j.rotate()
 }

@@ -8,8 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // copyJournal copies a live store's journal into a fresh data folder, as a
@@ -147,7 +149,7 @@ func TestJournalTornTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	segs, _ := filepath.Glob(filepath.Join(copied, "journal", "*"+segmentExt))
-	if len(segs) != 2 { // the one written and the next, prepared
+	if len(segs) != 1 { // the one written: the next is prepared once it is half full
 		t.Fatalf("segments %v", segs)
 	}
 	data, err := os.ReadFile(segs[0])
@@ -174,7 +176,7 @@ func TestJournalTornTail(t *testing.T) {
 // files are reused, and what they held before never comes back.
 func TestJournalReleaseAndRecycle(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openJournal(dir, 8<<10, true, nil)
+	j, err := openJournal(dir, journalOptions{minSegment: 8 << 10, maxSegment: 8 << 10, durable: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +207,7 @@ func TestJournalReleaseAndRecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	j, err = openJournal(dir, 8<<10, true, nil)
+	j, err = openJournal(dir, journalOptions{minSegment: 8 << 10, maxSegment: 8 << 10, durable: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,5 +327,109 @@ func TestCheckpointSyncsValueLogOnlyWhenUsed(t *testing.T) {
 	defer s.Close()
 	if got, err := s.Entry("big", 1); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("big value after reopen: %d bytes, %v", len(got), err)
+	}
+}
+
+// TestIdleJournalLetsGo: once writes stop, the journal moves to one small
+// segment and lets go of the others, and of those kept for reuse: Badger
+// syncs its memory table's log, which then holds what its tables do not.
+// A power cut after that keeps everything: the journal left, Badger's
+// tables and its synced log.
+func TestIdleJournalLetsGo(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, idleAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := uint64(1); i <= 600; i++ {
+		write(t, s, func(b *Batch) {
+			b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 8<<10))
+			if err := b.PutLazy("peer", fmt.Sprint(i%7), i); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if s.journal.pending() < 2 {
+		t.Fatal("the test wants several segments")
+	}
+	journal := filepath.Join(dir, "journal")
+	eventually(t, "the idle journal holds one small, empty segment", func() bool {
+		files, _ := os.ReadDir(journal)
+		if len(files) != 1 || !strings.HasSuffix(files[0].Name(), segmentExt) {
+			return false
+		}
+		fi, err := files[0].Info()
+		return err == nil && fi.Size() <= minSegmentSize
+	})
+	crashed := crashCopyMem(t, s, dir, true)
+	r, err := Open(Options{Dir: crashed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 600 {
+		t.Fatalf("%d of 600 entries after the crash (%v)", len(got), err)
+	}
+	for k := range 7 {
+		var v uint64
+		if err := r.Get("peer", fmt.Sprint(k), &v); err != nil || v%7 != uint64(k) || v < 594 {
+			t.Errorf("lazy record %d after the crash: %d, %v", k, v, err)
+		}
+	}
+}
+
+// TestReplaySkipsWhatBadgerHolds: after a crash that spared Badger's logs
+// (a killed process: the page cache keeps them), the journal's replay
+// writes nothing Badger already holds, where it used to write everything
+// again as tables of duplicates; after a power cut that lost them, it
+// writes everything. Either way, every write is there.
+func TestReplaySkipsWhatBadgerHolds(t *testing.T) {
+	dir := t.TempDir()
+	// Idle, the store would sync Badger's logs, which a power cut then
+	// keeps.
+	s, err := Open(Options{Dir: dir, idleAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := uint64(1); i <= 300; i++ {
+		write(t, s, func(b *Batch) {
+			b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 500))
+			if err := b.PutLazy("peer", "p", i); err != nil {
+				t.Fatal(err)
+			}
+			if i%3 == 0 {
+				b.DeleteEntry("ev", i-1)
+			}
+		})
+	}
+	var p uint64
+	if err := s.Get("peer", "p", &p); err != nil { // hands the lazy writes over
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		mem       bool
+		maxWrites int
+	}{{"killed: Badger's logs kept", true, 0}, {"power cut: Badger's logs lost", false, 1 << 30}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Open(Options{Dir: crashCopyMem(t, s, dir, tc.mem)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			if r.replayed.applied > tc.maxWrites || !tc.mem && r.replayed.applied < 600 {
+				t.Errorf("replay wrote %d writes and skipped %d", r.replayed.applied, r.replayed.skipped)
+			}
+			got, err := r.Read("ev", 0, 0)
+			if err != nil || len(got) != 200 {
+				t.Fatalf("%d of 200 entries (%v)", len(got), err)
+			}
+			var p uint64
+			if err := r.Get("peer", "p", &p); err != nil || p != 300 {
+				t.Errorf("lazy record: %d, %v", p, err)
+			}
+		})
 	}
 }

@@ -42,7 +42,8 @@ const (
 
 // lazyWrites holds the lazy writes applied to nothing yet.
 type lazyWrites struct {
-	interval time.Duration // lazyInterval, or a test's
+	interval time.Duration // lazyInterval, less on a small disk, or a test's
+	maxBytes int           // lazyMaxBytes, less on a small disk
 
 	mu     sync.Mutex
 	ops    map[string]op  // key -> its last lazy write
@@ -86,7 +87,7 @@ func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
 func (l *lazyWrites) due(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.ops) > 0 && (l.bytes >= lazyMaxBytes || now.Sub(l.since) >= l.interval)
+	return len(l.ops) > 0 && (l.bytes >= l.maxBytes || now.Sub(l.since) >= l.interval)
 }
 
 // waiting reports whether writes to space are waiting.

@@ -103,7 +103,7 @@ func TestLazyDeletedNeverReachesBadger(t *testing.T) {
 func TestLazyWritesSurviveACrash(t *testing.T) {
 	dir := t.TempDir()
 	// Lazy writes wait until a read hands them over.
-	s, err := Open(Options{Dir: dir, segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour})
+	s, err := Open(Options{Dir: dir, segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,10 +185,18 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // crashCopy copies the data folder of s, open in from, as a power cut
 // would leave it: Badger's tables and manifest, which it syncs, and the
-// journal, but not its memory tables' logs, which the store never syncs.
+// journal, but not its memory tables' logs, which the store syncs only
+// once idle (a test using it must keep s from going idle: idleAfter).
 // It first waits for Badger to stop writing tables, so that the copy is of
 // one moment.
 func crashCopy(t *testing.T, s *Store, from string) string {
+	t.Helper()
+	return crashCopyMem(t, s, from, false)
+}
+
+// crashCopyMem is crashCopy, with Badger's memory tables' logs copied too
+// when mem is set: for a test that made the store sync them.
+func crashCopyMem(t *testing.T, s *Store, from string, mem bool) string {
 	t.Helper()
 	tables := func() string {
 		var ids []string
@@ -212,7 +220,7 @@ func crashCopy(t *testing.T, s *Store, from string) string {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if e.IsDir() || strings.HasSuffix(name, ".mem") || name == "LOCK" {
+		if e.IsDir() || strings.HasSuffix(name, ".mem") && !mem || name == "LOCK" {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(from, name))

@@ -12,13 +12,18 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,28 +101,42 @@ type Options struct {
 	// Logger receives Badger's warnings and the store's own; nil discards.
 	Logger *slog.Logger
 
+	// DiskBudget is the most bytes the data folder may hold, the journal
+	// and Badger's files together. Zero takes what the folder holds plus
+	// the file system's free space when the store opens. It sizes the
+	// journal's segments and Badger's files (a small budget gets small
+	// ones) and the reserve, and writes stop short of it (see Space).
+	DiskBudget int64
+	// LowWater is the room (free space, or what the budget leaves,
+	// whichever is less) below which new work waits: Admit refuses it.
+	// Zero derives it from the reserve; it is never below the reserve.
+	LowWater int64
+	// MemoryLimit is the memory the process may use; zero means no bound.
+	// It sizes Badger's memory tables and caches.
+	MemoryLimit int64
+
 	// segmentSize, memTableSize and lazyInterval override the journal's
 	// segment size, Badger's memory table size and how long lazy writes
-	// may wait, for tests.
+	// may wait, for tests; readSpace, how the file system's free space is
+	// read.
 	segmentSize  int64
 	memTableSize int64
 	lazyInterval time.Duration
+	readSpace    func(dir string) (diskUsage, error)
+	idleAfter    time.Duration
 }
 
 // maxGroupBytes bounds the keys and values one commit groups, so that a
 // group's journal record and Badger transactions stay small.
 const maxGroupBytes = 8 << 20
 
-// maxApplyBacklog and maxBacklogBytes bound the acknowledged groups
+// maxApplyBacklog and sizing.backlog bound the acknowledged groups
 // waiting to be applied to Badger. Badger stalls now and then: switching
 // to a new memory table allocates and clears it, which took 40 ms on the
 // 2-core machine this was measured on, about 80 groups at full load. A
 // backlog lets acknowledgements go on meanwhile, since they need only the
 // journal, while reads wait for it to drain.
-const (
-	maxApplyBacklog = 1024
-	maxBacklogBytes = 64 << 20
-)
+const maxApplyBacklog = 1024
 
 // maxApplyBytes bounds the keys and values of the groups one Badger
 // transaction applies. When a backlog has built up, applying it in a few
@@ -128,10 +147,18 @@ const maxApplyBytes = 4 << 20
 // versions and deletes journal segments Badger's tables have made redundant.
 const checkpointInterval = 2 * time.Second
 
+// idleAfter is how long without a write makes the journal idle: it then
+// moves to a small segment, lets go of the segments kept for reuse, and has
+// Badger sync its own log so that the journal can be released (see
+// checkpoint).
+const idleAfter = 10 * time.Second
+
 // Store is an open database. It is safe for concurrent use.
 type Store struct {
 	db      *badger.DB
 	journal *journal // nil in memory
+	guard   *guard   // nil in memory
+	size    sizing
 	opts    Options
 	log     *slog.Logger
 	epoch   string
@@ -139,9 +166,24 @@ type Store struct {
 	applyq  chan *group
 	stop    chan struct{}
 	done    chan struct{} // closed when both commit stages have ended
-	// checkpointed is closed when checkpointLoop has ended.
+	// checkpointed is closed when checkpointLoop and the guard have ended.
 	checkpointed chan struct{}
 	failed       atomic.Pointer[error]
+	// lastWrite is when the last group was journaled (Unix nanoseconds);
+	// idle asks the commit loop to move the journal to a small segment.
+	lastWrite atomic.Int64
+	idle      chan chan struct{}
+	// flushq asks the apply stage to have Badger write its memory tables
+	// out (see Compact); compacting is held by Compact, and by Close
+	// before it closes Badger.
+	flushq     chan chan error
+	compacting sync.Mutex
+	// discarded is the version Badger may discard older versions below
+	// (see checkpoint).
+	discarded atomic.Uint64
+	// crowded asks for a checkpoint at once: the journal holds more
+	// written segments than sizing.journal.
+	crowded chan struct{}
 
 	// next is the version the next group is written at; only the journal
 	// stage touches it. acked is the newest version acknowledged to its
@@ -156,7 +198,7 @@ type Store struct {
 	stuck     bool
 	// backlog is the bytes of the groups acknowledged and not yet applied,
 	// under applyMu.
-	backlog int
+	backlog int64
 	// lazy holds the lazy writes applied, but not handed to Badger yet;
 	// late, the writes Badger got at a later version than their group's.
 	lazy lazyWrites
@@ -165,6 +207,8 @@ type Store struct {
 	// takes values of valueThreshold bytes and more (see checkpoint).
 	vlogDirty      atomic.Bool
 	valueThreshold int64
+	// replayed is what the journal's replay at Open applied and skipped.
+	replayed replay
 
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
@@ -187,6 +231,13 @@ type Stats struct {
 	LastBatch int
 	// LastCommit is how long the last commit (with its sync) took.
 	LastCommit time.Duration
+	// Space is the data folder's room at the last reading; zero in memory.
+	Space Space
+	// SegmentFailures counts the journal segments that could not be
+	// prepared.
+	SegmentFailures uint64
+	// Refused counts the writes refused for lack of room.
+	Refused uint64
 }
 
 type request struct {
@@ -224,23 +275,40 @@ func Open(o Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	z := sized(0, o.MemoryLimit)
+	var g *guard
+	if !o.InMemory {
+		var err error
+		if z, g, err = openSpace(o, log); err != nil {
+			return nil, err
+		}
+	}
+	if o.memTableSize > 0 {
+		z.memTable = o.memTableSize
+		z.derive()
+	}
 	bo := badger.DefaultOptions(o.Dir).
 		WithInMemory(o.InMemory).
 		WithSyncWrites(false). // the journal makes writes durable instead
 		WithLogger(badgerLogger{log}).
 		WithNumVersionsToKeep(1).
-		WithMemTableSize(cmp.Or(o.memTableSize, 32<<20)).
-		WithBlockCacheSize(32 << 20).
-		WithIndexCacheSize(16 << 20).
-		WithValueLogFileSize(64 << 20).
+		WithMemTableSize(z.memTable).
+		WithNumMemtables(z.numMemtables).
+		WithBlockCacheSize(z.blockCache).
+		WithIndexCacheSize(z.indexCache).
+		WithValueLogFileSize(z.vlogFile).
+		WithValueThreshold(z.valueThreshold).
+		WithBaseTableSize(z.baseTable).
+		WithBaseLevelSize(z.baseLevel).
 		WithNumCompactors(2).
 		// Every memory table spans all the key space (logs, records, list
 		// entries), so each compaction of level 0 rewrites all of level 1,
 		// and its writes make the journal's syncs wait on the disk. Ten
 		// tables instead of five halve how often that happens: over 60 s at
-		// full load the longest stall went from about 600 ms to 60 ms.
-		WithNumLevelZeroTables(10).
-		WithNumLevelZeroTablesStall(30).
+		// full load the longest stall went from about 600 ms to 60 ms. A
+		// small disk compacts each table at once instead (see sized).
+		WithNumLevelZeroTables(z.l0Tables).
+		WithNumLevelZeroTablesStall(z.l0Stall).
 		WithDetectConflicts(false)
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
@@ -253,24 +321,43 @@ func Open(o Options) (*Store, error) {
 	}
 	s := &Store{
 		db:     db,
+		guard:  g,
+		size:   z,
 		opts:   o,
 		log:    log,
 		reqs:   make(chan *request, o.QueueLength),
 		applyq: make(chan *group, maxApplyBacklog),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
+		idle:   make(chan chan struct{}),
+		flushq: make(chan chan error),
+
+		crowded: make(chan struct{}, 1),
 
 		checkpointed: make(chan struct{}),
 
 		valueThreshold: bo.ValueThreshold,
 	}
-	s.lazy.interval = cmp.Or(o.lazyInterval, lazyInterval)
+	s.lazy.interval, s.lazy.maxBytes = cmp.Or(o.lazyInterval, z.lazyWait), z.lazyBytes
 	last := db.MaxVersion()
 	if !o.InMemory {
-		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), o.segmentSize, o.Sync == SyncAlways, log); err == nil {
-			var replayed uint64
-			replayed, err = s.journal.replay(func(ts uint64, ops []op) error { return s.apply(ts, ops) })
+		jo := journalOptions{minSegment: min(minSegmentSize, z.segment), maxSegment: z.segment, recycle: z.journal / 2,
+			durable: o.Sync == SyncAlways, log: log}
+		if o.segmentSize > 0 {
+			jo.minSegment, jo.maxSegment = o.segmentSize, o.segmentSize
+		}
+		if s.journal, err = openJournal(filepath.Join(o.Dir, "journal"), jo); err == nil {
+			var (
+				replayed uint64
+				r        replay
+			)
+			replayed, err = s.journal.replay(func(ts uint64, ops []op) error { return s.replayApply(&r, ts, ops) })
 			last = max(last, replayed)
+			s.late.add(r.from, r.at)
+			s.replayed = r
+			if r.skipped > 0 {
+				log.Info("journal replayed", "writes", r.applied, "already_held", r.skipped)
+			}
 		}
 		if err != nil {
 			_ = db.Close()
@@ -281,7 +368,12 @@ func Open(o Options) (*Store, error) {
 	s.acked.Store(last)
 	s.applied.Store(last)
 	s.applyCond = sync.NewCond(&s.applyMu)
+	s.lastWrite.Store(time.Now().UnixNano())
 	db.SetDiscardTs(last)
+	if g != nil {
+		g.prepErr = s.journal.lastPrepErr
+		g.check()
+	}
 	go s.commitLoop()
 	go s.checkpointLoop()
 	if s.epoch, err = s.loadEpoch(); err != nil {
@@ -354,8 +446,14 @@ func (s *Store) Mode() SyncMode { return s.opts.Sync }
 // Stats returns a copy of the committer's counters.
 func (s *Store) Stats() Stats {
 	s.statsMu.Lock()
-	defer s.statsMu.Unlock()
-	return s.stats
+	st := s.stats
+	s.statsMu.Unlock()
+	if s.guard != nil {
+		st.Space = s.guard.snapshot()
+		st.SegmentFailures = s.journal.prepFailures.Load()
+		st.Refused = s.guard.refused.Load()
+	}
+	return st
 }
 
 // Ping reports whether the store can be read and still accepts writes.
@@ -371,10 +469,47 @@ func (s *Store) Ping(ctx context.Context) error {
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
+	if s.guard != nil {
+		if sp := s.guard.snapshot(); sp.State != SpaceOK {
+			return &SpaceError{Space: sp}
+		}
+		if err := s.journal.lastPrepErr(); err != nil {
+			return err
+		}
+	}
 	return s.view(func(txn *badger.Txn) error {
 		_, err := txn.Get(epochKey)
 		return err
 	})
+}
+
+// Admit returns nil when there is room for new work, and otherwise a
+// *SpaceError (matching ErrStorageFull): below the low-water mark, new
+// work waits so that work already running can finish from what is left.
+func (s *Store) Admit() error {
+	if s.guard == nil {
+		return nil
+	}
+	return s.guard.admitNew()
+}
+
+// SpaceChanged returns a channel closed at the next change of the room's
+// state (see Space): work refused for lack of room can wait on it rather
+// than try again and again. A store in memory never closes it.
+func (s *Store) SpaceChanged() <-chan struct{} {
+	if s.guard == nil {
+		return nil
+	}
+	return s.guard.changes()
+}
+
+// Space returns the data folder's room at the last reading; a store in
+// memory has room without end (State SpaceOK, the figures zero).
+func (s *Store) Space() Space {
+	if s.guard == nil {
+		return Space{}
+	}
+	return s.guard.snapshot()
 }
 
 // Write commits b atomically. It returns when b is durable under the store's
@@ -383,13 +518,23 @@ func (s *Store) Ping(ctx context.Context) error {
 // outcome, so a caller never mistakes a committed write for a failed one.
 // The store goes on using b's bytes after Write returns (it applies them to
 // Badger in the background), so neither b nor the slices given to it may be
-// changed afterwards.
+// changed afterwards. Short of room (see Space), a write that grows the
+// data is refused with a *SpaceError, which matches ErrStorageFull; one
+// that only deletes still goes on.
 func (s *Store) Write(ctx context.Context, b *Batch) error {
 	if b == nil || len(b.ops) == 0 {
 		return nil
 	}
 	if p := s.failed.Load(); p != nil {
 		return *p
+	}
+	// A write that only hands lazy writes over (a block of journal, no
+	// new data) goes through whatever the room: reads need it, and so does
+	// an idle journal letting its segments go.
+	if s.guard != nil && !b.settling() {
+		if err := s.guard.admit(b.shrinks()); err != nil {
+			return err
+		}
 	}
 	s.gate.RLock()
 	defer s.gate.RUnlock()
@@ -459,6 +604,9 @@ func (s *Store) commitLoop() {
 			} else {
 				s.countSync()
 			}
+		case done := <-s.idle:
+			s.journalIdle()
+			close(done)
 		case <-s.stop:
 			// Close holds the gate, so no writer is waiting or can enter.
 			if dirty && s.opts.Sync != SyncAlways {
@@ -485,12 +633,31 @@ func (s *Store) journalGroup(g *group, buf []byte) ([]byte, error) {
 	rec := s.journal.encode(buf, g.ts, g.ops)
 	if !s.journal.fits(rec) {
 		if err := s.journal.rotate(); err != nil {
+			if isNoSpace(err) {
+				return rec, s.guard.full(err)
+			}
 			return rec, s.fail(err)
+		}
+		if s.journal.heldBytes() > s.size.journal {
+			select {
+			case s.crowded <- struct{}{}:
+			default:
+			}
 		}
 	}
 	if err := s.journal.place(rec, g.ts).do(); err != nil {
+		if isNoSpace(err) {
+			// Nothing was acknowledged: the writers are refused and
+			// may try again once there is room.
+			s.journal.seal()
+			return rec, s.guard.full(err)
+		}
 		return rec, s.fail(err)
 	}
+	if !g.settle || len(g.ops) > 1 {
+		s.lastWrite.Store(g.start.UnixNano())
+	}
+	s.guard.wrote(len(rec))
 	return rec, nil
 }
 
@@ -534,10 +701,10 @@ func (s *Store) gather(r *request) *group {
 // while the backlog holds more than maxBacklogBytes.
 func (s *Store) enqueueApply(g *group) {
 	s.applyMu.Lock()
-	for s.backlog > 0 && s.backlog+g.size > maxBacklogBytes && !s.stuck {
+	for s.backlog > 0 && s.backlog+int64(g.size) > s.size.backlog && !s.stuck {
 		s.applyCond.Wait()
 	}
-	s.backlog += g.size
+	s.backlog += int64(g.size)
 	s.applyMu.Unlock()
 	s.applyq <- g
 }
@@ -549,7 +716,19 @@ func (s *Store) enqueueApply(g *group) {
 // applies them.
 func (s *Store) applyLoop() {
 	var groups []*group
-	for g := range s.applyq {
+	for {
+		var g *group
+		select {
+		case next, ok := <-s.applyq:
+			if !ok {
+				s.applyLast()
+				return
+			}
+			g = next
+		case done := <-s.flushq:
+			done <- s.flushBadger()
+			continue
+		}
 		groups = append(groups[:0], g)
 		size := g.size
 	more:
@@ -572,7 +751,7 @@ func (s *Store) applyLoop() {
 			}
 		}
 		s.applyMu.Lock()
-		s.backlog -= size
+		s.backlog -= int64(size)
 		if err == nil {
 			s.applied.Store(groups[len(groups)-1].ts)
 		} else {
@@ -582,8 +761,11 @@ func (s *Store) applyLoop() {
 		s.applyMu.Unlock()
 		clear(groups) // let the applied groups' bytes go
 	}
-	// Closing: Badger gets the lazy writes still waiting, so that a clean
-	// close leaves it everything.
+}
+
+// applyLast hands Badger the lazy writes still waiting when the store
+// closes, so that a clean close leaves it everything.
+func (s *Store) applyLast() {
 	if at := s.applied.Load(); s.failedErr() == nil {
 		if ops := s.lazy.take(nil, at, &s.late); len(ops) > 0 {
 			if err := s.apply(at, ops); err != nil {
@@ -591,6 +773,89 @@ func (s *Store) applyLoop() {
 			}
 		}
 	}
+}
+
+// flushKey is a key written only to be dropped: Badger writes its memory
+// tables out when a prefix that has data is dropped, and offers no other
+// way short of closing.
+var flushKey = []byte("m/flush")
+
+// flushBadger has Badger write its memory tables out as tables, the lazy
+// writes waiting included. It runs in the apply stage: Badger refuses
+// writes while it drops a prefix, and the apply stage is its only writer.
+func (s *Store) flushBadger() error {
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	at := s.applied.Load()
+	ops := append(s.lazy.take(nil, at, &s.late), op{key: flushKey, val: []byte{1}})
+	if err := s.apply(at, ops); err != nil {
+		return s.fail(err)
+	}
+	if err := s.db.DropPrefix(flushKey); err != nil {
+		return fmt.Errorf("store: write memory tables out: %w", err)
+	}
+	return nil
+}
+
+// maxFlatten bounds the tables Compact rewrites into one level: Badger's
+// compactions wait meanwhile, and so does Close.
+const maxFlatten = 512 * mib
+
+// Compact gives back the space of what was deleted: Badger writes its
+// memory tables out, compacts its tables into one level, where deletions
+// meet what they delete and both go, and collects its value log. Badger
+// gets there by itself under writes; an idle gateway has none, and kept
+// what retention deleted. Compacting writes the live data again before the
+// old tables go, so it runs only when the tables are at most maxFlatten
+// and the room holds them with the reserve to spare; otherwise only the
+// memory tables are written out and the value log collected. The journal
+// then keeps one small segment, as an idle one does. Close waits for it.
+func (s *Store) Compact(ctx context.Context) error {
+	if s.opts.InMemory {
+		return nil
+	}
+	s.compacting.Lock()
+	defer s.compacting.Unlock()
+	// A compaction drops a deletion, and what it deletes, only below the
+	// version Badger may discard at, which checkpoints move up behind the
+	// writes: wait until it covers every write acknowledged so far, the
+	// caller's deletions included.
+	for at := s.acked.Load(); s.discarded.Load() < at; {
+		select {
+		case <-time.After(checkpointInterval / 4):
+		case <-ctx.Done():
+			return fmt.Errorf("store: compact: %w", ctx.Err())
+		case <-s.stop:
+			return ErrClosed
+		}
+	}
+	done := make(chan error, 1)
+	select {
+	case s.flushq <- done:
+	case <-ctx.Done():
+		return fmt.Errorf("store: compact: %w", ctx.Err())
+	case <-s.stop:
+		return ErrClosed
+	}
+	if err := <-done; err != nil {
+		return fmt.Errorf("store: compact: %w", err)
+	}
+	var tables int64
+	for _, t := range s.db.Tables() {
+		tables += int64(t.OnDiskSize)
+	}
+	if sp := s.guard.check(); tables <= maxFlatten && sp.Room()-sp.Reserve > tables && ctx.Err() == nil {
+		if err := s.db.Flatten(1); err != nil {
+			return fmt.Errorf("store: compact: %w", err)
+		}
+	}
+	for ctx.Err() == nil && s.db.RunValueLogGC(0.5) == nil {
+	}
+	// Badger's tables hold everything now: the journal can go to one
+	// small segment, as when idle.
+	s.settleIdle()
+	return nil
 }
 
 // applyGroups applies consecutive groups in one transaction at the newest
@@ -654,6 +919,72 @@ func (s *Store) countCommit(g *group) {
 	s.stats.Writes += uint64(len(g.reqs))
 	s.stats.LastBatch = len(g.reqs)
 	s.stats.LastCommit = time.Since(g.start)
+}
+
+// replay counts what a replay applied and skipped, and spans the writes
+// Badger held at a later version than their record's.
+type replay struct {
+	applied, skipped int
+	from, at         uint64
+}
+
+// replayApply applies the writes of the journal record at version ts that
+// Badger does not hold yet. After a crash that spared the page cache
+// (a killed process), Badger replays its own logs and holds nearly all of
+// them: writing them again would only make tables of duplicates (tens of
+// MiB per restart), which compactions must then remove. A write is held
+// when Badger has its key, set or deleted, at version ts or later; a
+// delete of a key Badger never had changes nothing either. Writes Badger
+// holds at a later version (lazy writes, groups applied together) are
+// recorded as late, so that the journal keeps them until Badger's tables
+// hold that version.
+func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
+	txn := s.db.NewTransactionAt(math.MaxUint64, false)
+	defer txn.Discard()
+	keep := ops[:0]
+	for _, o := range ops {
+		v, found, err := latestVersion(txn, o.key)
+		switch {
+		case err != nil:
+			return fmt.Errorf("store: journal replay: read: %w", err)
+		case found && v > ts:
+			if r.from == 0 {
+				r.from = ts
+			}
+			r.at = max(r.at, v)
+		case found && v == ts, !found && o.del:
+		default:
+			keep = append(keep, o)
+			continue
+		}
+		r.skipped++
+	}
+	r.applied += len(keep)
+	if len(keep) == 0 {
+		return nil
+	}
+	return s.apply(ts, keep)
+}
+
+// latestVersion returns the newest version Badger has of key, a deletion
+// included, and whether it has one.
+func latestVersion(txn *badger.Txn, key []byte) (uint64, bool, error) {
+	item, err := txn.Get(key)
+	if err == nil {
+		return item.Version(), true, nil
+	}
+	if !errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, false, err
+	}
+	// Deleted, or never written: only an iterator over every version
+	// sees a deletion.
+	it := txn.NewKeyIterator(key, badger.IteratorOptions{AllVersions: true})
+	defer it.Close()
+	it.Rewind()
+	if !it.Valid() {
+		return 0, false, nil
+	}
+	return it.Item().Version(), true, nil
 }
 
 // apply writes ops to Badger at version ts. Readers see none of it until
@@ -734,14 +1065,38 @@ func (s *Store) countSync() {
 // checkpointLoop runs checkpoints until the store closes. It runs beside
 // the commit stages, so Badger's sync in it never delays a commit.
 func (s *Store) checkpointLoop() {
-	defer close(s.checkpointed)
+	var guarded sync.WaitGroup
+	if s.guard != nil {
+		guarded.Go(func() { s.guard.run(s.stop) })
+	}
+	defer func() {
+		guarded.Wait()
+		close(s.checkpointed)
+	}()
 	ticker := time.NewTicker(checkpointInterval)
 	defer ticker.Stop()
 	discard := s.applied.Load()
+	idle := false
+	changed := s.SpaceChanged()
 	for {
 		select {
+		case <-s.crowded:
+			discard = s.checkpoint(discard)
+			continue
+		case <-changed:
+			changed = s.SpaceChanged()
+			if s.Space().State != SpaceOK {
+				s.shedJournal()
+			}
+			continue
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
+			quiet := s.journal != nil && time.Since(time.Unix(0, s.lastWrite.Load())) >= cmp.Or(s.opts.idleAfter, idleAfter)
+			if !quiet {
+				idle = false
+			} else if !idle {
+				idle = s.settleIdle()
+			}
 		case <-s.stop:
 			return
 		}
@@ -756,6 +1111,7 @@ func (s *Store) checkpointLoop() {
 // releasable), and returns the version to discard below next time.
 func (s *Store) checkpoint(discard uint64) uint64 {
 	s.db.SetDiscardTs(discard)
+	s.discarded.Store(discard)
 	if s.journal != nil && s.journal.pending() > 1 {
 		var durable uint64
 		for _, t := range s.db.Tables() {
@@ -777,8 +1133,116 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 		if _, err := s.journal.release(s.releasable(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
 		}
+		if s.size.syncRelease && s.journal.pending() > 1 {
+			s.syncRelease()
+		}
 	}
 	return s.applied.Load()
+}
+
+// settleIdle is the checkpoint of a journal that has had no write for
+// idleAfter: the commit loop moves it to a small segment, and Badger syncs
+// its own log, which then holds every write Badger's tables do not, so that
+// the journal can let go of everything but that small segment, and of the
+// segments it kept for reuse. Under writes the journal instead waits for
+// Badger's tables (see checkpoint): syncing Badger's log costs an msync of
+// a whole memory table. It reports whether it could; if not, the next
+// checkpoint tries again.
+func (s *Store) settleIdle() bool {
+	// Lazy writes waiting would hold the journal back: a settling write
+	// hands them over, and does not count as a write that ends idleness.
+	settle := &Batch{ops: []op{{key: settleKey}}, settle: true}
+	if err := s.Write(context.Background(), settle); err != nil {
+		return false
+	}
+	done := make(chan struct{})
+	select {
+	case s.idle <- done:
+		<-done
+	case <-s.stop:
+		return false
+	}
+	if !s.syncRelease() {
+		return false
+	}
+	s.journal.dropRecycled()
+	return true
+}
+
+// syncRelease has Badger sync its own log and releases the journal's
+// segments whose every write Badger's tables or that log hold. It reports
+// whether it could: not while a memory table waits to be written out,
+// since only the one being filled has its log synced.
+func (s *Store) syncRelease() bool {
+	at := s.applied.Load()
+	mems, err := s.memFiles()
+	if err != nil || len(mems) != 1 {
+		return false
+	}
+	if err := s.db.Sync(); err != nil {
+		s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+		return false
+	}
+	if after, err := s.memFiles(); err != nil || !slices.Equal(after, mems) {
+		return false // Badger moved to a new memory table meanwhile
+	}
+	// Every version up to at is in Badger's tables or in the memory
+	// table whose log was just synced.
+	s.vlogDirty.Store(false)
+	if _, err := s.journal.release(s.releasable(at + 1)); err != nil {
+		s.log.Warn("checkpoint: journal segments kept", "err", err)
+		return false
+	}
+	return true
+}
+
+// shedJournal, short of room, has Badger write its memory tables out and
+// the journal keep one small segment: what the journal holds is what a
+// start after a crash must replay, and it should find room for that.
+func (s *Store) shedJournal() {
+	done := make(chan error, 1)
+	select {
+	case s.flushq <- done:
+	case <-s.stop:
+		return
+	}
+	if err := <-done; err != nil {
+		s.log.Warn("storage: cannot write Badger's memory tables out", "err", err)
+		return
+	}
+	s.settleIdle()
+}
+
+// memFiles lists Badger's memory table logs: one for the table being
+// filled, and one more for each waiting to be written out.
+func (s *Store) memFiles() ([]string, error) {
+	entries, err := os.ReadDir(s.opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var mems []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".mem") {
+			mems = append(mems, e.Name())
+		}
+	}
+	return mems, nil
+}
+
+// journalIdle moves the journal, when its segment holds records, to a
+// fresh segment of the smallest size, so that an idle journal holds one
+// small segment once the others are released. It runs in the commit loop.
+func (s *Store) journalIdle() {
+	if s.failedErr() != nil {
+		return
+	}
+	if err := s.journal.shrink(); err != nil {
+		if isNoSpace(err) {
+			s.guard.full(err)
+			return
+		}
+		s.log.Warn("journal: cannot move to a small segment", "err", err)
+	}
 }
 
 // fail poisons the store: after a failed commit or fsync, what reached the
@@ -804,7 +1268,20 @@ func (s *Store) Close() error {
 		close(s.stop)
 		<-s.done
 		<-s.checkpointed
+		s.compacting.Lock()
+		defer s.compacting.Unlock()
 		clean := s.failed.Load() == nil
+		if err = s.roomToClose(); err != nil {
+			// Closing Badger writes its memory tables out through memory
+			// maps, which fault on a full disk: it is left as a crash
+			// would leave it, and the journal, kept, is replayed at the
+			// next start.
+			s.log.Error("store: no room to write Badger's memory tables out; closing as after a crash", "err", err)
+			if jerr := s.journal.close(false); jerr != nil {
+				err = errors.Join(err, jerr)
+			}
+			return
+		}
 		if s.journal != nil && clean {
 			if err = s.db.Sync(); err != nil {
 				clean = false
@@ -825,6 +1302,25 @@ func (s *Store) Close() error {
 	return err
 }
 
+// roomToClose returns nil when the file system has room for Badger to write
+// its memory tables out, as it does when it closes: the reserve keeps that
+// room, unless something else took it.
+func (s *Store) roomToClose() error {
+	if s.guard == nil {
+		return nil
+	}
+	du, err := s.guard.read(s.opts.Dir)
+	if err != nil {
+		return nil // nothing known: close as usual
+	}
+	if need := int64(s.size.numMemtables)*s.size.memTable + mib; du.free < need {
+		sp := s.guard.snapshot()
+		sp.Free, sp.State = du.free, SpaceFull
+		return &SpaceError{Space: sp}
+	}
+	return nil
+}
+
 // RunGC reclaims value-log space; call it periodically.
 func (s *Store) RunGC() {
 	if s.opts.InMemory {
@@ -840,6 +1336,7 @@ type Batch struct {
 	ops  []op
 	size int // bytes of keys and values
 	lazy int // writes made with the Lazy methods
+	dels int // deletions
 	// settle asks the apply stage to hand the waiting lazy writes over.
 	settle bool
 }
@@ -859,6 +1356,7 @@ func (b *Batch) Merge(o *Batch) {
 	b.ops = append(b.ops, o.ops...)
 	b.size += o.size
 	b.lazy += o.lazy
+	b.dels += o.dels
 	b.settle = b.settle || o.settle
 }
 
@@ -876,6 +1374,18 @@ func (b *Batch) add(o op) {
 	if o.lazy {
 		b.lazy++
 	}
+	if o.del {
+		b.dels++
+	}
+}
+
+// shrinks reports whether b only deletes: short of room such writes still
+// go on, since they free space.
+func (b *Batch) shrinks() bool { return b.dels == len(b.ops) }
+
+// settling reports whether b only hands the lazy writes over (see settle).
+func (b *Batch) settling() bool {
+	return b.settle && len(b.ops) == 1 && bytes.Equal(b.ops[0].key, settleKey)
 }
 
 // DeleteEntry removes entry seq of the log named stream.

@@ -29,9 +29,8 @@ type config struct {
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
 	outboxRetention, writeTimeout   time.Duration
-	retention                       time.Duration
+	retention, retentionInterval    time.Duration
 	retentionCount                  int
-	retentionEvery                  time.Duration
 	idemWindow                      time.Duration
 	idemKeys                        int
 	peerRetention                   time.Duration
@@ -44,6 +43,8 @@ type config struct {
 	maxConns, maxConnsPerIP         int
 	allowedHosts                    string
 	tls                             tlsFlags
+	diskBudget, diskLowWater        byteSize
+	memoryLimit                     byteSize
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -119,7 +120,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.DurationVar(&c.retention, "retention", 168*time.Hour, "finished executions are deleted this long after they end")
 	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
-	fs.DurationVar(&c.retentionEvery, "retention-interval", 10*time.Minute, "how often retention runs; its first pass comes at most 30s after start")
+	fs.DurationVar(&c.retentionInterval, "retention-interval", 10*time.Minute, "how often retention runs; its first pass comes at most 30s after start")
 	fs.DurationVar(&c.idemWindow, "idempotency-window", 24*time.Hour, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", time.Hour, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
@@ -136,6 +137,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
 	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
 	c.tls.flags(fs)
+	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
+	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")
+	fs.Var(&c.diskLowWater, "disk-low-water", "room (free space, or what the budget leaves) below which new work gets 507 STORAGE_FULL (`size`); 0: derived from the budget")
 }
 
 // authOptions turns the auth flags into auth.Options.
@@ -219,13 +223,16 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gat
 			return nil, err
 		}
 	}
+	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
+	goLimit := applyMemoryLimit(memLimit)
 	origins := splitList(c.cors)
 	n, err := gateway.Open(ctx, gateway.Config{
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
-		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionEvery,
+		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
+		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater), MemoryLimit: memLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
@@ -261,6 +268,13 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gat
 	}
 	log.Info("gatehouse listening", append(attrs, "data", where, "sync", mode.String(),
 		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))...)
+	if memLimit > 0 {
+		log.Info("memory limit", "limit", byteSize(memLimit).String(), "from", memSource, "go_heap_limit", byteSize(goLimit).String())
+	}
+	if sp := n.Store.Space(); sp.Budget > 0 {
+		log.Info("storage", "free", byteSize(sp.Free).String(), "used", byteSize(sp.Used).String(),
+			"low_water", byteSize(sp.LowWater).String(), "reserve", byteSize(sp.Reserve).String())
+	}
 	return n, nil
 }
 

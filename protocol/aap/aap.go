@@ -118,6 +118,9 @@ func fail(ctx *fasthttp.RequestCtx, err error) {
 		status, code, msg = fasthttp.StatusForbidden, "FORBIDDEN", err.Error()
 	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
 		status, code, msg = fasthttp.StatusServiceUnavailable, "SERVICE_UNAVAILABLE", err.Error()
+	case errors.Is(err, kernel.ErrStorageFull):
+		status, code, msg = fasthttp.StatusInsufficientStorage, "STORAGE_FULL", err.Error()
+		ctx.Response.Header.Set("Retry-After", "2")
 	}
 	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
 }

@@ -124,6 +124,9 @@ func fail(ctx *fasthttp.RequestCtx, err error) {
 		status, code = fasthttp.StatusForbidden, "FORBIDDEN"
 	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
 		status, code = fasthttp.StatusServiceUnavailable, "SERVICE_UNAVAILABLE"
+	case errors.Is(err, kernel.ErrStorageFull):
+		status, code = fasthttp.StatusInsufficientStorage, "STORAGE_FULL"
+		ctx.Response.Header.Set("Retry-After", "2")
 	default:
 		msg = "internal error"
 	}

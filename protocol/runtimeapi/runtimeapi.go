@@ -127,6 +127,7 @@ const (
 	codeTooLarge        = "PAYLOAD_TOO_LARGE"
 	codeForbidden       = "FORBIDDEN"
 	codeUnavailable     = "SERVICE_UNAVAILABLE"
+	codeStorageFull     = "STORAGE_FULL"
 	codeInternal        = "INTERNAL_ERROR"
 )
 
@@ -183,6 +184,8 @@ func classify(err error) *apiError {
 		return &apiError{fasthttp.StatusConflict, codeConflict, err.Error(), nil}
 	case errors.Is(err, auth.ErrForbidden):
 		return &apiError{fasthttp.StatusForbidden, codeForbidden, err.Error(), nil}
+	case errors.Is(err, kernel.ErrStorageFull):
+		return &apiError{fasthttp.StatusInsufficientStorage, codeStorageFull, err.Error(), nil}
 	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
 		return &apiError{fasthttp.StatusServiceUnavailable, codeUnavailable, err.Error(), nil}
 	}

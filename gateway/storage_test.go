@@ -1,0 +1,284 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// smallFS mounts a tmpfs of size bytes for a test and returns its folder,
+// or skips the test when mounting is refused (not root, no mount
+// namespace); docs/edge.md says how to run such tests.
+func smallFS(t *testing.T, size int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot mount a %d MiB tmpfs (%v: %s): run as root, or see docs/edge.md", size>>20, err, bytes.TrimSpace(out))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// ballast takes n bytes of a file system with a file at path.
+func ballast(t *testing.T, path string, n int64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err != nil {
+		t.Fatalf("ballast of %d MiB: %v", n>>20, err)
+	}
+}
+
+// freeSpace returns the free bytes of the file system holding dir.
+func freeSpace(t *testing.T, dir string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// waitSpace waits until the store's room reading is in state want.
+func waitSpace(t *testing.T, st *store.Store, want store.SpaceState) store.Space {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		sp := st.Space()
+		if sp.State == want {
+			return sp
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("storage state %v, want %v (room %d KiB, low water %d KiB, reserve %d KiB)",
+				sp.State, want, sp.Room()>>10, sp.LowWater>>10, sp.Reserve>>10)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStorageFullRefusesNewWorkAndResumes runs a gateway on a real 64 MiB
+// file system. Short of room, new executions get 507 STORAGE_FULL (with
+// the figures and Retry-After) before any write fails, while work already
+// running goes on to its end; /v0/ready and the metrics say so. Once space
+// is freed, new work is taken again within seconds, with no restart.
+func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
+	mnt := smallFS(t, 64<<20)
+	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data")})
+	a := newAPI(t, s)
+	st := s.Node.Store
+	sp := waitSpace(t, st, store.SpaceOK)
+	if sp.Budget > 64<<20 || sp.LowWater >= sp.Budget/2 {
+		t.Fatalf("budget %d MiB, low water %d MiB: the default budget is the disk's", sp.Budget>>20, sp.LowWater>>20)
+	}
+
+	ag := a.agent("edge", "edge-1")
+	running, lease := a.assigned(ag, obj{"task": "finish me"})
+	pending := a.create("nobody", obj{"task": "cancel me"})["id"].(string)
+
+	// Take the room down between the reserve and the low-water mark.
+	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-(sp.LowWater+sp.Reserve)/2)
+	waitSpace(t, st, store.SpaceLow)
+
+	refused := a.fail("POST", "/v0/executions", obj{"agent_id": "edge", "input": obj{"task": "new"}}, 507, "STORAGE_FULL")
+	details, _ := refused["details"].(obj)
+	if details["state"] != "low" || details["low_water_bytes"] == nil || details["free_bytes"] == nil {
+		t.Errorf("507 details: %v", refused["details"])
+	}
+	if _, _, hdr := a.do("POST", "/v0/executions", obj{"agent_id": "edge"}); hdr.Get("Retry-After") == "" {
+		t.Error("a 507 without Retry-After")
+	}
+	ready := a.fail("GET", "/v0/ready", nil, 503, "STORAGE_FULL")
+	if !strings.Contains(ready["error"].(string), "storage full") {
+		t.Errorf("ready: %v", ready)
+	}
+	if _, body, _ := a.do("GET", "/metrics", nil); !bytes.Contains(body, []byte("\ngatehouse_storage_full 1\n")) {
+		t.Errorf("metrics do not say storage full:\n%s", grepLines(body, "gatehouse_storage"))
+	}
+
+	// Work already running finishes, and a cancellation goes through.
+	a.intent(running, lease, obj{"type": "complete", "output": obj{"done": true}}, 200)
+	a.waitStatus(running, "completed")
+	a.json("POST", "/v0/executions/"+pending+"/cancel", obj{"reason": "no room"}, 200)
+	a.waitStatus(pending, "cancelled")
+	if got := a.eventTypes(running); got[len(got)-1] != "execution.completed" {
+		t.Errorf("events of the running execution: %v", got)
+	}
+
+	// Space comes back: new work is taken again, by itself.
+	if err := os.Remove(filepath.Join(mnt, "ballast")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		status, body, _ := a.do("POST", "/v0/executions", obj{"agent_id": "edge", "input": obj{"task": "after"}})
+		if status == 201 {
+			break
+		}
+		if status != 507 || time.Now().After(deadline) {
+			t.Fatalf("after space came back: %d %s", status, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.json("GET", "/v0/ready", nil, 200)
+}
+
+// grepLines returns the lines of text holding substr.
+func grepLines(text []byte, substr string) string {
+	var out []string
+	for _, l := range strings.Split(string(text), "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// lockedBuffer is a log destination the test reads while the gateway
+// writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFullStoreDoesNotSpin: with the store refusing every growing write
+// (below the reserve), an agent that connects with executions waiting for
+// it gets its stream at once, and the assignments that cannot be written
+// are tried again after a wait that grows, not in a loop: a handful of
+// refused writes and log lines, not thousands a second. When space
+// returns, every execution is assigned, by itself; shutdown is prompt.
+func TestFullStoreDoesNotSpin(t *testing.T) {
+	mnt := smallFS(t, 64<<20)
+	var logs lockedBuffer
+	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	a := newAPI(t, s)
+	st := s.Node.Store
+	sp := waitSpace(t, st, store.SpaceOK)
+	var ids []string
+	for range 20 {
+		ids = append(ids, a.create("late", obj{"task": "wait for me"})["id"].(string))
+	}
+	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-sp.Reserve/2-(sp.Reserve*3/4-sp.Reserve/2)/2)
+	waitSpace(t, st, store.SpaceFull)
+	refused, errorsBefore := st.Stats().Refused, strings.Count(logs.String(), "level=ERROR")
+
+	ag := a.agent("late", "late-1")
+	// Long enough for a loop to show, short against the back-off.
+	time.Sleep(2 * time.Second)
+	if n := st.Stats().Refused - refused; n > 100 {
+		t.Errorf("%d writes refused in 2 s: the assignments are retried in a loop", n)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR") - errorsBefore; n > 5 {
+		t.Errorf("%d error lines in 2 s:\n%s", n, logs.String())
+	}
+
+	if err := os.Remove(filepath.Join(mnt, "ballast")); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for len(got) < len(ids) {
+		got[ag.expect("execution.assigned")["execution_id"].(string)] = true
+	}
+	for _, id := range ids {
+		if !got[id] {
+			t.Errorf("execution %s was not assigned once space came back", id)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Node.Close(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	s.Node = nil
+}
+
+// TestRetentionGivesSpaceBack: retention runs soon after start, and once
+// it deleted every finished execution the data folder is back near the
+// size of an empty one: the store compacts what was deleted away, and the
+// idle journal lets its segments go.
+func TestRetentionGivesSpaceBack(t *testing.T) {
+	dir := t.TempDir()
+	s := start(t, gateway.Config{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
+	a := newAPI(t, s)
+	empty := waitSpace(t, s.Node.Store, store.SpaceOK).Used
+	data := strings.Repeat("retention gives the room back. ", 130) // 4 KB
+	var ids []string
+	for range 1500 {
+		id := a.create("nobody", obj{"data": data})["id"].(string)
+		a.json("POST", "/v0/executions/"+id+"/cancel", obj{"reason": "done"}, 200)
+		ids = append(ids, id)
+	}
+	full := usedNow(t, dir)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		used := usedNow(t, dir)
+		status, _, _ := a.do("GET", "/v0/executions/"+ids[len(ids)-1], nil)
+		if status == 404 && used <= 2*empty+(1<<20) {
+			t.Logf("folder: %d KiB empty, %d KiB with 1,500 executions, %d KiB after retention", empty>>10, full>>10, used>>10)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("folder: %d KiB empty, %d KiB with 1,500 executions, still %d KiB after retention (last execution: %d)",
+				empty>>10, full>>10, used>>10, status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, id := range ids[:10] {
+		a.fail("GET", "/v0/executions/"+id, nil, 404, "NOT_FOUND")
+	}
+}
+
+// usedNow returns the bytes the files under dir take on disk.
+func usedNow(t *testing.T, dir string) int64 {
+	t.Helper()
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				total += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
+}

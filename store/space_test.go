@@ -1,0 +1,342 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestSized(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		budget, memory int64
+		// want
+		segment, memTable int64
+		numMemtables      int
+		maxReserve        int64 // the reserve and low-water mark stay within it
+	}{
+		{"roomy, no memory bound: the bench's sizes", 0, 0, 32 * mib, 32 * mib, 5, 1 << 62},
+		{"a large disk", 100 * gib, 0, 32 * mib, 32 * mib, 5, 1 << 62},
+		{"64 MiB partition", 64 * mib, 0, mib, 2 * mib, 2, 20 * mib},
+		{"256 MiB partition", 256 * mib, 0, 4 * mib, 8 * mib, 2, 80 * mib},
+		{"1 GiB partition", gib, 0, 16 * mib, 32 * mib, 2, 320 * mib},
+		{"8 GiB partition", 8 * gib, 0, 32 * mib, 32 * mib, 3, gib},
+		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 8 * mib, 4, 1 << 62},
+		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, 2 * mib, 4, 1 << 62},
+		{"both small", 64 * mib, 256 * mib, mib, 2 * mib, 2, 20 * mib},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := sized(tc.budget, tc.memory)
+			if z.segment != tc.segment || z.memTable != tc.memTable || z.numMemtables != tc.numMemtables {
+				t.Errorf("segment %d MiB, memory table %d MiB x %d; want %d MiB, %d MiB x %d",
+					z.segment/mib, z.memTable/mib, z.numMemtables, tc.segment/mib, tc.memTable/mib, tc.numMemtables)
+			}
+			if z.reserve <= 0 || z.lowWater <= z.reserve || z.lowWater > tc.maxReserve {
+				t.Errorf("reserve %d MiB, low water %d MiB: want 0 < reserve < low water <= %d MiB", z.reserve/mib, z.lowWater/mib, tc.maxReserve/mib)
+			}
+			// Badger refuses a value threshold above 15% of a memory table.
+			if z.valueThreshold <= 0 || z.valueThreshold > z.memTable*15/100 {
+				t.Errorf("value threshold %d for %d MiB memory tables", z.valueThreshold, z.memTable/mib)
+			}
+			if tc.memory > 0 {
+				if spent := int64(z.numMemtables)*z.memTable*2 + z.blockCache + z.indexCache + z.backlog; spent > tc.memory/2 {
+					t.Errorf("Badger may take %d MiB of a %d MiB memory limit", spent/mib, tc.memory/mib)
+				}
+			}
+		})
+	}
+}
+
+func TestWatermarks(t *testing.T) {
+	w := watermarks{budget: 100 * mib, lowWater: 20 * mib, reserve: 10 * mib, hysteresis: 2 * mib}
+	for _, tc := range []struct {
+		name       string
+		prev       SpaceState
+		free, used int64
+		want       SpaceState
+	}{
+		{"plenty of room", SpaceOK, 500 * mib, 10 * mib, SpaceOK},
+		{"free space below the low-water mark", SpaceOK, 19 * mib, 10 * mib, SpaceLow},
+		{"the budget nearly spent, the disk empty", SpaceOK, 500 * mib, 85 * mib, SpaceLow},
+		{"the budget overspent", SpaceOK, 500 * mib, 120 * mib, SpaceFull},
+		{"below the reserve", SpaceOK, 9 * mib, 10 * mib, SpaceFull},
+		{"straight from low to full", SpaceLow, 5 * mib, 10 * mib, SpaceFull},
+		{"back above the low-water mark, within the hysteresis", SpaceLow, 21 * mib, 10 * mib, SpaceLow},
+		{"back above the low-water mark and its hysteresis", SpaceLow, 22 * mib, 10 * mib, SpaceOK},
+		{"back above the reserve, within the hysteresis", SpaceFull, 11 * mib, 10 * mib, SpaceFull},
+		{"back above the reserve and its hysteresis", SpaceFull, 12 * mib, 10 * mib, SpaceLow},
+		{"from full to plenty at once", SpaceFull, 500 * mib, 10 * mib, SpaceOK},
+		{"from full to just above the low-water mark", SpaceFull, 21 * mib, 10 * mib, SpaceLow},
+		{"low stays low", SpaceLow, 15 * mib, 10 * mib, SpaceLow},
+		{"full stays full", SpaceFull, 1 * mib, 10 * mib, SpaceFull},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := w.next(tc.prev, tc.free, tc.used); got != tc.want {
+				t.Errorf("next(%v, free %d MiB, used %d MiB) = %v, want %v", tc.prev, tc.free/mib, tc.used/mib, got, tc.want)
+			}
+		})
+	}
+}
+
+// fakeSpace is a file system's free space a test sets: an injected reader
+// of the one figure the store cannot choose, over a real store.
+type fakeSpace struct{ free atomic.Int64 }
+
+func (f *fakeSpace) read(string) (diskUsage, error) { return diskUsage{free: f.free.Load()}, nil }
+
+// TestGuardRefusesAndResumes: below the low-water mark new work waits
+// while other writes go on; below the reserve only deletions and the
+// reads' bookkeeping do; with room back, everything resumes at the next
+// reading, with no restart. Each change is logged once.
+func TestGuardRefusesAndResumes(t *testing.T) {
+	fs := &fakeSpace{}
+	fs.free.Store(10 * gib)
+	var logs syncBuffer
+	s, err := Open(Options{Dir: t.TempDir(), DiskBudget: 64 * mib, readSpace: fs.read, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	z := s.size
+	put := func(i int) error {
+		var b Batch
+		b.Append("grow", uint64(i), []byte("some bytes"))
+		return s.Write(context.Background(), &b)
+	}
+	del := func(i int) error {
+		var b Batch
+		b.DeleteEntry("grow", uint64(i))
+		return s.Write(context.Background(), &b)
+	}
+	steps := []struct {
+		name              string
+		room              int64
+		state             SpaceState
+		admit, grow, dels bool
+	}{
+		{"room", z.lowWater * 2, SpaceOK, true, true, true},
+		{"below the low-water mark", z.lowWater - mib, SpaceLow, false, true, true},
+		{"below the reserve", z.reserve - mib, SpaceFull, false, false, true},
+		{"below half the reserve", z.reserve/2 - mib, SpaceFull, false, false, false},
+		{"room again", z.lowWater * 2, SpaceOK, true, true, true},
+	}
+	for i, st := range steps {
+		// The budget leaves more room than the file system does here.
+		fs.free.Store(st.room)
+		s.guard.check()
+		if got := s.Space().State; got != st.state {
+			t.Fatalf("%s: state %v, want %v", st.name, got, st.state)
+		}
+		for _, c := range []struct {
+			what string
+			err  error
+			want bool
+		}{{"Admit", s.Admit(), st.admit}, {"a growing write", put(i), st.grow}, {"a deletion", del(i), st.dels}} {
+			if (c.err == nil) != c.want {
+				t.Errorf("%s: %s: err %v, want accepted=%v", st.name, c.what, c.err, c.want)
+			}
+			if c.err != nil && !errors.Is(c.err, ErrStorageFull) {
+				t.Errorf("%s: %s: %v does not match ErrStorageFull", st.name, c.what, c.err)
+			}
+		}
+		if err := s.Ping(context.Background()); (err == nil) != (st.state == SpaceOK) || (err != nil && !errors.Is(err, ErrStorageFull)) {
+			t.Errorf("%s: Ping = %v", st.name, err)
+		}
+	}
+	if _, err := s.Read("grow", 0, 0); err != nil {
+		t.Errorf("reads go on throughout: %v", err)
+	}
+	for _, msg := range []string{"below the low-water mark", "reserve reached", "room again"} {
+		if n := strings.Count(logs.String(), msg); n != 1 {
+			t.Errorf("%q logged %d times, want once:\n%s", msg, n, logs.String())
+		}
+	}
+}
+
+// syncBuffer is a log destination read while the store writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestIdleFolderIsSmall: a new, empty store takes at most 8 MiB of disk,
+// Badger's files included; on a roomy disk too, where a busy journal grows
+// its segments to 32 MiB.
+func TestIdleFolderIsSmall(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, SyncAlways)
+	defer s.Close()
+	used, err := folderSize(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used > 8*mib {
+		t.Fatalf("an idle, empty store takes %d KiB", used/kib)
+	}
+	if s.Space().Budget < 32*mib {
+		t.Errorf("budget %d: the default is the folder's size plus the free space", s.Space().Budget)
+	}
+}
+
+// smallFS mounts a tmpfs of size bytes on dir (made if missing) for a
+// test, or skips the test when mounting is refused (not root, or no mount
+// namespace).
+func smallFS(t *testing.T, dir string, size int64) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot mount a %d KiB tmpfs (%v: %s); run as root, or see docs/edge.md", size/kib, err, bytes.TrimSpace(out))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+}
+
+// TestSegmentPrepareFailure: on a real, small file system that runs out of
+// space, a segment that cannot be prepared is removed again (no empty or
+// half-made file is left), the failure is visible (Space, Ping, Stats) and
+// refuses writes as storage full rather than failing the store, and
+// writes resume once space is freed. The journal gets a file system of its
+// own, so that Badger's files, which it writes through memory maps, stay
+// out of it; and the watermarks are kept out of the way with a free-space
+// reader that sees room without end, so that it is the file system itself
+// that says no.
+func TestSegmentPrepareFailure(t *testing.T) {
+	dir := t.TempDir()
+	mnt := filepath.Join(dir, "journal")
+	smallFS(t, mnt, 4*mib)
+	ballast := filepath.Join(mnt, "ballast")
+	fs := &fakeSpace{}
+	fs.free.Store(100 * gib)
+	s, err := Open(Options{Dir: dir, DiskBudget: 100 * gib, readSpace: fs.read, segmentSize: 256 * kib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Fill the journal's file system.
+	for size := int64(4 * mib); size >= 4*kib; size /= 2 {
+		f, err := os.OpenFile(ballast+fmt.Sprint(size), os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := preallocate(f, size); err != nil {
+			_ = os.Remove(f.Name())
+		}
+		f.Close()
+	}
+	var refused error
+	for i := 1; i < 10000 && refused == nil; i++ {
+		var b Batch
+		b.Append("fill", uint64(i), bytes.Repeat([]byte{'x'}, 8*kib))
+		refused = s.Write(context.Background(), &b)
+	}
+	if !errors.Is(refused, ErrStorageFull) || errors.Is(refused, ErrFailed) {
+		t.Fatalf("a write with no room for its segment: %v; want ErrStorageFull, not ErrFailed", refused)
+	}
+	if err := s.Ping(context.Background()); err == nil {
+		t.Error("Ping is fine with a segment that cannot be prepared")
+	}
+	if st := s.Stats(); st.SegmentFailures == 0 || st.Space.Err == nil {
+		t.Errorf("stats: %d failures, space error %v", st.SegmentFailures, st.Space.Err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "journal", "*"))
+	for _, p := range segs {
+		if fi, err := os.Stat(p); err == nil && fi.Size() == 0 {
+			t.Errorf("an empty segment was left: %s", p)
+		}
+	}
+	// Free the space: the next write prepares its segment.
+	ballasts, _ := filepath.Glob(ballast + "*")
+	for _, p := range ballasts {
+		os.Remove(p)
+	}
+	eventually(t, "writes resume once space is back", func() bool {
+		var b Batch
+		b.Append("fill", 1<<40, []byte("after"))
+		return s.Write(context.Background(), &b) == nil
+	})
+	if err := s.Ping(context.Background()); err != nil {
+		t.Errorf("Ping once a segment is prepared again: %v", err)
+	}
+}
+
+// TestCloseOnAFullDisk: a store closed with no room left for Badger to
+// write its memory tables out (something else took the reserve) leaves
+// Badger as a crash would rather than fault, keeps the journal, and opens
+// again with every write once there is room.
+func TestCloseOnAFullDisk(t *testing.T) {
+	mnt := t.TempDir()
+	smallFS(t, mnt, 32*mib)
+	dir := filepath.Join(mnt, "data")
+	s, err := Open(Options{Dir: dir, idleAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Left open below, Badger would keep the file system busy.
+	t.Cleanup(func() { _ = s.db.Close() })
+	for i := uint64(1); i <= 100; i++ {
+		write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 1000)) })
+	}
+	// A read waits until Badger has every write: it writes nothing more
+	// while the disk fills.
+	if _, err := s.Read("ev", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for size := int64(32 * mib); size >= 4*kib; size /= 2 {
+		f, err := os.Create(filepath.Join(mnt, fmt.Sprint("taken-", size)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if preallocate(f, size) != nil {
+			_ = os.Remove(f.Name())
+		}
+		f.Close()
+	}
+	if err := s.Close(); !errors.Is(err, ErrStorageFull) {
+		t.Fatalf("Close on a full disk: %v, want ErrStorageFull", err)
+	}
+	// The process lives on in a test: Badger, left open, still holds
+	// its folder. A copy is what the next start finds.
+	taken, _ := filepath.Glob(filepath.Join(mnt, "taken-*"))
+	for _, p := range taken {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copied := crashCopyMem(t, s, dir, true)
+	r, err := Open(Options{Dir: copied})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 100 {
+		t.Fatalf("%d of 100 entries after a close on a full disk (%v)", len(got), err)
+	}
+}
