@@ -1,9 +1,15 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,5 +114,139 @@ func TestWSTextMustBeUTF8(t *testing.T) {
 	ex.send(obj{"type": "resume", "cursor": 1, "id": "r1"})
 	if f := ex.replyTo("r1"); f.obj["status"] != 400.0 {
 		t.Fatalf("resume on the execution socket: %v", f.obj)
+	}
+}
+
+// lockedBuffer collects a server's log lines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startLogged starts a server that logs everything, at debug level, into
+// the returned buffer.
+func startLogged(t *testing.T) (*api, *lockedBuffer) {
+	t.Helper()
+	logs := &lockedBuffer{}
+	s := start(t, gateway.Config{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	return newAPI(t, s), logs
+}
+
+// answer sends a request and returns its status and up to 5s of its body:
+// a stream that should have been refused ends the read, not the test.
+func (a *api) answer(method, path string, body any, hdr ...string) (int, []byte) {
+	a.t.Helper()
+	var r io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		r = bytes.NewReader(data)
+	}
+	ctx, cancel := context.WithTimeout(a.t.Context(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, r)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, data
+}
+
+// evil marks every refused id: no answer and no log line may hold it.
+const evil = "EVIL-7f3a"
+
+// TestIDsRefusedAtEveryDoor sends ids with control characters, format
+// characters (bidirectional overrides, zero-width spaces), line separators
+// and bytes that are not UTF-8 through every door that takes an id: a path,
+// a query, a body, a header. Each is a 400 VALIDATION_ERROR whose answer
+// names the field and holds nothing of the id, and nothing of it reaches
+// the log. Ids that keep the rule (spaces, accents, other scripts) pass.
+func TestIDsRefusedAtEveryDoor(t *testing.T) {
+	a, logs := startLogged(t)
+	execID := a.create("agent-1", nil)["id"].(string)
+	bad := map[string]string{
+		"newline":        "a\n" + evil,
+		"nul":            "a\x00" + evil,
+		"escape":         "a\x1b[31m" + evil,
+		"bidi override":  "a\u202e" + evil,
+		"zero-width":     "bash\u200b" + evil,
+		"byte order":     "\ufeff" + evil,
+		"line separator": "a\u2028" + evil,
+		"long":           evil + strings.Repeat("x", 300),
+	}
+	q := url.QueryEscape
+	for name, id := range bad {
+		for _, c := range []struct {
+			door, method, path string
+			body               any
+		}{
+			{"create label key", "POST", "/v0/executions", obj{"agent_id": "a", "labels": obj{id: "v"}}},
+			{"step result step_id", "POST", "/v0/agents/step-result", obj{"execution_id": execID, "session_id": "s", "step_id": id, "success": true}},
+			{"step result idempotency_key", "POST", "/v0/agents/step-result", obj{"execution_id": execID, "session_id": "s", "step_id": "x", "success": true, "idempotency_key": id}},
+			{"runner result job_id", "POST", "/v0/runners/r1/results", obj{"job_id": id, "execution_id": execID, "step_id": "s", "success": true}},
+			{"started runner_id", "POST", "/v0/runners/steps/s1/started", obj{"execution_id": execID, "runner_id": id}},
+			{"respond channel_id", "POST", "/v0/actions/x/respond", obj{"decision": "deny", "channel_id": id}},
+			{"respond native_peer_id", "POST", "/v0/actions/x/respond", obj{"decision": "deny", "native_peer_id": id}},
+			{"peers ack id", "POST", "/v0/peers/ack", obj{"role": "agent", "id": id, "consumer_id": "c", "sequence": 1}},
+			{"tool_info name", "POST", "/v0/runners/r1/capabilities", obj{"tools": []string{"t"}, "tool_info": []obj{{"name": id}}}},
+			{"agent stream consumer_id", "GET", "/v0/agents/stream?agent_id=a&consumer_id=" + q(id), nil},
+			{"channel stream peer_id", "GET", "/v0/channels/stream?channel_id=web&peer_id=" + q(id), nil},
+			{"path execution id", "GET", "/v0/executions/" + url.PathEscape(id), nil},
+			{"path runner id", "DELETE", "/v0/runners/" + url.PathEscape(id), nil},
+			{"path action id", "POST", "/v0/actions/" + url.PathEscape(id) + "/respond", obj{"decision": "deny"}},
+			{"create, Idempotency-Key", "POST", "/v0/executions", obj{"agent_id": "a"}},
+			{"intent, Idempotency-Key", "POST", "/v0/agents/intent", obj{"execution_id": execID, "session_id": "s", "intent": obj{"type": "complete"}}},
+		} {
+			var hdr []string
+			if strings.HasSuffix(c.door, "Idempotency-Key") {
+				if strings.ContainsAny(id, "\n\x00\x1b") {
+					continue // no client library sends these in a header
+				}
+				hdr = []string{"Idempotency-Key", id}
+			}
+			status, body := a.answer(c.method, c.path, c.body, hdr...)
+			if status != 400 || !bytes.Contains(body, []byte(`"VALIDATION_ERROR"`)) {
+				t.Errorf("%s, %s id: status %d, body %s; want 400 VALIDATION_ERROR", c.door, name, status, body)
+			}
+			if bytes.Contains(body, []byte(evil)) {
+				t.Errorf("%s, %s id: the answer echoes the id: %s", c.door, name, body)
+			}
+		}
+	}
+	// Bytes that are not UTF-8 can only come in a path or a query: a body
+	// that holds them is refused whole.
+	for _, path := range []string{"/v0/agents/stream?agent_id=a%FF" + evil + "&consumer_id=c", "/v0/executions/a%FF" + evil} {
+		if status, body := a.answer("GET", path, nil); status != 400 || bytes.Contains(body, []byte(evil)) {
+			t.Errorf("%s: %d %s; want 400 without the id", path, status, body)
+		}
+	}
+	if strings.Contains(logs.String(), evil) {
+		t.Errorf("a refused id reached the log:\n%s", logs.String())
+	}
+	// Ids that keep the rule work: spaces, accents, other scripts, slashes.
+	for _, id := range []string{"my agent", "agent-é", "エージェント", "tools/bash", "alice@example.com"} {
+		a.json("POST", "/v0/executions", obj{"agent_id": id, "labels": obj{id: "a value"}}, 201, "Idempotency-Key", id)
 	}
 }

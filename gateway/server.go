@@ -300,6 +300,10 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		s.refuse(ctx, r, err)
 		return
 	}
+	if err := checkRequestIDs(ctx, params); err != nil {
+		s.refuse(ctx, r, err)
+		return
+	}
 	r.handle(c)
 }
 

@@ -6,12 +6,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol"
@@ -134,13 +133,15 @@ func (s *Server) streamRunner(c *call) {
 	s.streamPeer(c, "runner", key, func() func() { return s.k.RunnerConnected(key.ID, key.Consumer, caps) })
 }
 
+// checkIDs checks ids against package ident's rule; an empty one is an
+// optional field left out (required ones are checked first).
 func checkIDs(ids map[string]string) error {
 	for name, v := range ids {
-		if len(v) > 256 {
-			return kernelValidation(name + " exceeds maximum length of 256 characters")
+		if v == "" {
+			continue
 		}
-		if !utf8.ValidString(v) || strings.IndexFunc(v, unicode.IsControl) >= 0 {
-			return kernelValidation(name + " must be UTF-8 without control characters")
+		if err := ident.Check(name, v); err != nil {
+			return kernelValidation(err.Error())
 		}
 	}
 	return nil
