@@ -40,9 +40,11 @@ func FuzzParseCursor(f *testing.F) {
 }
 
 // FuzzCheckJSONText: what the check accepts is UTF-8, and when it is JSON
-// a decoder takes it whole: no number beyond float64 gets through.
+// a decoder takes it whole: no number beyond float64 gets through, and no
+// string comes out with a U+FFFD the text did not hold.
 func FuzzCheckJSONText(f *testing.F) {
-	for _, s := range []string{`{"a":1}`, `{"a":1e999999}`, `{"s":"1e999999"}`, `[1.5e300,-2E-400]`, "\"\xff\"", `{"a":"\"1e999"}`, `99999999999999999999999999`} {
+	for _, s := range []string{`{"a":1}`, `{"a":1e999999}`, `{"s":"1e999999"}`, `[1.5e300,-2E-400]`, "\"\xff\"", `{"a":"\"1e999"}`, `99999999999999999999999999`,
+		`"\ud83d\ude00"`, `"\ud800"`, `"\udc00\ud800"`, `"\\ud800"`, `"\ud800\u0041"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -57,6 +59,30 @@ func FuzzCheckJSONText(f *testing.F) {
 			if err := json.Unmarshal(data, &v); err != nil {
 				t.Fatalf("accepted JSON that does not decode: %q: %v", data, err)
 			}
+			if !strings.Contains(strings.ToLower(string(data)), `\ufffd`) && !strings.ContainsRune(string(data), utf8.RuneError) && holdsFFFD(v) {
+				t.Fatalf("accepted text that decodes with a U+FFFD it did not hold: %q", data)
+			}
 		}
 	})
+}
+
+// holdsFFFD reports a U+FFFD in a decoded JSON value's strings or keys.
+func holdsFFFD(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.ContainsRune(v, utf8.RuneError)
+	case []any:
+		for _, e := range v {
+			if holdsFFFD(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if strings.ContainsRune(k, utf8.RuneError) || holdsFFFD(e) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -250,3 +250,38 @@ func TestIDsRefusedAtEveryDoor(t *testing.T) {
 		a.json("POST", "/v0/executions", obj{"agent_id": id, "labels": obj{id: "a value"}}, 201, "Idempotency-Key", id)
 	}
 }
+
+// TestLoneSurrogatesAndMsgpackText: a \u escape of half a surrogate pair
+// in a body is 400, as a body that is not UTF-8 is; in a frame, and a
+// msgpack string that is not UTF-8, it closes the socket with 1007. Go's
+// decoders would otherwise make both U+FFFD without a word.
+func TestLoneSurrogatesAndMsgpackText(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	for _, in := range []string{`"\ud800"`, `"x\uDC00y"`, `"\ude00\ud83d"`, `{"\ud83d":1}`, `"\ud800\u0041"`} {
+		out := a.fail("POST", "/v0/executions", `{"agent_id":"a","input":`+in+`}`, 400, "VALIDATION_ERROR")
+		if !strings.Contains(out["error"].(string), "surrogate") {
+			t.Errorf("input %s: %v", in, out)
+		}
+	}
+	for _, in := range []string{`"\ud83d\ude00"`, `"\\ud800"`, `"\u00e9\uFFFD"`} {
+		a.json("POST", "/v0/executions", `{"agent_id":"a","input":`+in+`}`, 201)
+	}
+	const path = "/v0/agents/ws?agent_id=sur-agent&consumer_id=c1"
+	for _, c := range []struct {
+		proto, data, reason string
+	}{
+		{gateway.SubprotocolJSON, `{"type":"ack","seq":1,"x":"\ud800"}`, "malformed frame"},
+		{gateway.SubprotocolMsgpack, "\x83\xa4type\xa3ack\xa3seq\x01\xa1x\xa1\xff", "malformed frame: msgpack: a string is not valid UTF-8"},
+		{gateway.SubprotocolMsgpack, "\x83\xa4type\xa3ack\xa3seq\x01\xa1\xff\x01", "malformed frame: msgpack: a string is not valid UTF-8"},
+	} {
+		ws := a.dialWS(path, c.proto)
+		ws.expect("hello")
+		if err := ws.c.Write(t.Context(), ws.msgType(), []byte(c.data)); err != nil {
+			t.Fatal(err)
+		}
+		if reason := ws.expectClose(websocket.StatusInvalidFramePayloadData); !strings.HasPrefix(reason, c.reason) {
+			t.Errorf("%q: reason %q, want %q", c.data, reason, c.reason)
+		}
+	}
+}
