@@ -251,6 +251,29 @@ func TestIDsRefusedAtEveryDoor(t *testing.T) {
 	}
 }
 
+// TestMalformedRequestsLogNoToken: a request fasthttp cannot parse is
+// answered without quoting it, and its Authorization header reaches no
+// log line either, at any level.
+func TestMalformedRequestsLogNoToken(t *testing.T) {
+	a, logs := startLogged(t)
+	for _, req := range []string{
+		"POST /v0/executions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-" + evil + "\r\nContent-Type: application/json\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\n{}",
+		"GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-" + evil + "\r\nContent-Length: 1x\r\n\r\n",
+		"GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-" + evil + "\r\nX-Pad: " + strings.Repeat("p", 8000) + "\r\n\r\n",
+	} {
+		rc := dialRaw(t, a.base)
+		rc.write(req)
+		resp, body := rc.response()
+		if resp.StatusCode/100 != 4 || strings.Contains(body, evil) {
+			t.Errorf("%.60q: %d %s; want a 4xx that quotes nothing", req, resp.StatusCode, body)
+		}
+	}
+	a.json("GET", "/v0/health", nil, 200) // the log has caught up with the connections before
+	if strings.Contains(logs.String(), evil) {
+		t.Errorf("the Authorization header of a malformed request reached the log:\n%s", logs.String())
+	}
+}
+
 // TestLoneSurrogatesAndMsgpackText: a \u escape of half a surrogate pair
 // in a body is 400, as a body that is not UTF-8 is; in a frame, and a
 // msgpack string that is not UTF-8, it closes the socket with 1007. Go's
