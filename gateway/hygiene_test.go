@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -306,5 +307,95 @@ func TestLoneSurrogatesAndMsgpackText(t *testing.T) {
 		if reason := ws.expectClose(websocket.StatusInvalidFramePayloadData); !strings.HasPrefix(reason, c.reason) {
 			t.Errorf("%q: reason %q, want %q", c.data, reason, c.reason)
 		}
+	}
+}
+
+// TestWSProtocolErrorsClose1002: a frame that breaks RFC 6455 ends the
+// socket with 1002, also the unmasked client frame that coder/websocket
+// only reports; a clean close by the peer is still answered with 1000.
+// The frames are written by hand: WebSocket clients cannot send them.
+func TestWSProtocolErrorsClose1002(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	id := a.create("pe-agent", nil)["id"].(string)
+	for _, c := range []struct {
+		name  string
+		frame []byte
+		want  int
+	}{
+		{"unmasked frame", []byte{0x81, 0x02, '{', '}'}, 1002},
+		{"reserved opcode", []byte{0x83, 0x80, 0, 0, 0, 0}, 1002},
+		{"reserved bit", []byte{0xc1, 0x80, 0, 0, 0, 0}, 1002},
+		{"fragmented ping", []byte{0x09, 0x80, 0, 0, 0, 0}, 1002},
+		{"continuation first", []byte{0x80, 0x80, 0, 0, 0, 0}, 1002},
+		{"clean close", []byte{0x88, 0x82, 0, 0, 0, 0, 0x03, 0xe8}, 1000},
+	} {
+		for _, path := range []string{"/v0/agents/ws?agent_id=pe-agent&consumer_id=c1", "/v0/executions/" + id + "/ws"} {
+			rc := dialRaw(t, a.base)
+			rc.upgrade(path)
+			if _, err := rc.c.Write(c.frame); err != nil {
+				t.Fatal(err)
+			}
+			if code := rc.closeCode(); code != c.want {
+				t.Errorf("%s on %s: closed with %d, want %d", c.name, path, code, c.want)
+			}
+		}
+	}
+}
+
+// upgrade opens a WebSocket on the raw connection and reads the server's
+// hello frame.
+func (r *rawConn) upgrade(path string) {
+	r.t.Helper()
+	r.write("GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+	_ = r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(r.br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		r.t.Fatalf("upgrade %s: %v %v", path, resp, err)
+	}
+	if op, _ := r.wsFrame(); op != 1 {
+		r.t.Fatalf("upgrade %s: first frame opcode %d, want a text hello", path, op)
+	}
+}
+
+// wsFrame reads one unmasked server frame: its opcode and payload.
+func (r *rawConn) wsFrame() (byte, []byte) {
+	r.t.Helper()
+	_ = r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var h [2]byte
+	if _, err := io.ReadFull(r.br, h[:]); err != nil {
+		r.t.Fatalf("read frame: %v", err)
+	}
+	n := uint64(h[1] & 0x7f)
+	if n >= 126 {
+		ext := make([]byte, 2+6*(n-126))
+		if _, err := io.ReadFull(r.br, ext); err != nil {
+			r.t.Fatalf("read frame length: %v", err)
+		}
+		n = 0
+		for _, b := range ext {
+			n = n<<8 | uint64(b)
+		}
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(r.br, payload); err != nil {
+		r.t.Fatalf("read frame payload: %v", err)
+	}
+	return h[0] & 0x0f, payload
+}
+
+// closeCode reads frames until a close frame and returns its code.
+func (r *rawConn) closeCode() int {
+	r.t.Helper()
+	for {
+		op, p := r.wsFrame()
+		if op != 8 {
+			continue
+		}
+		if len(p) < 2 {
+			return 1005
+		}
+		return int(binary.BigEndian.Uint16(p))
 	}
 }
