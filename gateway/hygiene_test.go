@@ -399,3 +399,68 @@ func (r *rawConn) closeCode() int {
 		return int(binary.BigEndian.Uint16(p))
 	}
 }
+
+// TestExecutionCursorSyntax: the execution socket's cursors (after_sequence,
+// cursor, Last-Event-ID) and the execution stream's Last-Event-ID are
+// sequences; anything else is a 400 before the upgrade or the first stream
+// byte, not a silent 0 that replays everything. after_sequence on the SSE
+// stream keeps the kernel API's rule: unparsable is 0.
+func TestExecutionCursorSyntax(t *testing.T) {
+	s := start(t, gateway.Config{})
+	a := newAPI(t, s)
+	id := a.create("cs-agent", nil)["id"].(string)
+	a.json("POST", "/v0/executions/"+id+"/cancel", nil, 200)
+	ws := "ws" + strings.TrimPrefix(a.base, "http") + "/v0/executions/" + id + "/ws"
+	for _, bad := range []string{"x.y", "5.", ".5", "-1", "+1", " 1", "18446744073709551616", "1e3", "0x10"} {
+		for _, c := range []struct {
+			what, query, header string
+		}{
+			{"after_sequence", "?after_sequence=" + url.QueryEscape(bad), ""},
+			{"cursor", "?cursor=" + url.QueryEscape(bad), ""},
+			{"Last-Event-ID", "", bad},
+		} {
+			h := http.Header{}
+			if c.header != "" {
+				if bad == " 1" {
+					continue // a header value loses its spaces on the way
+				}
+				h.Set("Last-Event-ID", c.header)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			conn, resp, err := websocket.Dial(ctx, ws+c.query, &websocket.DialOptions{HTTPHeader: h})
+			cancel()
+			if err == nil {
+				conn.CloseNow()
+				t.Errorf("socket %s %q: upgraded, want 400", c.what, bad)
+				continue
+			}
+			if resp == nil || resp.StatusCode != 400 || !strings.Contains(respBody(resp), c.what+" must be a sequence") {
+				t.Errorf("socket %s %q: %v %v, want 400 naming %s", c.what, bad, resp, err, c.what)
+			}
+		}
+		if bad == " 1" {
+			continue // a header value loses its spaces on the way
+		}
+		status, body := a.answer("GET", "/v0/executions/"+id+"/stream", nil, "Last-Event-ID", bad)
+		if status != 400 || !bytes.Contains(body, []byte("Last-Event-ID must be a sequence")) {
+			t.Errorf("stream Last-Event-ID %q: %d %s, want 400", bad, status, body)
+		}
+	}
+	// Valid cursors replay after them; the stream's after_sequence keeps the
+	// kernel API's lenience.
+	all := a.events(id)
+	st := a.openSSE("/v0/executions/" + id + "/stream?after_sequence=abc")
+	for range all {
+		st.next()
+	}
+	st.ended()
+	st = a.openSSE("/v0/executions/"+id+"/stream", "Last-Event-ID", "1")
+	if f := st.next(); f.ID != "2" {
+		t.Fatalf("Last-Event-ID 1: first frame %s, want 2", f.ID)
+	}
+	sock := a.dialWS("/v0/executions/"+id+"/ws?cursor=1", gateway.SubprotocolJSON)
+	sock.expect("hello")
+	if f := sock.expect("event"); f["seq"] != 2.0 {
+		t.Fatalf("cursor 1: %v", f)
+	}
+}

@@ -220,7 +220,20 @@ func (s *Server) executionWS(c *call) {
 		return
 	}
 	res := executionResource(&v)
-	after := max(cursor(c.ctx), parseSeq(c.ctx.QueryArgs().Peek("cursor")))
+	// The socket is Gatehouse's own: every one of its cursors is strict.
+	var after uint64
+	for _, cur := range []struct {
+		name string
+		v    []byte
+	}{{"after_sequence", c.ctx.QueryArgs().Peek("after_sequence")}, {"cursor", c.ctx.QueryArgs().Peek("cursor")},
+		{"Last-Event-ID", c.ctx.Request.Header.Peek("Last-Event-ID")}} {
+		n, err := sequence(cur.name, cur.v)
+		if err != nil {
+			s.writeError(c.ctx, err)
+			return
+		}
+		after = max(after, n)
+	}
 	s.upgrade(c, "ws_execution", func(w *wsConn) { s.serveExecution(w, res, after) })
 }
 
