@@ -132,7 +132,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
-	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
+	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times (exp, nbf, iat); at most 5m")
 	c.tls.flags(fs)
 }
 
