@@ -9,12 +9,20 @@ import (
 )
 
 // FuzzParseCursor: every cursor either parses to digits that print back
-// the same, names another epoch of the store's syntax, or is refused.
+// the same, names another epoch of the store's syntax, or is refused. A
+// bare sequence (the execution stream's and socket's) is digits or refused.
 func FuzzParseCursor(f *testing.F) {
 	for _, s := range []string{"", "5", "e1.5", "x.y", "5.", ".5", "-1", "18446744073709551616", "e1.", "a.b.c"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
+		if n, err := sequence("cursor", []byte(raw)); err == nil {
+			if raw != "" && (strings.Trim(raw, "0123456789") != "" || strconv.FormatUint(n, 10) != strings.TrimLeft(raw, "0") && n != 0) {
+				t.Fatalf("sequence %q read as %d", raw, n)
+			}
+		} else if _, perr := strconv.ParseUint(raw, 10, 64); perr == nil {
+			t.Fatalf("sequence %q refused: %v", raw, err)
+		}
 		cur, other, err := parseCursor(raw, "e1")
 		switch {
 		case err != nil:
