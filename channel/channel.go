@@ -14,10 +14,10 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -484,18 +484,15 @@ func (r *Registry) touch(k peer.Key, at time.Time) {
 	}
 }
 
-// checkID rejects ids that would be ambiguous in a peer key or a store key,
-// or unreadable in a log line.
+// checkID applies package ident's rule within maxLen bytes; a channel id
+// also holds no '/', which would make a peer key ("channel/<channel
+// id>/<peer id>") ambiguous.
 func checkID(what, s string, maxLen int, slash bool) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
-	case len(s) > maxLen:
-		return fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalid, what, maxLen)
-	case !slash && strings.Contains(s, "/"):
+	if err := ident.CheckLen(what, s, maxLen); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if !slash && strings.Contains(s, "/") {
 		return fmt.Errorf("%w: %s %q contains '/'", ErrInvalid, what, s)
-	case strings.IndexFunc(s, unicode.IsControl) >= 0:
-		return fmt.Errorf("%w: %s contains control characters", ErrInvalid, what)
 	}
 	return nil
 }

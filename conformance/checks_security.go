@@ -13,6 +13,8 @@ func securityChecks() []check {
 		def("security/cross-origin", "issue 13 §3 (safe from browsers)", "a request a page of another origin makes a browser send is 403 FORBIDDEN_ORIGIN; a text or form body is 415 UNSUPPORTED_MEDIA_TYPE", checkCrossOrigin),
 		def("security/headers-431", "issue 13 §5 (oversized headers)", "request headers over the limit are 431 and the answer echoes nothing of the request", checkHeaders431),
 		def("security/cursor-syntax", "issue 13 §5 (cursors)", "malformed cursors (x.y, 5., .5, -1, overflow) are 400 before a stream starts or a socket upgrades", checkCursorSyntax),
+		def("security/execution-cursor-syntax", "issue 13 §5 (cursors)", "the execution socket's cursors and the execution stream's Last-Event-ID that are not a sequence are 400 before the upgrade or the first stream byte", checkExecutionCursorSyntax),
+		def("security/id-syntax", "issue 13 §5 (ids)", "an id with a control or format character (LF, NUL, U+202E, U+200B), in a body, a query or a path, is 400 VALIDATION_ERROR that echoes nothing of it", checkIDSyntax),
 		def("security/host", "issue 13 §3 (DNS rebinding)", "with no token, a Host that is not a loopback name is 421 HOST_NOT_ALLOWED; with one, any Host is served", checkHost),
 	}
 }
@@ -143,6 +145,54 @@ func checkCursorSyntax(t *tc) {
 			header("Sec-WebSocket-Version", "13"), header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="))
 		if r.status != http.StatusBadRequest {
 			t.fatalf("WebSocket with cursor %q: want 400 before the upgrade: %s", cur, r)
+		}
+	}
+}
+
+// wsUpgrade are the headers of a WebSocket handshake, sent with a plain
+// request: a refusal comes back as an ordinary answer.
+var wsUpgrade = []reqOpt{header("Connection", "Upgrade"), header("Upgrade", "websocket"),
+	header("Sec-WebSocket-Version", "13"), header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")}
+
+func checkExecutionCursorSyntax(t *tc) {
+	id := t.wantStr(t.create(map[string]any{"agent_id": newID("conf-agent-")}), "id", "created execution")
+	for _, cur := range []string{"x.y", "5.", ".5", "-1", "18446744073709551616"} {
+		for _, q := range []string{"after_sequence", "cursor"} {
+			r := t.call(http.MethodGet, "/v0/executions/"+id+"/ws?"+url.Values{q: {cur}}.Encode(), nil, wsUpgrade...)
+			if r.status != http.StatusBadRequest {
+				t.fatalf("execution socket with %s %q: want 400 before the upgrade: %s", q, cur, r)
+			}
+		}
+		r := t.call(http.MethodGet, "/v0/executions/"+id+"/ws", nil, append([]reqOpt{header("Last-Event-ID", cur)}, wsUpgrade...)...)
+		if r.status != http.StatusBadRequest {
+			t.fatalf("execution socket with Last-Event-ID %q: want 400 before the upgrade: %s", cur, r)
+		}
+		s, r := t.openStream("/v0/executions/"+id+"/stream", header("Last-Event-ID", cur))
+		if s != nil {
+			s.close()
+			t.fatalf("execution stream with Last-Event-ID %q opened", cur)
+		}
+		t.expectError(r, http.StatusBadRequest, "VALIDATION_ERROR")
+	}
+}
+
+func checkIDSyntax(t *tc) {
+	const mark = "CONF-ID-MARK"
+	for _, bad := range []string{"a\n" + mark, "a\x00" + mark, "a\u202e" + mark, "bash\u200b" + mark} {
+		s, streamed := t.openStream("/v0/agents/stream?" + url.Values{"agent_id": {bad}, "consumer_id": {"c"}}.Encode())
+		if s != nil {
+			s.close()
+			t.fatalf("an agent stream opened for an id with a control or format character")
+		}
+		for _, r := range []*response{
+			t.call(http.MethodPost, "/v0/executions", map[string]any{"agent_id": bad}),
+			t.call(http.MethodGet, "/v0/executions/"+url.PathEscape(bad), nil),
+			streamed,
+		} {
+			t.expectError(r, http.StatusBadRequest, "VALIDATION_ERROR")
+			if strings.Contains(string(r.body), mark) {
+				t.fatalf("the answer echoes the id: %s", r.body)
+			}
 		}
 	}
 }

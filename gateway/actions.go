@@ -115,8 +115,11 @@ func (s *Server) respondAction(c *call) {
 // respond is the shared answer path of HTTP, channel sockets and chat bots
 // (which answer over HTTP).
 func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string, req RespondRequest, m kernel.Meta) (int, any, kernel.After, error) {
-	if len(req.Reason) > 4096 || len(req.ChannelID) > 256 || len(req.NativePeerID) > 256 {
-		return 0, nil, nil, kernelValidation("reason is limited to 4096 bytes, channel_id and native_peer_id to 256")
+	if len(req.Reason) > 4096 {
+		return 0, nil, nil, kernelValidation("reason is limited to 4096 bytes")
+	}
+	if err := checkIDs(map[string]string{"channel_id": req.ChannelID, "native_peer_id": req.NativePeerID}); err != nil {
+		return 0, nil, nil, err
 	}
 	outcome, scope, err := bridge.ParseDecision(req.Decision)
 	if err != nil {

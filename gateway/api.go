@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -370,8 +371,8 @@ func toolInfo(list []json.RawMessage) (map[string]json.RawMessage, error) {
 		var head struct {
 			Name string `json:"name"`
 		}
-		if err := json.Unmarshal(raw, &head); err != nil || head.Name == "" || len(head.Name) > 256 {
-			return nil, kernelValidation("tool_info: each entry is an object with a name of 1-256 bytes")
+		if err := json.Unmarshal(raw, &head); err != nil || ident.Check("", head.Name) != nil {
+			return nil, kernelValidation("tool_info: each entry is an object whose name is a tool id (1-256 bytes of UTF-8 without control or format characters)")
 		}
 		out[head.Name] = raw
 	}

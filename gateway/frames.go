@@ -514,6 +514,10 @@ func (r *mpReader) str(out []byte, n int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// appendJSONString would make bad bytes U+FFFD without a word.
+	if !utf8.Valid(p) {
+		return nil, errors.New("msgpack: a string is not valid UTF-8")
+	}
 	return appendJSONString(out, string(p)), nil
 }
 

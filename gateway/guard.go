@@ -232,13 +232,15 @@ func (s *Server) checkHost(ctx *fasthttp.RequestCtx) error {
 var (
 	errNotUTF8       = errors.New("validation error: the body is not valid UTF-8")
 	errNumberTooLong = errors.New("validation error: a number in the body is out of range")
+	errLoneSurrogate = errors.New(`validation error: a \u escape in the body is half of a surrogate pair`)
 )
 
 // checkJSONText refuses JSON text that Go's decoder would take with a
-// silent change: invalid UTF-8 (replaced by U+FFFD in strings) and numbers
-// beyond float64 (1e999999, which a stored value would echo but no
-// projection could read). One pass over the bytes; it does not validate the
-// JSON itself, which its decoder does.
+// silent change: invalid UTF-8 and \u escapes of half a surrogate pair
+// (both become U+FFFD in strings; RFC 8259 §8.2 leaves them to the
+// receiver) and numbers beyond float64 (1e999999, which a stored value
+// would echo but no projection could read). One pass over the bytes; it
+// does not validate the JSON itself, which its decoder does.
 func checkJSONText(data []byte) error {
 	if !utf8.Valid(data) {
 		return errNotUTF8
@@ -251,6 +253,13 @@ func checkJSONText(data []byte) error {
 			switch {
 			case escaped:
 				escaped = false
+				if c == 'u' {
+					n, ok := surrogateEscape(data[i+1:])
+					if !ok {
+						return errLoneSurrogate
+					}
+					i += n
+				}
 			case c == '\\':
 				escaped = true
 			case c == '"':
@@ -275,4 +284,42 @@ func checkJSONText(data []byte) error {
 		}
 	}
 	return nil
+}
+
+// surrogateEscape reads what follows a \u: four hex digits, and when they
+// are a high surrogate, the \u escape of the low one that must follow. It
+// returns how many bytes it read, and false for half a pair. Anything that
+// is not hex is left to the decoder.
+func surrogateEscape(b []byte) (int, bool) {
+	r, ok := hex4(b)
+	switch {
+	case !ok || r < 0xd800 || r > 0xdfff:
+		return 0, true
+	case r >= 0xdc00 || len(b) < 10 || b[4] != '\\' || b[5] != 'u':
+		return 0, false
+	}
+	lo, ok := hex4(b[6:])
+	return 10, ok && lo >= 0xdc00 && lo <= 0xdfff
+}
+
+// hex4 reads four hex digits.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }

@@ -210,9 +210,6 @@ func meta(ctx *fasthttp.RequestCtx) kernel.Meta {
 		m.Principal, m.Tenant = p.Subject, p.Tenant
 	}
 	m.TraceID = traceID(ctx.Request.Header.Peek("traceparent"))
-	if len(m.IdempotencyKey) > 256 {
-		m.IdempotencyKey = ""
-	}
 	return m
 }
 

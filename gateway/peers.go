@@ -99,6 +99,10 @@ func (s *Server) ackPeer(c *call) {
 		s.writeError(c.ctx, kernelValidation("role, id and consumer_id are required"))
 		return
 	}
+	if err := checkIDs(map[string]string{"id": req.ID, "consumer_id": req.ConsumerID}); err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
 	k := peer.Key{Role: req.Role, ID: req.ID, Consumer: req.ConsumerID}
 	var err error
 	switch req.Role {

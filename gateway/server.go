@@ -168,6 +168,10 @@ func New(o Options) (*Server, error) {
 		// frees their request state at the upgrade rather than holding it
 		// for the life of the socket.
 		KeepHijackedConns: true,
+		// fasthttp's errors otherwise carry the bytes of the request that
+		// failed to parse, its Authorization header included, into the
+		// debug log (ours and fasthttp's own connection errors).
+		SecureErrorLogMessage: true,
 	}
 	s.ws.KeepHijackedConns = true
 	return s, nil
@@ -219,8 +223,9 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestHeaderFieldsTooLarge, CodeHeadersTooLarge, errHeadersTooLarge})
 	default:
-		// fasthttp's message quotes the request, which may hold a token:
-		// the answer says what went wrong, the log how.
+		// fasthttp's message may quote the header that did not parse: the
+		// answer says what went wrong, the log how (SecureErrorLogMessage
+		// keeps the rest of the request, its token, out of it).
 		s.log.Debug("malformed request", "err", err)
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusBadRequest, CodeValidation, errMalformed})
 	}
@@ -297,6 +302,10 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		limit = s.opts.MaxBodyBytes
 	}
 	if err := readBody(ctx, limit); err != nil {
+		s.refuse(ctx, r, err)
+		return
+	}
+	if err := checkRequestIDs(ctx, params); err != nil {
 		s.refuse(ctx, r, err)
 		return
 	}

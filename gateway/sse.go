@@ -6,12 +6,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol"
@@ -89,16 +88,31 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 	})
 }
 
-// cursor reads where a reconnecting reader resumes: the Last-Event-ID header
-// (what EventSource clients send) or after_sequence, whichever is later.
-func cursor(ctx *fasthttp.RequestCtx) uint64 {
+// cursor reads where a reconnecting reader of an execution's SSE stream
+// resumes: the Last-Event-ID header (what EventSource clients send) or
+// after_sequence, whichever is later. after_sequence keeps the kernel
+// API's rule, negative or unparsable is 0, which its clients may rely on;
+// Last-Event-ID, which only Gatehouse reads, must be a sequence.
+func cursor(ctx *fasthttp.RequestCtx) (uint64, error) {
 	after := parseSeq(ctx.QueryArgs().Peek("after_sequence"))
-	if h := ctx.Request.Header.Peek("Last-Event-ID"); len(h) > 0 {
-		if n := parseSeq(h); n > after {
-			after = n
-		}
+	n, err := sequence("Last-Event-ID", ctx.Request.Header.Peek("Last-Event-ID"))
+	return max(after, n), err
+}
+
+// sequence reads a resume sequence that Gatehouse defined: decimal digits
+// that fit 64 bits, or nothing (0). Anything else ("x.y", "5.", "-1", an
+// overflow) is a 400 before a stream starts or a socket upgrades: read as
+// 0, it would replay everything, and a client would take the repeats for
+// new events.
+func sequence(name string, b []byte) (uint64, error) {
+	if len(b) == 0 {
+		return 0, nil
 	}
-	return after
+	n, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		return 0, kernelValidation(name + " must be a sequence: decimal digits within 64 bits")
+	}
+	return n, nil
 }
 
 // streamExecution streams an execution's events from a cursor and ends
@@ -109,7 +123,12 @@ func (s *Server) streamExecution(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	src := newEventSource(s.k, id, cursor(c.ctx))
+	after, err := cursor(c.ctx)
+	if err != nil {
+		s.writeError(c.ctx, err)
+		return
+	}
+	src := newEventSource(s.k, id, after)
 	s.sseStream(c, "execution", renderEvent, false, func(o *stream.Options) (stream.Source, func()) {
 		o.Final = isTerminal
 		return src, nil
@@ -134,13 +153,15 @@ func (s *Server) streamRunner(c *call) {
 	s.streamPeer(c, "runner", key, func() func() { return s.k.RunnerConnected(key.ID, key.Consumer, caps) })
 }
 
+// checkIDs checks ids against package ident's rule; an empty one is an
+// optional field left out (required ones are checked first).
 func checkIDs(ids map[string]string) error {
 	for name, v := range ids {
-		if len(v) > 256 {
-			return kernelValidation(name + " exceeds maximum length of 256 characters")
+		if v == "" {
+			continue
 		}
-		if !utf8.ValidString(v) || strings.IndexFunc(v, unicode.IsControl) >= 0 {
-			return kernelValidation(name + " must be UTF-8 without control characters")
+		if err := ident.Check(name, v); err != nil {
+			return kernelValidation(err.Error())
 		}
 	}
 	return nil

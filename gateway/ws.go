@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,7 +220,20 @@ func (s *Server) executionWS(c *call) {
 		return
 	}
 	res := executionResource(&v)
-	after := max(cursor(c.ctx), parseSeq(c.ctx.QueryArgs().Peek("cursor")))
+	// The socket is Gatehouse's own: every one of its cursors is strict.
+	var after uint64
+	for _, cur := range []struct {
+		name string
+		v    []byte
+	}{{"after_sequence", c.ctx.QueryArgs().Peek("after_sequence")}, {"cursor", c.ctx.QueryArgs().Peek("cursor")},
+		{"Last-Event-ID", c.ctx.Request.Header.Peek("Last-Event-ID")}} {
+		n, err := sequence(cur.name, cur.v)
+		if err != nil {
+			s.writeError(c.ctx, err)
+			return
+		}
+		after = max(after, n)
+	}
 	s.upgrade(c, "ws_execution", func(w *wsConn) { s.serveExecution(w, res, after) })
 }
 
@@ -398,21 +413,37 @@ func sameCaller(old, p *auth.Principal, now time.Time) error {
 	return nil
 }
 
+// readMessage reads the next client message. When the socket cannot go on
+// it ends it with the code that says why and reports false: the peer's own
+// close is answered with 1000, as is a peer that went away; a message past
+// the read limit gets 1009 (coder/websocket has sent it); a text message
+// that is not UTF-8 1007 (RFC 6455 §8.1); a frame that breaks the protocol
+// 1002, which coder/websocket sends itself for most but only reports for
+// an unmasked client frame.
+func (w *wsConn) readMessage() ([]byte, bool) {
+	typ, data, err := w.Read()
+	switch {
+	case err == nil && typ == websocket.MessageText && !utf8.Valid(data):
+		w.End(websocket.StatusInvalidFramePayloadData, "text frame is not valid UTF-8")
+	case err == nil:
+		return data, true
+	case websocket.CloseStatus(err) != -1, errors.Is(err, websocket.ErrMessageTooBig),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		w.End(websocket.StatusNormalClosure, "")
+	default:
+		w.End(websocket.StatusProtocolError, "protocol error")
+	}
+	return nil, false
+}
+
 // readFrames reads client frames until the socket ends and hands each valid
 // one to handle. A malformed frame is answered with an error reply when it
 // has an id, and otherwise ends the socket with 1007.
 func (w *wsConn) readFrames(handle func(fr inFrame, first bool)) {
 	first := true
 	for {
-		typ, data, err := w.Read()
-		if err != nil {
-			// The peer closed, went away, or sent a frame past the read
-			// limit (coder/websocket has answered that with 1009).
-			w.End(websocket.StatusNormalClosure, "")
-			return
-		}
-		if typ == websocket.MessageText && !utf8.Valid(data) {
-			w.End(websocket.StatusInvalidFramePayloadData, "text frame is not valid UTF-8")
+		data, ok := w.readMessage()
+		if !ok {
 			return
 		}
 		fr, err := decodeFrame(w.format, data)
@@ -720,7 +751,7 @@ func (s *Server) WebSocket(req *protocol.Request, kind string, r stream.Renderer
 		st.Start()
 		w.StartPings()
 		for {
-			if _, _, err := w.Read(); err != nil {
+			if _, ok := w.readMessage(); !ok {
 				break
 			}
 		}

@@ -669,6 +669,12 @@ func (k *Kernel) stepResult(ctx context.Context, req StepResultRequest, meta Met
 	if req.ExecutionID == "" || req.StepID == "" {
 		return nil, invalid("execution_id, session_id, and step_id are required")
 	}
+	for _, f := range [][2]string{{"execution_id", req.ExecutionID}, {"session_id", req.SessionID},
+		{"step_id", req.StepID}, {"idempotency_key", req.IdempotencyKey}} {
+		if err := checkID(f[0], f[1], maxIDLen); err != nil {
+			return nil, err
+		}
+	}
 	if err := checkLen("error", req.Error, maxErrorLen); err != nil {
 		return nil, err
 	}

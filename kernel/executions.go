@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -31,15 +31,16 @@ func checkLen(field, v string, max int) error {
 	return nil
 }
 
-// checkID is checkLen for an id: besides its length, it must be UTF-8
-// without control characters, since ids are echoed into logs, event
-// streams and store keys (docs/protocol.md "Ids").
+// checkID checks an id a client chose against package ident's rule, within
+// max bytes; an empty id is an optional field left out (required ones are
+// checked first). Ids are echoed into logs, event streams, store keys and
+// the approvals page (docs/protocol.md "Ids").
 func checkID(field, v string, max int) error {
-	if err := checkLen(field, v, max); err != nil {
-		return err
+	if v == "" {
+		return nil
 	}
-	if !utf8.ValidString(v) || strings.IndexFunc(v, unicode.IsControl) >= 0 {
-		return invalid("%s must be UTF-8 without control characters", field)
+	if err := ident.CheckLen(field, v, max); err != nil {
+		return invalid("%s", err)
 	}
 	return nil
 }
@@ -103,6 +104,10 @@ func (k *Kernel) Create(ctx context.Context, req CreateRequest, meta Meta) (v Vi
 	for key, v := range req.Labels {
 		if key == "" || len(key) > maxLabelLen || len(v) > maxLabelLen {
 			return View{}, false, invalid("labels: keys must be 1-%d bytes and values at most %d bytes", maxLabelLen, maxLabelLen)
+		}
+		// A key is an id; a value is text on one line.
+		if ident.Check("", key) != nil || strings.IndexFunc(v, unicode.IsControl) >= 0 {
+			return View{}, false, invalid("labels: keys are ids (UTF-8 without control or format characters) and values hold no control characters")
 		}
 	}
 	if isNull(req.Input) {

@@ -479,6 +479,12 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	if req.JobID == "" || req.ExecutionID == "" || req.StepID == "" {
 		return nil, invalid("job_id, execution_id, and step_id are required")
 	}
+	for _, f := range [][2]string{{"runner_id", runnerID}, {"job_id", req.JobID}, {"execution_id", req.ExecutionID},
+		{"step_id", req.StepID}, {"consumer_id", req.ConsumerID}, {"idempotency_key", req.IdempotencyKey}} {
+		if err := checkID(f[0], f[1], maxIDLen); err != nil {
+			return nil, err
+		}
+	}
 	if err := checkLen("error", req.Error, maxErrorLen); err != nil {
 		return nil, err
 	}
@@ -591,6 +597,11 @@ type StepStartedRequest struct {
 func (k *Kernel) StepStarted(ctx context.Context, stepID string, req StepStartedRequest, meta Meta) error {
 	if req.ExecutionID == "" || req.RunnerID == "" {
 		return invalid("execution_id and runner_id are required")
+	}
+	for _, f := range [][2]string{{"step_id", stepID}, {"execution_id", req.ExecutionID}, {"runner_id", req.RunnerID}} {
+		if err := checkID(f[0], f[1], maxIDLen); err != nil {
+			return err
+		}
 	}
 	ex, err := k.lockStep(req.ExecutionID, stepID)
 	if err != nil {

@@ -169,6 +169,12 @@ func (k *Kernel) Say(ctx context.Context, req IntentRequest, meta Meta) (<-chan 
 	if req.ExecutionID == "" || req.SessionID == "" {
 		return nil, invalid("execution_id and session_id are required")
 	}
+	if err := checkID("execution_id", req.ExecutionID, maxIDLen); err != nil {
+		return nil, err
+	}
+	if err := checkID("session_id", req.SessionID, maxIDLen); err != nil {
+		return nil, err
+	}
 	if in.Output == nil {
 		return nil, invalid("output intent requires output")
 	}

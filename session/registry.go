@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -35,7 +36,6 @@ const (
 
 // Limits of what a session holds.
 const (
-	maxIDLen    = 256
 	maxTitleLen = 1024
 	maxAttrSize = 256 << 10
 	maxQueue    = 1000
@@ -222,11 +222,12 @@ type CreateRequest struct {
 	Attrs   map[string]json.RawMessage
 }
 
-// validID checks an id a caller chose: URL-path-safe, since clients put
-// session ids into paths unescaped.
+// validID checks an id a caller chose: package ident's rule, narrowed to
+// what is URL-path-safe, since clients put session ids into paths
+// unescaped.
 func validID(what, id string) error {
-	if id == "" || len(id) > maxIDLen {
-		return fmt.Errorf("%w: %s must be 1-%d bytes", ErrInvalid, what, maxIDLen)
+	if err := ident.Check(what, id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	for _, c := range id {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-_.~:", c)) {

@@ -330,6 +330,18 @@ func TestAAPStreamResumesAfterLastEventID(t *testing.T) {
 	if names(rest) != names(evs[cut+1:]) || rest[0].id != evs[cut+1].id {
 		t.Fatalf("resumed after %s:\n got %s\nwant %s", evs[cut].id, names(rest), names(evs[cut+1:]))
 	}
+	// An id the stream never sent is a 400, not a replay from the start.
+	for _, bad := range []string{"x.y", "5.", "-1", "18446744073709551616"} {
+		req.Header.Set("Last-Event-ID", bad)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("Last-Event-ID %q: %d, want 400", bad, resp.StatusCode)
+		}
+	}
 }
 
 // TestAAPPermissionAnsweredByAChannel: the prompt of an untrusted server

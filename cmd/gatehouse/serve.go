@@ -135,7 +135,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
-	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times")
+	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times (exp, nbf, iat); at most 5m")
 	c.tls.flags(fs)
 	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
 	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")

@@ -14,15 +14,21 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/golang-jwt/jwt/v5"
 )
 
-// DefaultLeeway is the clock skew tolerated on exp when Options.Leeway is
-// zero.
+// DefaultLeeway is the clock skew tolerated on exp, nbf and iat when
+// Options.Leeway is zero.
 const DefaultLeeway = 30 * time.Second
+
+// MaxLeeway bounds Options.Leeway: a leeway is for clocks that drift, and
+// one of more than a few minutes keeps expired tokens alive.
+const MaxLeeway = 5 * time.Minute
 
 // minHMACSecret is the HS256 key size floor from RFC 7518 §3.2: a key
 // shorter than the hash output weakens the MAC.
@@ -106,9 +112,18 @@ type tokenClaims struct {
 	Tenant   string   `json:"tenant,omitempty"`
 }
 
+// The range of a time claim: years 1 to 9999, what a time.Time formats
+// and an int64 of seconds holds. The JWT library converts a float to
+// int64 seconds unchecked, so a nbf of 1e300 came out long ago, and valid.
+const (
+	minNumericDate = -62135596800 // 0001-01-01T00:00:00Z
+	maxNumericDate = 253402300799 // 9999-12-31T23:59:59Z
+)
+
 // UnmarshalJSON decodes the claims, refusing times that are not JSON
 // numbers: RFC 7519 says NumericDate, and the JWT library would take a
 // quoted "exp" as well, which other verifiers of the same token may not.
+// A time out of years 1 to 9999 is refused too.
 func (c *tokenClaims) UnmarshalJSON(b []byte) error {
 	var times struct {
 		Exp, Nbf, Iat json.RawMessage
@@ -117,8 +132,14 @@ func (c *tokenClaims) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	for name, raw := range map[string]json.RawMessage{"exp": times.Exp, "nbf": times.Nbf, "iat": times.Iat} {
-		if len(raw) > 0 && string(raw) != "null" && !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		if !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
 			return fmt.Errorf("claim %s must be a number", name)
+		}
+		if f, err := strconv.ParseFloat(string(raw), 64); err != nil || f < minNumericDate || f > maxNumericDate {
+			return fmt.Errorf("claim %s must be a time within years 1 to 9999", name)
 		}
 	}
 	type plain tokenClaims
@@ -131,8 +152,8 @@ func (c *tokenClaims) UnmarshalJSON(b []byte) error {
 // Audience without JWT keys (which would otherwise leave the gateway open
 // while looking configured).
 func New(o Options) (*Authenticator, error) {
-	if o.Leeway < 0 {
-		return nil, errors.New("auth: negative leeway")
+	if o.Leeway < 0 || o.Leeway > MaxLeeway {
+		return nil, fmt.Errorf("auth: leeway %v: it must be between 0 and %v", o.Leeway, MaxLeeway)
 	}
 	a := &Authenticator{
 		byKid: make(map[string]verifier),
@@ -210,6 +231,9 @@ func New(o Options) (*Authenticator, error) {
 		c.parser = jwt.NewParser(
 			jwt.WithValidMethods(methods),
 			jwt.WithExpirationRequired(),
+			// A token issued in our future, past the leeway, comes from a
+			// clock that is wrong or a minter that lies.
+			jwt.WithIssuedAt(),
 			jwt.WithAudience(o.Audience),
 			jwt.WithIssuer(o.Issuer),
 			jwt.WithLeeway(leeway),
@@ -266,6 +290,16 @@ func (a *Authenticator) parseJWT(token string, now time.Time) (*Principal, error
 		return nil, fmt.Errorf("%w: missing sub", ErrInvalidToken)
 	case !claims.Role.valid():
 		return nil, fmt.Errorf("%w: unknown role %q", ErrInvalidToken, claims.Role)
+	}
+	// The subject and tenant own what the token creates: they are written
+	// into events, logs and store keys like any id.
+	if err := ident.Check("sub", claims.Subject); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
+	}
+	if claims.Tenant != "" {
+		if err := ident.Check("tenant", claims.Tenant); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
+		}
 	}
 	return &Principal{
 		Subject:   claims.Subject,

@@ -478,3 +478,40 @@ func BenchmarkAuthenticateHS256(b *testing.B) {
 		}
 	}
 }
+
+// TestTimeClaimsAndClockSkew: an issuer's clock may run ahead of ours or
+// behind by the leeway, no more: a token issued (iat) or valid from (nbf)
+// within it is accepted, one further in the future is not. Times must be
+// numbers a clock can hold: a nbf of 1e300 is not "long ago", an exp of
+// 1e300 not "never".
+func TestTimeClaimsAndClockSkew(t *testing.T) {
+	key := secret('k')
+	a := newAuth(t, Options{HMACSecrets: map[string][]byte{"": key}, Issuer: testIssuer, Audience: testAudience})
+	tok := func(k string, v any) []byte {
+		return header(signRaw(t, jwt.SigningMethodHS256, key, with(validMap(), k, v)))
+	}
+	runAuthCases(t, a, []authCase{
+		{name: "issued 20s ahead (clock skew within leeway)", header: tok("iat", testNow.Add(20*time.Second).Unix()), wantSub: "alice"},
+		{name: "issued 2m ahead", header: tok("iat", testNow.Add(2*time.Minute).Unix()), wantErr: ErrInvalidToken},
+		{name: "valid from 2m ahead", header: tok("nbf", testNow.Add(2*time.Minute).Unix()), wantErr: ErrInvalidToken},
+		{name: "expired 20s ago (clock skew within leeway)", header: tok("exp", testNow.Add(-20*time.Second).Unix()), wantSub: "alice"},
+		{name: "expired 2m ago", header: tok("exp", testNow.Add(-2*time.Minute).Unix()), wantErr: ErrExpiredToken},
+		{name: "iat as a string", header: tok("iat", "0"), wantErr: ErrInvalidToken},
+		{name: "nbf far past the last year a clock holds", header: tok("nbf", 1e300), wantErr: ErrInvalidToken},
+		{name: "exp far past the last year a clock holds", header: tok("exp", 1e300), wantErr: ErrInvalidToken},
+		{name: "exp in year 30000", header: tok("exp", 884541340800), wantErr: ErrInvalidToken},
+		{name: "exp in year 9999", header: tok("exp", 253402300799), wantSub: "alice"},
+		{name: "nbf before year 1", header: tok("nbf", -1e300), wantErr: ErrInvalidToken},
+		{name: "sub with a newline", header: tok("sub", "alice\nlevel=ERROR msg=forged"), wantErr: ErrInvalidToken},
+		{name: "sub with a bidi override", header: tok("sub", "alice\u202e"), wantErr: ErrInvalidToken},
+		{name: "tenant with a NUL", header: tok("tenant", "acme\x00"), wantErr: ErrInvalidToken},
+	})
+	for _, l := range []time.Duration{5 * time.Minute, time.Second} {
+		if _, err := New(Options{HMACSecrets: map[string][]byte{"": key}, Issuer: testIssuer, Audience: testAudience, Leeway: l}); err != nil {
+			t.Errorf("leeway %v: %v", l, err)
+		}
+	}
+	if _, err := New(Options{HMACSecrets: map[string][]byte{"": key}, Issuer: testIssuer, Audience: testAudience, Leeway: 5*time.Minute + time.Second}); err == nil {
+		t.Error("a leeway over 5 minutes was accepted")
+	}
+}

@@ -442,11 +442,16 @@ func modeOf(v string) string {
 	return modeNone
 }
 
-func lastEventID(ctx *fasthttp.RequestCtx) (uint64, bool) {
+// lastEventID reads the sequence a resuming client names; ok is false
+// without one. One that is not a sequence is an error: taken as none, the
+// turn would be replayed from its start into a client that has seen it.
+func lastEventID(ctx *fasthttp.RequestCtx) (n uint64, ok bool, err error) {
 	h := strings.TrimSpace(string(ctx.Request.Header.Peek("Last-Event-ID")))
 	if h == "" {
-		return 0, false
+		return 0, false, nil
 	}
-	n, err := strconv.ParseUint(h, 10, 64)
-	return n, err == nil
+	if n, err = strconv.ParseUint(h, 10, 64); err != nil {
+		return 0, false, invalid("Last-Event-ID must be an event id of the stream: decimal digits within 64 bits")
+	}
+	return n, true, nil
 }

@@ -411,7 +411,11 @@ func (s *Surface) resumeStream(r *protocol.Request) {
 		mode = modeDelta
 	}
 	var first []sseEvent
-	from, ok := lastEventID(r.Ctx)
+	from, ok, err := lastEventID(r.Ctx)
+	if err != nil {
+		fail(r.Ctx, err)
+		return
+	}
 	if !ok {
 		from = t.FirstSeq - 1
 		first = []sseEvent{{"turn_start", map[string]any{}}}

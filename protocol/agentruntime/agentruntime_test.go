@@ -453,3 +453,29 @@ func TestInputRequestIsAnAction(t *testing.T) {
 		t.Fatalf("the answered request: %v", a)
 	}
 }
+
+// TestWebSocketTwinRefusesBadText: the event socket takes no messages, but
+// one that breaks the rules of the protocol still ends it with the code
+// that says so: 1007 for a text message that is not UTF-8.
+func TestWebSocketTwinRefusesBadText(t *testing.T) {
+	_, c := scenario(t)
+	ws, _, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(c.base, "http")+"/agent-runtime/sessions/s1/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(1 << 20)
+	if err := ws.Write(t.Context(), websocket.MessageText, []byte("\xff")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for {
+		if _, _, err = ws.Read(ctx); err != nil {
+			break
+		}
+	}
+	if websocket.CloseStatus(err) != websocket.StatusInvalidFramePayloadData {
+		t.Fatalf("the socket ended with %v, want 1007", err)
+	}
+}
