@@ -558,6 +558,14 @@ func (k *Kernel) exists(id string) error {
 // ReadEvents calls fn for each stored event of id after a sequence, in order;
 // data is valid only during the call. fn returns false to stop.
 func (k *Kernel) ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	if ok, err := k.readTail(id, after, fn); ok {
+		return err
+	}
+	return k.readStored(id, after, fn)
+}
+
+// readStored is ReadEvents from the store.
+func (k *Kernel) readStored(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
 	var buf []byte
 	var derr error
 	err := k.store.Scan(streamOf(id), after, func(seq uint64, data []byte) bool {

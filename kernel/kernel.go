@@ -151,8 +151,11 @@ type Kernel struct {
 	rr          map[string]int
 	closed      bool
 
-	watchMu  sync.Mutex
-	watchers map[string]map[*Watch]struct{}
+	// watchMu guards the watchers and the tails (see tail.go).
+	watchMu   sync.Mutex
+	watchers  map[string]map[*Watch]struct{}
+	tails     map[string]*tail
+	tailBytes int
 
 	creates *createKeys // idempotency keys of creates
 	retries *retries    // work to try again after a failed commit
@@ -176,7 +179,7 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 	k := &Kernel{
 		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, sessions: o.Sessions, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
-		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{},
+		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{}, tails: map[string]*tail{},
 		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
 		retries: newRetries(),
 	}

@@ -55,6 +55,8 @@ type tx struct {
 	err    error
 	seq    uint64
 	staged []Staged
+	// events are the stored forms of the events added, for the tail.
+	events []tailEntry
 	// applied runs right after a successful commit, before the answer:
 	// in-memory views of what the batch wrote (settled pushes, records).
 	applied []func()
@@ -162,6 +164,7 @@ func (t *tx) addWith(typ, stepID, actionID string, payload any) {
 	// bytes; sized so it is encoded without growing.
 	raw := ev.AppendStored(make([]byte, 0, 200+len(ev.IdempotencyKey)+len(ev.SessionID)+len(data)))
 	t.batch.Append(streamOf(t.ex.ID), t.seq, raw)
+	t.events = append(t.events, tailEntry{seq: t.seq, raw: raw})
 	t.facts = append(t.facts, fact{typ: typ, stepID: stepID, at: t.now, seq: t.seq, payload: payload})
 }
 
@@ -303,7 +306,7 @@ func (t *tx) finish() {
 	}
 	if len(t.facts) > 0 {
 		t.ex.row.Store(t.ex.summary())
-		t.k.notify(t.ex.ID, t.seq)
+		t.k.remember(t.ex.ID, t.events, t.ex.Status.Terminal())
 		t.k.counters.events.Add(uint64(len(t.facts)))
 	}
 }

@@ -1,8 +1,9 @@
 package kernel
 
 // Watch tells a reader that an execution's log grew. It carries no events:
-// the reader reads them from the store after the last sequence it sent, so a
-// slow reader costs no memory and cannot miss anything.
+// the reader reads them after the last sequence it sent (ReadEvents: from
+// the execution's tail in memory, or the store), so a slow reader costs no
+// memory and cannot miss anything.
 type Watch struct {
 	k      *Kernel
 	id     string
@@ -58,6 +59,9 @@ func (w *Watch) Stop() {
 		delete(ws, w)
 		if len(ws) == 0 {
 			delete(w.k.watchers, w.id)
+			if tl := w.k.tails[w.id]; tl != nil && tl.ended {
+				w.k.forgetTail(w.id)
+			}
 		}
 	}
 	w.k.watchMu.Unlock()
@@ -73,18 +77,4 @@ func (w *Watch) close() {
 			w.wake()
 		}
 	}
-}
-
-func (k *Kernel) notify(id string, _ uint64) {
-	k.watchMu.Lock()
-	for w := range k.watchers[id] {
-		select {
-		case w.c <- struct{}{}:
-		default:
-		}
-		if w.wake != nil {
-			w.wake()
-		}
-	}
-	k.watchMu.Unlock()
 }

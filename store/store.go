@@ -114,6 +114,10 @@ type Options struct {
 	// MemoryLimit is the memory the process may use; zero means no bound.
 	// It sizes Badger's memory tables and caches.
 	MemoryLimit int64
+	// CloseTimeout bounds how long Close waits for Badger to write its
+	// memory tables out; zero means 30s. Past it the store closes as
+	// after a crash: the journal, kept, is replayed at the next start.
+	CloseTimeout time.Duration
 
 	// segmentSize, memTableSize and lazyInterval override the journal's
 	// segment size, Badger's memory table size and how long lazy writes
@@ -1287,7 +1291,7 @@ func (s *Store) Close() error {
 				clean = false
 			}
 		}
-		if cerr := s.db.Close(); cerr != nil {
+		if cerr := s.closeDB(); cerr != nil {
 			clean = false
 			if err == nil {
 				err = cerr
@@ -1300,6 +1304,32 @@ func (s *Store) Close() error {
 		}
 	})
 	return err
+}
+
+// ErrCloseTimeout is returned by Close when Badger did not close within
+// Options.CloseTimeout.
+var ErrCloseTimeout = errors.New("store: Badger did not close in time")
+
+// closeDB closes Badger within the close timeout. Badger retries a memory
+// table it cannot write out (its folder removed, a read-only remount)
+// without end, and its Close waits for it: a gateway told to stop must
+// stop, and what it acknowledged is in the journal.
+func (s *Store) closeDB() error {
+	wait := s.opts.CloseTimeout
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.db.Close() }()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		s.log.Error("store: Badger did not close; closing as after a crash (the journal is kept and replayed at the next start)", "waited", wait)
+		return fmt.Errorf("%w: waited %v", ErrCloseTimeout, wait)
+	}
 }
 
 // roomToClose returns nil when the file system has room for Badger to write

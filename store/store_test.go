@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -327,5 +329,34 @@ func TestApplyGroupsKeepsLastWrite(t *testing.T) {
 		if err := item.Value(func(v []byte) error { return Decode(v, &got) }); err != nil || got != want {
 			t.Errorf("%s = %q, %v; want %q", id, got, err, want)
 		}
+	}
+}
+
+// TestCloseIsBoundedWhenBadgerCannotFinish: with its folder removed under
+// it, Badger retries writing its memory table out without end; Close
+// returns ErrCloseTimeout after CloseTimeout instead of waiting with it.
+func TestCloseIsBoundedWhenBadgerCannotFinish(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, CloseTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b Batch
+	b.Append("x/a", 1, []byte("acknowledged"))
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Close() }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrCloseTimeout) {
+			t.Fatalf("Close on a removed folder: %v, want ErrCloseTimeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close still waits for Badger after 30s")
 	}
 }

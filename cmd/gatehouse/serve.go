@@ -45,6 +45,7 @@ type config struct {
 	tls                             tlsFlags
 	diskBudget, diskLowWater        byteSize
 	memoryLimit                     byteSize
+	pprofAddr                       string
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -139,6 +140,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	c.tls.flags(fs)
 	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
 	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")
+	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `host:port`; empty: off")
 	fs.Var(&c.diskLowWater, "disk-low-water", "room (free space, or what the budget leaves) below which new work gets 507 STORAGE_FULL (`size`); 0: derived from the budget")
 }
 
@@ -187,8 +189,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := st.serveHTTP01(c.tls.acmeHTTP); err != nil {
 		return err
 	}
+	stopPprof := func(context.Context) {}
+	if c.pprofAddr != "" {
+		if stopPprof, err = servePprof(c.pprofAddr, log); err != nil {
+			st.close(context.Background())
+			return err
+		}
+	}
 	g, err := start(ctx, c, st, log)
 	if err != nil {
+		stopPprof(context.Background())
 		st.close(context.Background())
 		if ctx.Err() != nil {
 			// Stopped while starting: everything opened was closed again,
@@ -204,6 +214,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	defer cancel()
 	err = g.Close(sctx)
 	st.close(sctx)
+	stopPprof(sctx)
 	return err
 }
 

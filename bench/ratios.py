@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Side-by-side table of kbench runs: Gatehouse against the reference.
+
+usage: bench/ratios.py DIR   (DIR holds gatehouse_<case>.jsonl and reference_<case>.jsonl)
+
+Runs pair up in order (the n-th Gatehouse run of a case with the n-th
+reference run, which bench/compare.sh ran next to it); each figure is the
+median over the runs, and each ratio the median of the pairs' ratios.
+CPU per execution is the server's CPU seconds over its completed executions.
+"""
+import json
+import os
+import statistics
+import sys
+
+FIGURES = [  # key, label, unit
+    ("exec_per_s", "throughput", "/s"),
+    ("p50_ms", "p50", " ms"),
+    ("p99_ms", "p99", " ms"),
+    ("max_ms", "max", " ms"),
+    ("cpu_ms_per_exec", "server CPU per execution", " ms"),
+]
+
+
+def load(path):
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if r.get("server_cpu_s") is not None and r.get("ok"):
+            r["cpu_ms_per_exec"] = 1000 * r["server_cpu_s"] / r["ok"]
+        rows.append(r)
+    return rows
+
+
+def main(d):
+    cases = sorted({f.split("_", 1)[1].removesuffix(".jsonl")
+                    for f in os.listdir(d) if f.endswith(".jsonl") and "_" in f})
+    print("| case | figure | Gatehouse | reference | ratio (median of pairs) |")
+    print("|---|---|---|---|---|")
+    for case in cases:
+        gh = load(os.path.join(d, f"gatehouse_{case}.jsonl"))
+        ref = load(os.path.join(d, f"reference_{case}.jsonl"))
+        for key, label, unit in FIGURES:
+            g = [r[key] for r in gh if r.get(key) is not None]
+            f = [r[key] for r in ref if r.get(key) is not None]
+            if not g:
+                continue
+            gm = f"{statistics.median(g):.2f}{unit}"
+            fm = f"{statistics.median(f):.2f}{unit}" if f else "-"
+            pairs = [a / b for a, b in zip(g, f) if b]
+            ratio = f"{statistics.median(pairs):.2f}x" if pairs else "-"
+            print(f"| {case} ({len(g)}/{len(f)} runs) | {label} | {gm} | {fm} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "results")

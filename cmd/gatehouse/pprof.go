@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+)
+
+// servePprof serves Go's profiles (net/http/pprof) on addr, a loopback
+// address of its own: a profile shows the gateway's inner workings and
+// costs CPU while it runs, so it is never on the API's port and never
+// reachable from another machine. It returns a function that stops it.
+func servePprof(addr string, log *slog.Logger) (stop func(context.Context), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("pprof: %w", err)
+	}
+	if ap, ok := ln.Addr().(*net.TCPAddr); !ok || !ap.IP.IsLoopback() {
+		_ = ln.Close()
+		return nil, fmt.Errorf("pprof: %s is not a loopback address", addr)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("pprof", "err", err)
+		}
+	}()
+	log.Info("pprof listening", "addr", ln.Addr().String())
+	return func(ctx context.Context) {
+		_ = srv.Shutdown(ctx)
+		_ = srv.Close()
+		<-done
+	}, nil
+}

@@ -1,0 +1,124 @@
+package kernel
+
+import "github.com/gatehouse-dev/gatehouse/event"
+
+// An execution's tail is its latest events in the stored form, kept in
+// memory from its first commit in this process until it ends and nobody
+// watches it. A stream that follows a live execution reads them there:
+// what a commit just made durable is in the store's journal but may not
+// be in Badger yet, and reading Badger would wait for it to be applied
+// and open an iterator per wake-up. The store stays the truth; the tail
+// only ever holds a contiguous run of committed events, and a reader
+// whose cursor is before that run reads the store.
+type tail struct {
+	entries []tailEntry
+	bytes   int
+	ended   bool
+}
+
+type tailEntry struct {
+	seq uint64
+	raw []byte // the stored form; never changed once committed
+}
+
+// Bounds of the tails: an execution keeps its newest events up to
+// tailMaxBytes (a long-running one drops its oldest), and all tails
+// together at most tailsMaxBytes (past it, a tail that would grow is
+// emptied and its readers go to the store).
+const (
+	tailMaxBytes  = 64 << 10
+	tailsMaxBytes = 32 << 20
+)
+
+// remember appends the events a commit made durable to id's tail, and
+// wakes its watchers: both under k.watchMu, so that a reader woken finds
+// them. ended says the execution is over: its tail goes when nobody
+// watches it. The caller holds the execution's lock, so commits of one
+// execution arrive in sequence order.
+func (k *Kernel) remember(id string, entries []tailEntry, ended bool) {
+	k.watchMu.Lock()
+	defer k.watchMu.Unlock()
+	tl := k.tails[id]
+	if tl == nil {
+		tl = &tail{}
+		k.tails[id] = tl
+	}
+	for _, e := range entries {
+		if n := len(tl.entries); n > 0 && tl.entries[n-1].seq+1 != e.seq {
+			k.dropTail(tl) // not contiguous: start again from here
+		}
+		if k.tailBytes+len(e.raw) > tailsMaxBytes {
+			k.dropTail(tl)
+			continue
+		}
+		tl.entries = append(tl.entries, e)
+		tl.bytes += len(e.raw)
+		k.tailBytes += len(e.raw)
+		drop := 0
+		for tl.bytes > tailMaxBytes && drop < len(tl.entries)-1 {
+			tl.bytes -= len(tl.entries[drop].raw)
+			k.tailBytes -= len(tl.entries[drop].raw)
+			drop++
+		}
+		if drop > 0 {
+			tl.entries = append(tl.entries[:0], tl.entries[drop:]...)
+		}
+	}
+	tl.ended = ended
+	ws := k.watchers[id]
+	if ended && len(ws) == 0 {
+		k.forgetTail(id)
+	}
+	for w := range ws {
+		select {
+		case w.c <- struct{}{}:
+		default:
+		}
+		if w.wake != nil {
+			w.wake()
+		}
+	}
+}
+
+// dropTail empties tl; the caller holds k.watchMu.
+func (k *Kernel) dropTail(tl *tail) {
+	k.tailBytes -= tl.bytes
+	tl.entries, tl.bytes = nil, 0
+}
+
+// forgetTail removes id's tail; the caller holds k.watchMu.
+func (k *Kernel) forgetTail(id string) {
+	if tl := k.tails[id]; tl != nil {
+		k.dropTail(tl)
+		delete(k.tails, id)
+	}
+}
+
+// readTail calls fn with id's events after sequence after, in the JSON
+// form, when its tail holds the next one; it reports false, having called
+// nothing, when the reader must go to the store.
+func (k *Kernel) readTail(id string, after uint64, fn func(seq uint64, data []byte) bool) (bool, error) {
+	var local [16]tailEntry
+	k.watchMu.Lock()
+	tl := k.tails[id]
+	if tl == nil || len(tl.entries) == 0 || tl.entries[0].seq > after+1 {
+		k.watchMu.Unlock()
+		return false, nil
+	}
+	// The entries' bytes are never changed, so they are read outside the
+	// lock; the slice holding them may be.
+	i := int(after + 1 - tl.entries[0].seq)
+	entries := append(local[:0], tl.entries[min(i, len(tl.entries)):]...)
+	k.watchMu.Unlock()
+	var buf []byte
+	for _, e := range entries {
+		var err error
+		if buf, err = event.AppendStoredJSON(buf[:0], e.raw, id); err != nil {
+			return true, newErr(ErrUnavailable, "service unavailable: decode event %d of %s: %v", e.seq, id, err)
+		}
+		if !fn(e.seq, buf) {
+			break
+		}
+	}
+	return true, nil
+}

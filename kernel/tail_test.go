@@ -1,0 +1,128 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// events returns what read gives for id after each sequence up to last:
+// one list of (sequence, JSON) per cursor.
+func events(t *testing.T, read func(string, uint64, func(uint64, []byte) bool) error, id string, last uint64) [][]string {
+	t.Helper()
+	var out [][]string
+	for after := uint64(0); after <= last; after++ {
+		var got []string
+		if err := read(id, after, func(seq uint64, data []byte) bool {
+			got = append(got, fmt.Sprintf("%d %s", seq, data))
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, got)
+	}
+	return out
+}
+
+// TestTailReadsWhatTheStoreHas: an execution's events read from its tail
+// are byte for byte what the store gives, from every cursor, while the
+// tail keeps within its bound by dropping its oldest events (readers
+// before them go to the store); an ended execution's tail goes with its
+// last watcher.
+func TestTailReadsWhatTheStoreHas(t *testing.T) {
+	k := newKernel(t, nil)
+	ctx := context.Background()
+	v, _, err := k.Create(ctx, CreateRequest{AgentID: "a"}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := k.Watch(v.ID)
+	for i, size := range []int{10, 1000, 20 << 10, 30 << 10, 5, 25 << 10, 100} {
+		payload, _ := json.Marshal(map[string]any{"i": i, "pad": strings.Repeat("x", size)})
+		if _, err := k.Signal(ctx, v.ID, SignalRequest{SignalType: "note", Payload: payload}, Meta{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := k.Cancel(ctx, v.ID, Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	k.watchMu.Lock()
+	tl := k.tails[v.ID]
+	if tl == nil || !tl.ended || tl.bytes > tailMaxBytes || tl.entries[0].seq == 1 || k.tailBytes != tl.bytes {
+		t.Fatalf("tail of an ended, watched execution: %+v, %d bytes in all tails", tl, k.tailBytes)
+	}
+	first := tl.entries[0].seq
+	last := tl.entries[len(tl.entries)-1].seq
+	k.watchMu.Unlock()
+
+	stored := events(t, k.readStored, v.ID, last)
+	read := events(t, k.ReadEvents, v.ID, last)
+	for after := range stored {
+		if len(stored[after]) == 0 && uint64(after) != last {
+			t.Fatalf("the store has nothing after %d", after)
+		}
+		if strings.Join(read[after], "\n") != strings.Join(stored[after], "\n") {
+			t.Fatalf("after %d (the tail starts at %d): read\n%s\nwant\n%s", after, first, read[after], stored[after])
+		}
+	}
+	var fromTail int
+	for after := first - 1; after <= last; after++ {
+		if ok, _ := k.readTail(v.ID, after, func(uint64, []byte) bool { return true }); ok {
+			fromTail++
+		}
+	}
+	if want := int(last - first + 2); fromTail != want {
+		t.Fatalf("%d cursors served by the tail, want %d", fromTail, want)
+	}
+	if ok, _ := k.readTail(v.ID, first-2, func(uint64, []byte) bool { return true }); ok {
+		t.Fatal("a cursor before the tail was served by it")
+	}
+
+	w.Stop()
+	k.watchMu.Lock()
+	defer k.watchMu.Unlock()
+	if len(k.tails) != 0 || k.tailBytes != 0 {
+		t.Fatalf("after the last watcher: %d tails, %d bytes", len(k.tails), k.tailBytes)
+	}
+}
+
+// TestTailsStayWithinTheirBound: past the bound on all tails together, a
+// tail that would grow is emptied and its reader gets the same events from
+// the store.
+func TestTailsStayWithinTheirBound(t *testing.T) {
+	k := newKernel(t, nil)
+	ctx := context.Background()
+	pad := strings.Repeat("y", 50<<10)
+	var ids []string
+	for range tailsMaxBytes/(50<<10) + 8 {
+		v, _, err := k.Create(ctx, CreateRequest{AgentID: "a", Input: json.RawMessage(`{"pad":"` + pad + `"}`)}, Meta{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, v.ID)
+	}
+	k.watchMu.Lock()
+	total := 0
+	for _, tl := range k.tails {
+		total += tl.bytes
+	}
+	held := k.tailBytes
+	k.watchMu.Unlock()
+	if held != total || held > tailsMaxBytes {
+		t.Fatalf("tails hold %d bytes (counted %d), bound %d", total, held, tailsMaxBytes)
+	}
+	last := ids[len(ids)-1]
+	var got [][]byte
+	if err := k.ReadEvents(last, 0, func(_ uint64, data []byte) bool {
+		got = append(got, bytes.Clone(data))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) == 0 || !bytes.Contains(got[0], []byte(pad)) {
+		t.Fatalf("the events of an execution past the bound: %d read", len(got))
+	}
+}
