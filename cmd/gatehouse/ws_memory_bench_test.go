@@ -51,22 +51,29 @@ func init() {
 }
 
 // BenchmarkIdleWebSocketMemory measures what an idle agent WebSocket costs
-// the server: 10,000 sockets (JSON, one consumer id each) are opened to a
-// gatehouse server in a child process, so that the clients' own memory is
-// not counted, and the child's memory is compared before and after, each
-// time after a forced GC. Reported per connection as the growth of the Go
-// heap and stacks in use (HeapInuse + StackInuse, "B/conn"), of the stacks
-// alone, of VmRSS, and of the goroutine count. The time per op is the time
-// to open the 10,000 sockets, which admission control paces at 2,000 per
-// second past its burst.
+// the server: 10,000 or 100,000 sockets (JSON, one consumer id each) are
+// opened to a gatehouse server in a child process, so that the clients' own
+// memory is not counted, and the child's memory is compared before and
+// after, each time after a forced GC. The sockets come from many loopback
+// addresses, at most 1,000 from each, as peers of an edge box do (one
+// address could open at most --max-conns-per-ip). Reported per connection
+// as the growth of the Go heap and stacks in use (HeapInuse + StackInuse,
+// "B/conn"), of the stacks alone, of VmRSS, and of the goroutine count. The
+// time per op is the time to open the sockets, which admission control
+// paces at 2,000 per second past its burst.
 func BenchmarkIdleWebSocketMemory(b *testing.B) {
-	const conns = 10000
+	for _, conns := range []int{10000, 100000} {
+		b.Run(fmt.Sprintf("%dk", conns/1000), func(b *testing.B) { benchIdleSockets(b, conns) })
+	}
+}
+
+func benchIdleSockets(b *testing.B, conns int) {
 	// The clients hold one end of every socket, the child the other, and
 	// each process needs room besides for the store and the test's files.
-	ensureFiles(b, conns+1024)
+	ensureFiles(b, uint64(conns)+1024)
 	for range b.N {
 		b.StopTimer()
-		srv := startMemChild(b)
+		srv := startMemChild(b, "--max-conns", strconv.Itoa(conns+1024))
 		before := srv.measure(b)
 		b.StartTimer()
 		clients := dialIdle(b, srv.base, conns)
@@ -74,13 +81,14 @@ func BenchmarkIdleWebSocketMemory(b *testing.B) {
 		// fasthttp's idle workers from the dial burst retire after a second.
 		time.Sleep(3 * time.Second)
 		after := srv.measure(b)
-		if open := srv.metric(b, `gatehouse_streams_open{kind="ws_agent"}`); open != conns {
+		if open := srv.metric(b, `gatehouse_streams_open{kind="ws_agent"}`); open != float64(conns) {
 			b.Fatalf("%v agent sockets open at the measurement, want %d", open, conns)
 		}
-		b.ReportMetric((after.rss-before.rss)/conns, "RSS-B/conn")
-		b.ReportMetric((after.heap+after.stack-before.heap-before.stack)/conns, "B/conn")
-		b.ReportMetric((after.stack-before.stack)/conns, "stack-B/conn")
-		b.ReportMetric((after.goroutines-before.goroutines)/conns, "goroutines/conn")
+		n := float64(conns)
+		b.ReportMetric((after.rss-before.rss)/n, "RSS-B/conn")
+		b.ReportMetric((after.heap+after.stack-before.heap-before.stack)/n, "B/conn")
+		b.ReportMetric((after.stack-before.stack)/n, "stack-B/conn")
+		b.ReportMetric((after.goroutines-before.goroutines)/n, "goroutines/conn")
 		for _, c := range clients {
 			_ = c.CloseNow()
 		}
@@ -100,7 +108,12 @@ func ensureFiles(b *testing.B, n uint64) {
 	if lim.Cur >= n {
 		return
 	}
-	if lim.Max < n {
+	// Raising the hard limit needs privileges; without them it stays.
+	lim.Cur, lim.Max = n, max(lim.Max, n)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
+		return
+	}
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Max < n {
 		b.Skipf("RLIMIT_NOFILE hard limit is %d, this benchmark needs %d descriptors per process (raise it with ulimit -Hn)", lim.Max, n)
 	}
 	lim.Cur = n
@@ -124,7 +137,7 @@ type memSample struct {
 	rss, heap, stack, goroutines float64
 }
 
-func startMemChild(b *testing.B) *memChild {
+func startMemChild(b *testing.B, flags ...string) *memChild {
 	b.Helper()
 	dir := b.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -134,7 +147,7 @@ func startMemChild(b *testing.B) *memChild {
 	addr := ln.Addr().String()
 	ln.Close()
 	c := &memChild{base: "http://" + addr, ack: dir + "/gc-ack", logs: &bytes.Buffer{}}
-	c.cmd = exec.Command(os.Args[0], "serve", "--addr", addr, "--data", dir+"/data", "--log-level", "warn")
+	c.cmd = exec.Command(os.Args[0], append([]string{"serve", "--addr", addr, "--data", dir + "/data", "--log-level", "warn"}, flags...)...)
 	c.cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1", gcAckEnv+"="+c.ack)
 	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
 	if err := c.cmd.Start(); err != nil {
@@ -234,22 +247,28 @@ func (c *memChild) metric(b *testing.B, name string) float64 {
 	return 0
 }
 
-// dialIdle opens n agent sockets, each under its own consumer id, and
-// returns once every one has its hello. Connections refused by admission
-// control come back after their Retry-After.
+// dialIdle opens n agent sockets, each under its own consumer id, at most
+// socketsPerAddr from each loopback source address, and returns once every
+// one has its hello. Connections refused by admission control come back
+// after their Retry-After.
 func dialIdle(b *testing.B, base string, n int) []*websocket.Conn {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	url := "ws" + strings.TrimPrefix(base, "http") + "/v0/agents/ws?agent_id=idle&consumer_id="
 	conns := make([]*websocket.Conn, n)
+	clients := make([]*http.Client, (n+socketsPerAddr-1)/socketsPerAddr)
+	for i := range clients {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(i/250), byte(i%250+1))}}
+		clients[i] = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+	}
 	next := make(chan int)
 	errs := make(chan error, 64)
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Go(func() {
 			for i := range next {
-				c, err := dialHello(ctx, url+"c"+strconv.Itoa(i))
+				c, err := dialHello(ctx, clients[i/socketsPerAddr], url+"c"+strconv.Itoa(i))
 				if err != nil {
 					errs <- fmt.Errorf("socket %d: %w", i, err)
 					cancel()
@@ -276,10 +295,14 @@ feed:
 	return conns
 }
 
+// socketsPerAddr is how many sockets dialIdle opens from one address: under
+// the gateway's default --max-conns-per-ip.
+const socketsPerAddr = 1000
+
 // dialHello opens one JSON socket and reads its hello; the socket then keeps
 // answering pings.
-func dialHello(ctx context.Context, url string) (*websocket.Conn, error) {
-	opts := &websocket.DialOptions{Subprotocols: []string{gateway.SubprotocolJSON}}
+func dialHello(ctx context.Context, client *http.Client, url string) (*websocket.Conn, error) {
+	opts := &websocket.DialOptions{HTTPClient: client, Subprotocols: []string{gateway.SubprotocolJSON}}
 	for {
 		c, resp, err := websocket.Dial(ctx, url, opts)
 		if resp != nil && resp.StatusCode == http.StatusTooManyRequests {
