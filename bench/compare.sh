@@ -9,7 +9,7 @@
 #   REPS=5 CASES="remote_k1_c32" bench/compare.sh
 #   REBUNO= bench/compare.sh                           # Gatehouse alone
 #
-# Build the reference as bench/kbench/README.md ("Reference") says. Every
+# Build the reference as bench/kbench/REFERENCE.md says. Every
 # server listens on 127.0.0.1 only; every run is bounded by kbench's
 # -timeout. Raw JSON lines go to $OUT/<server>_<case>.jsonl; the table of
 # medians and ratios is printed at the end (bench/ratios.py).
