@@ -140,6 +140,18 @@ func TestRunnerResultRefusals(t *testing.T) {
 	owner, stranger := st.RunnerID, map[string]string{"rn": "other", "other": "rn"}[st.RunnerID]
 	ok := RunnerResultRequest{JobID: st.JobID, ExecutionID: id, StepID: st.ID, Success: true}
 	with := func(f func(*RunnerResultRequest)) RunnerResultRequest { req := ok; f(&req); return req }
+
+	// Another runner's result for the job is refused and does not free its
+	// holder, which still runs it: the next job goes to the other runner.
+	_, err := r.k.RunnerResult(context.Background(), stranger, ok, Meta{})
+	wantErr(t, err, ErrConflict)
+	if s := r.k.Stats(); s.RunnersBusy != 1 {
+		t.Fatalf("%d runners busy after another runner's result, want the job's holder", s.RunnersBusy)
+	}
+	if next := liveStep(t, r.k, r.direct("fetch"), dispatched); next.RunnerID != stranger {
+		t.Fatalf("the next job went to %s, which still runs %s", next.RunnerID, st.JobID)
+	}
+
 	tests := []struct {
 		name   string
 		runner string
