@@ -164,3 +164,28 @@ default: {decision: allow}
 		t.Fatalf("the prompt across the restart: %+v found=%v %v", resolved, found, err)
 	}
 }
+
+// TestRestartPastDeadlines: deadlines that passed while the kernel was
+// down fire as it starts, while it is still rebuilding the others; every
+// execution still ends the way its deadline says.
+func TestRestartPastDeadlines(t *testing.T) {
+	r := newRig(t, nil)
+	ctx := context.Background()
+	var ids []string
+	for range 300 {
+		v, _, err := r.k.Create(ctx, CreateRequest{AgentID: "away"}, Meta{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, v.ID)
+	}
+	r = r.reopen(func(o *Options) { o.ExecutionTimeout = time.Nanosecond })
+	for _, id := range ids {
+		if v := settle(t, r.k, id); v.Status != StatusFailed {
+			t.Fatalf("%s ended %s", id, v.Status)
+		}
+	}
+	if s := r.k.Stats(); s.Live != 0 || s.Failed != uint64(len(ids)) {
+		t.Fatalf("after the deadlines: %+v", s)
+	}
+}
