@@ -7,27 +7,13 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gatehouse-dev/gatehouse/peer"
-	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // openKernelWith opens a kernel on dir with the idempotency options given.
 func openKernelWith(t *testing.T, dir string, window time.Duration, keys int) (*Kernel, func()) {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := New(context.Background(), Options{Store: st, Deliverer: hubAdapter{hub}, IdempotencyWindow: window, IdempotencyKeys: keys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k, func() { k.Close(); hub.Close(); st.Close() }
+	r := openRig(t, dir, func(o *Options) { o.IdempotencyWindow, o.IdempotencyKeys = window, keys })
+	return r.k, r.close
 }
 
 // storedCreateKeys counts the create keys in the store.

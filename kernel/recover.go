@@ -37,6 +37,11 @@ func (k *Kernel) recover(ctx context.Context) error {
 		exs = append(exs, ex)
 	}
 	sort.Slice(exs, func(i, j int) bool { return exs[i].CreatedAt.Before(exs[j].CreatedAt) })
+	// Every execution is in place before any timer is armed: a deadline
+	// that passed while the kernel was down fires at once, and its
+	// callback looks the others up. The grace timers armed here take mu,
+	// so they wait for it.
+	k.mu.Lock()
 	for _, ex := range exs {
 		ex.row.Store(ex.summary())
 		k.live[ex.ID] = ex
@@ -70,17 +75,24 @@ func (k *Kernel) recover(ctx context.Context) error {
 			}
 			c.job = &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, account: st.Account, jobID: st.JobID}
 		}
-		k.armExecutionTimer(ex)
-		k.armStepTimers(ex)
-		k.armApprovalExpiry(ex)
 	}
-	if n := len(exs); n > 0 {
-		k.log.Info("recovered live executions", "count", n, "queued_jobs", len(k.queue))
-	}
+	queued := len(k.queue)
 	for _, j := range k.queue {
 		if wait := time.Until(j.notBefore); wait > 0 {
 			time.AfterFunc(wait, k.dispatch)
 		}
+	}
+	k.mu.Unlock()
+	// Timers' callbacks take the execution's lock: arm them under it.
+	for _, ex := range exs {
+		ex.mu.Lock()
+		k.armExecutionTimer(ex)
+		k.armStepTimers(ex)
+		k.armApprovalExpiry(ex)
+		ex.mu.Unlock()
+	}
+	if n := len(exs); n > 0 {
+		k.log.Info("recovered live executions", "count", n, "queued_jobs", queued)
 	}
 	return nil
 }

@@ -23,12 +23,8 @@ func newKernel(t *testing.T, pol Policy) *Kernel {
 // returned function.
 func openKernel(t *testing.T, dir string, pol Policy) (*Kernel, func()) {
 	t.Helper()
-	st, hub := openStoreAndHubIn(t, dir)
-	k, err := New(context.Background(), Options{Store: st, Deliverer: hubAdapter{hub}, Policy: pol, RetryBase: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k, func() { k.Close(); hub.Close(); st.Close() }
+	r := openRig(t, dir, func(o *Options) { o.Policy = pol })
+	return r.k, r.close
 }
 
 // openStoreAndHubIn opens a store on dir and a peer hub on it.

@@ -28,6 +28,10 @@ func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, er
 		}
 		return ctx.Err() == nil
 	})
+	if err == nil {
+		// A scan cut short by ctx must not pass for one that found nothing.
+		err = ctx.Err()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("prune: scan: %w", err)
 	}

@@ -438,14 +438,17 @@ func (k *Kernel) release(c *runnerConsumer, jobID string) {
 	k.mu.Unlock()
 }
 
-// releaseJob frees whichever consumer holds jobID and returns it, or nil.
-func (k *Kernel) releaseJob(jobID string) *runnerConsumer {
+// releaseJob frees the consumer of runnerID that holds jobID and returns
+// it, or nil. Only the runner's own consumers are looked at: a runner that
+// names another's job must not free that runner for a second job while it
+// still runs the first.
+func (k *Kernel) releaseJob(runnerID, jobID string) *runnerConsumer {
 	if jobID == "" {
 		return nil
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, rs := range k.runners {
+	if rs := k.runners[runnerID]; rs != nil {
 		for _, c := range rs.consumers {
 			if c.job != nil && c.job.jobID == jobID {
 				c.job = nil
@@ -492,7 +495,7 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 		req.Data = nil
 	}
 	defer k.dispatch()
-	defer k.releaseJob(req.JobID)
+	defer k.releaseJob(runnerID, req.JobID)
 	ex, err := k.lockStep(req.ExecutionID, req.StepID)
 	if err != nil {
 		return nil, err
@@ -518,7 +521,7 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	// The runner is done with the job whatever is written next: free it now
 	// and write its next job's dispatch in this result's commit, or, when
 	// that job's execution is busy, let the ordinary dispatch find it.
-	c := k.releaseJob(req.JobID)
+	c := k.releaseJob(runnerID, req.JobID)
 	nextEx, next := k.claimNext(c, ex.ID)
 	var nt *tx
 	if next != nil {

@@ -84,7 +84,7 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time, wait ti
 		return
 	}
 	st.timer = nil
-	jobID := st.JobID
+	runnerID, jobID := st.RunnerID, st.JobID
 	t := k.begin(ex, Meta{})
 	t.add(event.StepTimedOut, st.ID, &emptyPayload{})
 	t.settlePush(Peer{Role: RoleRunner, ID: st.RunnerID, Consumer: st.ConsumerID}, jobID)
@@ -97,7 +97,7 @@ func (k *Kernel) stepTimedOut(execID, stepID string, deadline time.Time, wait ti
 	if ex.Status.Terminal() {
 		k.finish(ex)
 	}
-	k.releaseJob(jobID)
+	k.releaseJob(runnerID, jobID)
 	k.mu.Lock()
 	k.dropQueuedStepLocked(execID, stepID)
 	k.mu.Unlock()
