@@ -90,7 +90,7 @@ func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 		return errors.New("client: Agent.AgentID and Agent.Handle are required")
 	}
 	ar := &agentRun{c: c, a: a, consumer: a.ConsumerID, box: newMailbox(maxEarlyPushes, earlyPushTTL), tasks: map[string]*Task{},
-		idle: make(chan taskRun)}
+		workers: newWorkers()}
 	if ar.consumer == "" {
 		ar.consumer = a.AgentID + "-" + randomHex(4)
 	}
@@ -111,7 +111,7 @@ func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 	go func() { defer close(ackDone); ack.run(ctx) }()
 	defer func() {
 		cancel()
-		ar.running.Wait()
+		ar.workers.wait()
 		<-ackDone
 	}()
 	return c.serveStream(ctx, "/v0/agents/stream", q, ar.log, nil, func(ev sse.Event) {
@@ -219,10 +219,7 @@ type agentRun struct {
 	wait     time.Duration
 	log      *slog.Logger
 	box      *mailbox
-	running  sync.WaitGroup // the workers
-	// idle hands a task to a worker waiting for one; unbuffered, so a send
-	// succeeds only when one is idle.
-	idle chan taskRun
+	workers  *workers // run the tasks
 
 	mu    sync.Mutex
 	tasks map[string]*Task // by execution id
@@ -248,41 +245,7 @@ func (ar *agentRun) start(ctx context.Context, as *assignment) {
 	}
 	ar.tasks[t.id] = t
 	ar.box.open(t.id, t)
-	select {
-	case ar.idle <- taskRun{tctx, t}:
-	default:
-		ar.running.Go(func() { ar.work(ctx, taskRun{tctx, t}) })
-	}
-}
-
-// taskRun is a task and its context, handed to a worker.
-type taskRun struct {
-	ctx context.Context
-	t   *Task
-}
-
-// workerIdle is how long a worker waits for another task before it ends.
-const workerIdle = 30 * time.Second
-
-// work runs tr and then the tasks handed to it while it is idle, until ctx
-// ends or none comes for workerIdle. Reusing workers, rather than starting
-// a goroutine per execution, spares a busy agent growing a fresh stack
-// under the HTTP client's deep calls each time (a cost the bench's profile
-// showed); after a burst the extra workers end by themselves.
-func (ar *agentRun) work(ctx context.Context, tr taskRun) {
-	idle := time.NewTimer(workerIdle)
-	defer idle.Stop()
-	for {
-		ar.run(tr.ctx, tr.t)
-		idle.Reset(workerIdle)
-		select {
-		case tr = <-ar.idle:
-		case <-idle.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
+	ar.workers.run(ctx, func() { ar.run(tctx, t) })
 }
 
 // run runs Handle and reports its outcome as the final intent.

@@ -121,7 +121,7 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 	if r.RunnerID == "" || len(r.Tools) == 0 {
 		return errors.New("client: Runner.RunnerID and Runner.Tools are required")
 	}
-	rr := &runnerRun{c: c, r: r, consumer: r.ConsumerID, seen: newJobSet(maxSeenJobs)}
+	rr := &runnerRun{c: c, r: r, consumer: r.ConsumerID, seen: newJobSet(maxSeenJobs), workers: newWorkers()}
 	if rr.consumer == "" {
 		rr.consumer = r.RunnerID + "-" + randomHex(4)
 	}
@@ -137,6 +137,7 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
 		cancel()
+		rr.workers.wait()
 		rr.jobs.Wait()
 	}()
 	var opened func(context.Context)
@@ -216,7 +217,8 @@ type runnerRun struct {
 	consumer string
 	log      *slog.Logger
 	seen     *jobSet
-	jobs     sync.WaitGroup
+	workers  *workers       // run the jobs
+	jobs     sync.WaitGroup // start reports and repeated results
 }
 
 // take starts a job unless it was taken before. A job delivered again
@@ -231,7 +233,7 @@ func (rr *runnerRun) take(ctx context.Context, j *job) {
 		}
 		return
 	}
-	rr.jobs.Go(func() { rr.run(ctx, j) })
+	rr.workers.run(ctx, func() { rr.run(ctx, j) })
 }
 
 // run executes one job and reports it.

@@ -42,7 +42,7 @@ func TestBenchSmoke(t *testing.T) {
 	// Nothing of the agents, runners and their connections outlives the
 	// rig.
 	deadline := time.Now().Add(5 * time.Second)
-	for left := driverGoroutines(); left != ""; left = driverGoroutines() {
+	for left := loadGoroutines(); left != ""; left = loadGoroutines() {
 		if time.Now().After(deadline) {
 			t.Fatalf("goroutines left after the bench:\n%s", left)
 		}
@@ -90,9 +90,9 @@ func TestMedians(t *testing.T) {
 	}
 }
 
-// driverGoroutines returns the stacks of the goroutines that belong to the
+// loadGoroutines returns the stacks of the goroutines that belong to the
 // bench's load: its roles, the client's connection pool, the streams.
-func driverGoroutines() string {
+func loadGoroutines() string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	var left []string
