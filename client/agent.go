@@ -89,7 +89,8 @@ func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 	if a.AgentID == "" || a.Handle == nil {
 		return errors.New("client: Agent.AgentID and Agent.Handle are required")
 	}
-	ar := &agentRun{c: c, a: a, consumer: a.ConsumerID, box: newMailbox(maxEarlyPushes, earlyPushTTL), tasks: map[string]*Task{}}
+	ar := &agentRun{c: c, a: a, consumer: a.ConsumerID, box: newMailbox(maxEarlyPushes, earlyPushTTL), tasks: map[string]*Task{},
+		workers: newWorkers()}
 	if ar.consumer == "" {
 		ar.consumer = a.AgentID + "-" + randomHex(4)
 	}
@@ -110,7 +111,7 @@ func (c *Client) RunAgent(ctx context.Context, a *Agent) error {
 	go func() { defer close(ackDone); ack.run(ctx) }()
 	defer func() {
 		cancel()
-		ar.running.Wait()
+		ar.workers.wait()
 		<-ackDone
 	}()
 	return c.serveStream(ctx, "/v0/agents/stream", q, ar.log, nil, func(ev sse.Event) {
@@ -218,7 +219,7 @@ type agentRun struct {
 	wait     time.Duration
 	log      *slog.Logger
 	box      *mailbox
-	running  sync.WaitGroup
+	workers  *workers // run the tasks
 
 	mu    sync.Mutex
 	tasks map[string]*Task // by execution id
@@ -244,7 +245,7 @@ func (ar *agentRun) start(ctx context.Context, as *assignment) {
 	}
 	ar.tasks[t.id] = t
 	ar.box.open(t.id, t)
-	ar.running.Go(func() { ar.run(tctx, t) })
+	ar.workers.run(ctx, func() { ar.run(tctx, t) })
 }
 
 // run runs Handle and reports its outcome as the final intent.

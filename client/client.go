@@ -27,6 +27,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -69,7 +70,8 @@ const maxErrorBody = 1 << 20
 // Client talks to one gateway. It is safe for concurrent use.
 type Client struct {
 	base    string // scheme://host[/prefix], without a trailing slash
-	token   string
+	hdr     headers
+	bufs    sync.Pool // of *bytes.Buffer
 	hc      *http.Client
 	log     *slog.Logger
 	min     time.Duration
@@ -88,8 +90,12 @@ func New(o Options) (*Client, error) {
 		return nil, fmt.Errorf("client: base URL %q: want http(s)://host[:port]", o.BaseURL)
 	}
 	u.RawQuery, u.Fragment = "", ""
-	c := &Client{base: u.String(), token: o.Token, hc: o.HTTPClient, log: o.Logger,
+	c := &Client{base: u.String(), hc: o.HTTPClient, log: o.Logger,
 		min: o.MinBackoff, max: o.MaxBackoff, timeout: o.RequestTimeout, idle: o.StreamIdleTimeout}
+	c.hdr = headers{userAgent: []string{"gatehouse-go-client"}, contentType: []string{"application/json"}}
+	if o.Token != "" {
+		c.hdr.auth = []string{"Bearer " + o.Token}
+	}
 	if c.hc == nil {
 		c.hc = &http.Client{Transport: newTransport(o.TLSConfig)}
 	}
@@ -129,6 +135,9 @@ func newTransport(tc *tls.Config) *http.Transport {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		// The gateway answers uncompressed; asking for gzip would only add
+		// a header to every request and a check to every answer.
+		DisableCompression: true,
 	}
 }
 
@@ -145,6 +154,9 @@ type call struct {
 func (c *Client) do(ctx context.Context, cl call, out any) error {
 	var body []byte
 	if cl.body != nil {
+		// Not a pooled buffer: net/http may still be sending the body after
+		// the answer came (the gateway refuses some bodies before reading
+		// them), so it cannot be handed to the next request.
 		var err error
 		if body, err = json.Marshal(cl.body); err != nil {
 			return fmt.Errorf("client: %s %s: encode body: %w", cl.method, cl.path, err)
@@ -184,7 +196,7 @@ func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (ti
 	}
 	c.header(req)
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header["Content-Type"] = c.hdr.contentType
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -208,9 +220,11 @@ func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (ti
 	if out == nil || resp.StatusCode == http.StatusNoContent {
 		return 0, nil
 	}
-	data, err := io.ReadAll(resp.Body)
+	buf := c.getBuffer()
+	defer c.putBuffer(buf)
+	_, err = buf.ReadFrom(resp.Body)
 	if err == nil {
-		err = json.Unmarshal(data, out)
+		err = json.Unmarshal(buf.Bytes(), out)
 	}
 	if err != nil {
 		err = fmt.Errorf("client: %s %s: read answer: %w", cl.method, cl.path, err)
@@ -220,6 +234,27 @@ func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (ti
 		return -1, err
 	}
 	return 0, nil
+}
+
+// maxPooledBuffer is the largest buffer given back to the pool; a rare
+// large body is left to the garbage collector rather than kept.
+const maxPooledBuffer = 64 << 10
+
+// getBuffer lends a buffer for an answer, so that a busy agent or runner
+// does not allocate one anew for each request.
+func (c *Client) getBuffer() *bytes.Buffer {
+	if b, ok := c.bufs.Get().(*bytes.Buffer); ok {
+		return b
+	}
+	return new(bytes.Buffer)
+}
+
+func (c *Client) putBuffer(b *bytes.Buffer) {
+	if b.Cap() > maxPooledBuffer {
+		return
+	}
+	b.Reset()
+	c.bufs.Put(b)
 }
 
 // retryAfter reads a Retry-After header in seconds; the kernel API's clients
@@ -266,11 +301,19 @@ func (c *Client) url(path string, q url.Values) string {
 	return s
 }
 
+// header sets the headers every request carries.
 func (c *Client) header(req *http.Request) {
-	req.Header.Set("User-Agent", "gatehouse-go-client")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header["User-Agent"] = c.hdr.userAgent
+	if c.hdr.auth != nil {
+		req.Header["Authorization"] = c.hdr.auth
 	}
+}
+
+// headers are header values shared by all of a Client's requests, made
+// once rather than for each request; net/http only reads them.
+type headers struct {
+	userAgent, contentType []string
+	auth                   []string // nil without a token
 }
 
 // drain reads what is left of a body so the connection can be reused.

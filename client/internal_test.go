@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"testing"
@@ -91,4 +92,36 @@ func TestAPIErrorIs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestWorkersReuse: a worker that finished its function waits for the
+// next one, and every worker ends with its context.
+func TestWorkersReuse(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	w := newWorkers()
+	ran := make(chan int, 3)
+	w.run(ctx, func() { ran <- 1 })
+	<-ran
+	// The worker is idle once it takes a function handed to idle.
+	deadline := time.Now().Add(10 * time.Second)
+	for handed := false; !handed; {
+		select {
+		case w.idle <- func() { ran <- 2 }:
+			handed = true
+		default:
+			if time.Now().After(deadline) {
+				t.Fatal("the worker did not wait for more work")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n := <-ran; n != 2 {
+		t.Fatalf("ran %d", n)
+	}
+	w.run(ctx, func() { ran <- 3 })
+	if n := <-ran; n != 3 {
+		t.Fatalf("ran %d", n)
+	}
+	cancel()
+	w.wait()
 }

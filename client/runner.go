@@ -121,7 +121,7 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 	if r.RunnerID == "" || len(r.Tools) == 0 {
 		return errors.New("client: Runner.RunnerID and Runner.Tools are required")
 	}
-	rr := &runnerRun{c: c, r: r, consumer: r.ConsumerID, seen: newJobSet(maxSeenJobs)}
+	rr := &runnerRun{c: c, r: r, consumer: r.ConsumerID, seen: newJobSet(maxSeenJobs), workers: newWorkers()}
 	if rr.consumer == "" {
 		rr.consumer = r.RunnerID + "-" + randomHex(4)
 	}
@@ -137,6 +137,7 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
 		cancel()
+		rr.workers.wait()
 		rr.jobs.Wait()
 	}()
 	var opened func(context.Context)
@@ -216,7 +217,8 @@ type runnerRun struct {
 	consumer string
 	log      *slog.Logger
 	seen     *jobSet
-	jobs     sync.WaitGroup
+	workers  *workers       // run the jobs
+	jobs     sync.WaitGroup // start reports and repeated results
 }
 
 // take starts a job unless it was taken before. A job delivered again
@@ -231,12 +233,11 @@ func (rr *runnerRun) take(ctx context.Context, j *job) {
 		}
 		return
 	}
-	rr.jobs.Go(func() { rr.run(ctx, j) })
+	rr.workers.run(ctx, func() { rr.run(ctx, j) })
 }
 
 // run executes one job and reports it.
 func (rr *runnerRun) run(ctx context.Context, j *job) {
-	log := rr.log.With("job", j.ID, "tool", j.ToolID, "execution", j.ExecutionID, "step", j.StepID)
 	// Reporting the start is best effort, and only for a tool still running
 	// after startReportDelay: a quick tool's result says when it started,
 	// and skipping the call spares the gateway a request and a durable
@@ -244,33 +245,31 @@ func (rr *runnerRun) run(ctx context.Context, j *job) {
 	// result: the kernel ignores a start that arrives after the step
 	// finished. Only a retryable failure waits for it, because the step then
 	// becomes pending again and a late start would be taken for the next
-	// attempt's.
-	toolDone := make(chan struct{})
-	started := make(chan struct{})
-	rr.jobs.Go(func() {
-		defer close(started)
-		t := time.NewTimer(startReportDelay)
-		defer t.Stop()
-		select {
-		case <-toolDone:
-			return
-		case <-t.C:
-		}
+	// attempt's. A timer rather than a goroutine per job: most tools finish
+	// first, and then stopping the timer is all there is to do.
+	reported := make(chan struct{}) // closed once no report is under way
+	rr.jobs.Add(1)
+	report := time.AfterFunc(startReportDelay, func() {
+		defer rr.jobs.Done()
+		defer close(reported)
 		body := map[string]string{"execution_id": j.ExecutionID, "runner_id": rr.r.RunnerID}
 		err := rr.c.do(ctx, call{method: http.MethodPost, path: "/v0/runners/steps/" + url.PathEscape(j.StepID) + "/started", body: body, retry: true}, nil)
 		if err != nil && ctx.Err() == nil {
-			log.Debug("step start not recorded", "err", err)
+			rr.log.Debug("step start not recorded", "job", j.ID, "tool", j.ToolID, "step", j.StepID, "err", err)
 		}
 	})
 	res := &jobResult{JobID: j.ID, ExecutionID: j.ExecutionID, StepID: j.StepID, ConsumerID: rr.consumer, StartedAt: time.Now().UTC()}
 	out, err := runTool(ctx, rr.r.tool(j), j.ToolID, j.Arguments)
-	close(toolDone)
+	if report.Stop() {
+		close(reported)
+		rr.jobs.Done()
+	}
 	res.CompletedAt = time.Now().UTC()
 	if err != nil && ctx.Err() != nil {
 		// Shutting down: the tool was interrupted, not failed. Reporting
 		// nothing lets the kernel hand the job to another runner once this
 		// connection's grace period ends.
-		log.Info("job abandoned at shutdown", "err", err)
+		rr.log.Info("job abandoned at shutdown", "job", j.ID, "tool", j.ToolID, "step", j.StepID, "err", err)
 		return
 	}
 	if err != nil {
@@ -279,7 +278,7 @@ func (rr *runnerRun) run(ctx context.Context, j *job) {
 		res.Success, res.Data = true, out
 	}
 	if res.Retryable {
-		<-started
+		<-reported
 	}
 	rr.seen.done(j.ID, res)
 	rr.post(ctx, res)

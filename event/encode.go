@@ -13,15 +13,15 @@ import (
 // re-validating the payload: events are encoded on the kernel's hottest path.
 func (e *Event) AppendJSON(b []byte) []byte {
 	b = append(b, `{"id":`...)
-	b = appendString(b, e.ID)
+	b = AppendJSONString(b, e.ID)
 	b = append(b, `,"execution_id":`...)
-	b = appendString(b, e.ExecutionID)
+	b = AppendJSONString(b, e.ExecutionID)
 	if e.StepID != "" {
 		b = append(b, `,"step_id":`...)
-		b = appendString(b, e.StepID)
+		b = AppendJSONString(b, e.StepID)
 	}
 	b = append(b, `,"type":`...)
-	b = appendString(b, e.Type)
+	b = AppendJSONString(b, e.Type)
 	b = append(b, `,"schema_version":`...)
 	b = strconv.AppendInt(b, int64(e.SchemaVersion), 10)
 	b = append(b, `,"timestamp":"`...)
@@ -33,18 +33,18 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = append(b, e.Payload...)
 	}
 	b = append(b, `,"causation_id":`...)
-	b = appendString(b, e.CausationID)
+	b = AppendJSONString(b, e.CausationID)
 	b = append(b, `,"correlation_id":`...)
-	b = appendString(b, e.CorrelationID)
+	b = AppendJSONString(b, e.CorrelationID)
 	b = append(b, `,"idempotency_key":`...)
-	b = appendString(b, e.IdempotencyKey)
+	b = AppendJSONString(b, e.IdempotencyKey)
 	b = append(b, `,"sequence":`...)
 	b = strconv.AppendUint(b, e.Sequence, 10)
 	b = append(b, `,"event_id":`...)
-	b = appendString(b, e.EventID)
+	b = AppendJSONString(b, e.EventID)
 	b = appendOptional(b, `,"session_id":`, e.SessionID)
 	b = append(b, `,"run_id":`...)
-	b = appendString(b, e.RunID)
+	b = AppendJSONString(b, e.RunID)
 	b = appendOptional(b, `,"tool_call_id":`, e.ToolCallID)
 	b = appendOptional(b, `,"action_id":`, e.ActionID)
 	b = appendOptional(b, `,"trace_id":`, e.TraceID)
@@ -60,12 +60,12 @@ func appendOptional(b []byte, key, v string) []byte {
 	if v == "" {
 		return b
 	}
-	return appendString(append(b, key...), v)
+	return AppendJSONString(append(b, key...), v)
 }
 
 // appendString quotes s as encoding/json does (HTML-safe). Ids and type
 // names take the fast path; anything else goes through encoding/json.
-func appendString(b []byte, s string) []byte {
+func AppendJSONString(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {

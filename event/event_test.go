@@ -78,14 +78,82 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 	}
 }
 
-func BenchmarkAppendJSON(b *testing.B) {
+// jsonStrings are plain and awkward strings for the string writer.
+var jsonStrings = []string{
+	"", "plain", "0197a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "execution.completed", `quote " and \ backslash`,
+	"new\nline\ttab\rcr\bback\fform", "\x00\x01\x1f\x7f", "é ü 日本 🙂", "bad \xff utf8 \xc3", "\u2028\u2029", "<tag> & more",
+}
+
+// TestAppendJSONStringMatchesMarshal: the string writer writes what
+// encoding/json writes, byte for byte.
+func TestAppendJSONStringMatchesMarshal(t *testing.T) {
+	for _, s := range jsonStrings {
+		want, _ := json.Marshal(s)
+		if got := AppendJSONString([]byte("x"), s); string(got) != "x"+string(want) {
+			t.Errorf("AppendJSONString(%q) = %s, want x%s", s, got, want)
+		}
+	}
+}
+
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range jsonStrings {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, _ := json.Marshal(s)
+		if got := AppendJSONString(nil, s); string(got) != string(want) {
+			t.Fatalf("AppendJSONString(%q) = %s, want %s", s, got, want)
+		}
+	})
+}
+
+// BenchmarkAppendJSONString compares the string writer with encoding/json
+// on what it writes on the hot paths (ids and type names) and on a string
+// that needs escaping:
+//
+//	go test -run '^$' -bench 'JSONString|EventJSON' -benchmem ./event/
+func BenchmarkAppendJSONString(b *testing.B) {
+	for _, c := range []struct{ name, s string }{
+		{"id", NewID()},
+		{"type", StepCompleted},
+		{"escaped", `say "<hi>"` + "\n"},
+	} {
+		buf := make([]byte, 0, 128)
+		b.Run(c.name+"/ours", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = AppendJSONString(buf[:0], c.s)
+			}
+		})
+		b.Run(c.name+"/encoding-json", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				q, _ := json.Marshal(c.s)
+				buf = append(buf[:0], q...)
+			}
+		})
+	}
+}
+
+// BenchmarkEventJSON renders one event, as every replay and stream read
+// does, with the hand-written encoder and with encoding/json.
+func BenchmarkEventJSON(b *testing.B) {
 	ev := Event{ID: NewID(), ExecutionID: NewID(), StepID: NewID(), Type: StepCompleted, SchemaVersion: 1,
 		Timestamp: time.Now(), Payload: json.RawMessage(`{"result":{"hits":3,"items":["a","b"]}}`),
 		CausationID: NewID(), CorrelationID: NewID(), Sequence: 9, RunID: NewID(), SessionID: "sess-x"}
 	ev.EventID = ev.ID
 	buf := make([]byte, 0, 1024)
-	b.ReportAllocs()
-	for b.Loop() {
-		buf = ev.AppendJSON(buf[:0])
-	}
+	b.Run("ours", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = ev.AppendJSON(buf[:0])
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			q, _ := json.Marshal(&ev)
+			buf = append(buf[:0], q...)
+		}
+	})
 }

@@ -17,6 +17,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/gatehouse-dev/gatehouse/event"
 )
 
 // WebSocket subprotocols. Both carry the same frame shapes; docs/websocket.md
@@ -160,14 +162,14 @@ func validFrameID(id string) bool { return id != "" && len(id) <= maxFrameID }
 func appendHello(b []byte, epoch, role, id, consumer string, heartbeat time.Duration) []byte {
 	b = openFrame(b, frameHello)
 	b = append(b, `,"epoch":`...)
-	b = appendJSONString(b, epoch)
+	b = event.AppendJSONString(b, epoch)
 	b = append(b, `,"role":`...)
-	b = appendJSONString(b, role)
+	b = event.AppendJSONString(b, role)
 	b = append(b, `,"id":`...)
-	b = appendJSONString(b, id)
+	b = event.AppendJSONString(b, id)
 	if consumer != "" {
 		b = append(b, `,"consumer_id":`...)
-		b = appendJSONString(b, consumer)
+		b = event.AppendJSONString(b, consumer)
 	}
 	b = append(b, `,"heartbeat_ms":`...)
 	b = strconv.AppendInt(b, heartbeat.Milliseconds(), 10)
@@ -175,12 +177,12 @@ func appendHello(b []byte, epoch, role, id, consumer string, heartbeat time.Dura
 }
 
 // appendPush appends a delivery or event frame; data is its JSON payload.
-func appendPush(b []byte, typ string, seq uint64, event string, data []byte) []byte {
+func appendPush(b []byte, typ string, seq uint64, eventType string, data []byte) []byte {
 	b = openFrame(b, typ)
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendUint(b, seq, 10)
 	b = append(b, `,"event":`...)
-	b = appendJSONString(b, event)
+	b = event.AppendJSONString(b, eventType)
 	b = append(b, `,"data":`...)
 	b = appendRaw(b, data)
 	return append(b, '}')
@@ -191,7 +193,7 @@ func appendPush(b []byte, typ string, seq uint64, event string, data []byte) []b
 func appendReply(b []byte, id string, status int, body []byte) []byte {
 	b = openFrame(b, frameReply)
 	b = append(b, `,"id":`...)
-	b = appendJSONString(b, id)
+	b = event.AppendJSONString(b, id)
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"body":`...)
@@ -210,7 +212,7 @@ func appendReset(b []byte, data []byte) []byte {
 
 func openFrame(b []byte, typ string) []byte {
 	b = append(b, `{"type":`...)
-	return appendJSONString(b, typ)
+	return event.AppendJSONString(b, typ)
 }
 
 func appendRaw(b, data []byte) []byte {
@@ -218,61 +220,6 @@ func appendRaw(b, data []byte) []byte {
 		return append(b, "null"...)
 	}
 	return append(b, data...)
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes
-// U+FFFD, as encoding/json does, so the frame stays valid whatever a client
-// put in an id.
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		// U+2028 and U+2029 end lines in JavaScript source; encoding/json
-		// escapes them for the same reason.
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // encodeFrame returns a finished JSON frame in the socket's encoding; a
@@ -518,7 +465,7 @@ func (r *mpReader) str(out []byte, n int) ([]byte, error) {
 	if !utf8.Valid(p) {
 		return nil, errors.New("msgpack: a string is not valid UTF-8")
 	}
-	return appendJSONString(out, string(p)), nil
+	return event.AppendJSONString(out, string(p)), nil
 }
 
 func (r *mpReader) arrayBody(out []byte, n, depth int) ([]byte, error) {
@@ -598,7 +545,7 @@ func (r *mpReader) ext(out []byte, n int) ([]byte, error) {
 	if nsec >= 1e9 {
 		return nil, errors.New("msgpack: timestamp nanoseconds out of range")
 	}
-	return appendJSONString(out, time.Unix(sec, nsec).UTC().Format(time.RFC3339Nano)), nil
+	return event.AppendJSONString(out, time.Unix(sec, nsec).UTC().Format(time.RFC3339Nano)), nil
 }
 
 // appendFloat formats f as encoding/json does.

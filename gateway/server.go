@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
@@ -77,7 +78,7 @@ type Server struct {
 	bufs    bufPool
 
 	ws        wsaccept.Tracker // WebSocket connections, closed with 1001 at shutdown
-	admission *tokenBucket     // new stream connections; nil admits all
+	admission *rate.Limiter    // new stream connections
 
 	// closing is closed when shutdown starts; long-lived streams end on it.
 	closing   chan struct{}
@@ -128,7 +129,7 @@ func New(o Options) (*Server, error) {
 	}
 	o.streamDefaults()
 	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{}), fresh: map[net.Conn]struct{}{}}
-	s.admission = newTokenBucket(o.ConnectRate, o.ConnectBurst)
+	s.admission = newAdmission(o.ConnectRate, o.ConnectBurst)
 	s.metrics = newMetrics(o.Registry, o.Kernel, o.Hub)
 	s.routes = s.buildRoutes()
 	s.peerRoutes(s.routes)

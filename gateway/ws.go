@@ -11,13 +11,13 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -70,41 +70,28 @@ func (o *Options) streamDefaults() {
 	}
 }
 
-// tokenBucket bounds the rate of new stream connections. A nil bucket
-// admits everything.
-type tokenBucket struct {
-	mu     sync.Mutex
-	rate   float64 // tokens per second
-	burst  float64
-	tokens float64
-	last   time.Time
+// newAdmission returns the limiter of new stream connections: rate a
+// second, up to burst at once; a negative rate admits everything.
+func newAdmission(r float64, burst int) *rate.Limiter {
+	if r < 0 {
+		return rate.NewLimiter(rate.Inf, 0)
+	}
+	return rate.NewLimiter(rate.Limit(r), burst)
 }
 
-// newTokenBucket returns a full bucket, or nil for a negative rate.
-func newTokenBucket(rate float64, burst int) *tokenBucket {
-	if rate < 0 {
-		return nil
+// admitAt spends one of l's tokens if there is one at now; otherwise it
+// says how long until there will be, and spends nothing, so that refused
+// connections do not push back the ones that come later.
+func admitAt(l *rate.Limiter, now time.Time) (time.Duration, bool) {
+	res := l.ReserveN(now, 1)
+	if !res.OK() {
+		return time.Second, false // a burst below one; streamDefaults prevents it
 	}
-	return &tokenBucket{rate: rate, burst: float64(burst), tokens: float64(burst), last: time.Now()}
-}
-
-// take spends a token if there is one; otherwise it says how long until
-// there will be.
-func (b *tokenBucket) take(now time.Time) (time.Duration, bool) {
-	if b == nil {
-		return 0, true
+	if wait := res.DelayFrom(now); wait > 0 {
+		res.CancelAt(now)
+		return wait, false
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if dt := now.Sub(b.last).Seconds(); dt > 0 {
-		b.tokens = min(b.burst, b.tokens+dt*b.rate)
-		b.last = now
-	}
-	if b.tokens >= 1 {
-		b.tokens--
-		return 0, true
-	}
-	return time.Duration((1 - b.tokens) / b.rate * float64(time.Second)), false
+	return 0, true
 }
 
 // admit wraps a stream route with admission control: during a reconnect
@@ -112,7 +99,7 @@ func (b *tokenBucket) take(now time.Time) (time.Duration, bool) {
 // any stream work is done, and told when to come back.
 func (s *Server) admit(h func(*call)) func(*call) {
 	return func(c *call) {
-		wait, ok := s.admission.take(time.Now())
+		wait, ok := admitAt(s.admission, time.Now())
 		if ok {
 			h(c)
 			return

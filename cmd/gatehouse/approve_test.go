@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
@@ -174,7 +176,7 @@ func TestApproveListsAndAnswers(t *testing.T) {
 	}
 
 	out, err = approve(action, "deny")
-	if err == nil || !strings.Contains(err.Error(), "CONFLICT") {
+	if !errors.Is(err, client.ErrConflict) || !strings.Contains(err.Error(), "CONFLICT") {
 		t.Fatalf("second answer: err %v, want CONFLICT\n%s", err, out)
 	}
 	if !strings.Contains(out, "already settled: approved (allow_once) by static via cli") || !strings.Contains(out, "looks fine") {

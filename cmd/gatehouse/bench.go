@@ -7,15 +7,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 )
 
@@ -127,11 +127,11 @@ func printMedians(w io.Writer, runs []*benchResult) {
 }
 
 // benchRig is a gateway (in-process unless --url) with agents and runners
-// connected to it over loopback HTTP and SSE, driven by the lean load
-// driver of benchload.go so that the CPU goes to the gateway.
+// connected to it over loopback HTTP and SSE, all served by package client,
+// the SDK users run.
 type benchRig struct {
 	where   string
-	drv     *loadDriver
+	cl      *client.Client
 	node    *gateway.Node // nil with --url
 	dir     string
 	tracker *tracker
@@ -168,9 +168,12 @@ func newBenchRig(ctx context.Context, c benchConfig, stderr io.Writer) (*benchRi
 		_ = r.close()
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	if r.drv, err = newLoadDriver(url, c.token, tc, log, r.tracker); err != nil {
+	// Streams that drop are opened again soon: a bench run is short.
+	r.cl, err = client.New(client.Options{BaseURL: url, Token: c.token, TLSConfig: tc, Logger: log,
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second})
+	if err != nil {
 		_ = r.close()
-		return nil, err
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	roleCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stop = stop
@@ -178,17 +181,37 @@ func newBenchRig(ctx context.Context, c benchConfig, stderr io.Writer) (*benchRi
 	// hand this run what an earlier one left behind.
 	consumers := map[string]bool{}
 	for i := range c.runners {
-		id := fmt.Sprintf("bench-runner-%d", i+1)
-		consumer := fmt.Sprintf("bench-runner-%d-%d", i+1, time.Now().UnixNano())
-		consumers["runner/"+id+"/"+consumer] = true
-		r.role(func() error { return r.drv.runRunner(roleCtx, id, consumer) })
+		run := &client.Runner{
+			RunnerID:   fmt.Sprintf("bench-runner-%d", i+1),
+			ConsumerID: fmt.Sprintf("bench-runner-%d-%d", i+1, time.Now().UnixNano()),
+			Tools: map[string]client.ToolFunc{
+				benchTool: func(_ context.Context, args json.RawMessage) (any, error) { return args, nil },
+			},
+		}
+		consumers["runner/"+run.RunnerID+"/"+run.ConsumerID] = true
+		r.role(func() error { return r.cl.RunRunner(roleCtx, run) })
 	}
 	for i := range c.agents {
-		consumer := fmt.Sprintf("%s-%d-%d", benchAgent, i+1, time.Now().UnixNano())
-		consumers["agent/"+benchAgent+"/"+consumer] = true
-		r.role(func() error { return r.drv.runAgent(roleCtx, benchAgent, consumer) })
+		a := &client.Agent{
+			AgentID:    benchAgent,
+			ConsumerID: fmt.Sprintf("%s-%d-%d", benchAgent, i+1, time.Now().UnixNano()),
+			// A wait never outlasts the execution it serves.
+			WaitTimeout: execTimeout,
+			Handle: func(ctx context.Context, t *client.Task) (any, error) {
+				out, err := t.Invoke(ctx, benchTool, t.Input(), true)
+				if err != nil {
+					// Reported before the fail intent, so that the tracker
+					// keeps why rather than that the intent was accepted.
+					r.tracker.report(t.ID(), err)
+				}
+				return out, err
+			},
+			Finished: func(t *client.Task, err error) { r.tracker.report(t.ID(), err) },
+		}
+		consumers["agent/"+a.AgentID+"/"+a.ConsumerID] = true
+		r.role(func() error { return r.cl.RunAgent(roleCtx, a) })
 	}
-	if err := r.waitOnline(ctx, url, c.token, consumers); err != nil {
+	if err := r.waitOnline(ctx, consumers); err != nil {
 		_ = r.close()
 		return nil, err
 	}
@@ -206,11 +229,11 @@ func (r *benchRig) role(f func() error) {
 
 // waitOnline waits until every agent and runner connection is attached:
 // executions created before their agent is connected would wait for it.
-func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[string]bool) error {
+func (r *benchRig) waitOnline(ctx context.Context, want map[string]bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for {
-		n, err := onlinePeers(ctx, r.drv.streams, url, token, want)
+		n, err := r.onlinePeers(ctx, want)
 		if err == nil && n == len(want) {
 			return nil
 		}
@@ -219,7 +242,7 @@ func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[s
 		}
 		select {
 		case err := <-r.roleErr:
-			return fmt.Errorf("bench: %w", err)
+			return fmt.Errorf("bench: %w", explainTLS(err))
 		case <-ctx.Done():
 			return fmt.Errorf("bench: %d of %d agents and runners connected (%v): %w", n, len(want), err, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
@@ -228,18 +251,12 @@ func (r *benchRig) waitOnline(ctx context.Context, url, token string, want map[s
 }
 
 // onlinePeers counts the consumers of want the gateway lists as online.
-func onlinePeers(ctx context.Context, hc *http.Client, base, token string, want map[string]bool) (int, error) {
+func (r *benchRig) onlinePeers(ctx context.Context, want map[string]bool) (int, error) {
 	n := 0
-	cursor := ""
+	o := client.PeerListOptions{Limit: 1000}
 	for {
-		var page struct {
-			Peers []struct {
-				Role, ID, State string
-				ConsumerID      string `json:"consumer_id"`
-			}
-			Next string `json:"next_cursor"`
-		}
-		if err := getPeers(ctx, hc, base+"/v0/peers?limit=1000&cursor="+url.QueryEscape(cursor), token, &page); err != nil {
+		page, err := r.cl.ListPeers(ctx, o)
+		if err != nil {
 			return 0, err
 		}
 		for _, p := range page.Peers {
@@ -247,32 +264,11 @@ func onlinePeers(ctx context.Context, hc *http.Client, base, token string, want 
 				n++
 			}
 		}
-		if page.Next == "" {
+		if page.NextCursor == "" {
 			return n, nil
 		}
-		cursor = page.Next
+		o.Cursor = page.NextCursor
 	}
-}
-
-// getPeers reads one page of GET /v0/peers into out.
-func getPeers(ctx context.Context, hc *http.Client, u, token string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	req.Close = true // a poll; keeping the connection would only delay the gateway's shutdown
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET /v0/peers: %s", resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // benchResult is what one run measured.
@@ -325,11 +321,12 @@ func (r *benchRig) one(ctx context.Context, i int) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, execTimeout)
 	defer cancel()
 	start := time.Now()
-	deadline, _ := ctx.Deadline()
-	id, err := r.drv.createExecution(i, deadline)
+	ex, err := r.cl.CreateExecution(ctx, client.CreateRequest{AgentID: benchAgent,
+		Input: json.RawMessage(`{"n":` + strconv.Itoa(i) + `}`)})
 	if err != nil {
 		return 0, err
 	}
+	id := ex.ID
 	e := r.tracker.get(id)
 	defer r.tracker.drop(id)
 	select {
@@ -360,9 +357,9 @@ func (r *benchRig) close() error {
 		r.stop()
 	}
 	r.roles.Wait()
-	if r.drv != nil {
+	if r.cl != nil {
 		// The gateway's shutdown waits for kept-alive connections.
-		r.drv.close()
+		r.cl.CloseIdleConnections()
 	}
 	var err error
 	if r.node != nil {
@@ -437,9 +434,9 @@ func (t *tracker) get(id string) *tracked {
 	return e
 }
 
-// report records the end of execution id. Only the first report counts: a
-// runner that failed to post a result and the agent that then gave up
-// waiting both report the same execution.
+// report records the end of execution id. Only the first report counts:
+// the agent's Handle reports why a tool call failed, and Finished then
+// reports that the fail intent was accepted.
 func (t *tracker) report(id string, err error) {
 	select {
 	case t.get(id).done <- err:

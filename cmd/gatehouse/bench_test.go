@@ -39,10 +39,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 func TestBenchSmoke(t *testing.T) {
 	runBench(t, []string{"--executions", "200", "--concurrency", "8", "--agents", "2", "--runners", "2", "--duration", "30s"},
 		"completed:   200 ", "(0 errors)", "executions/s", "p99", "command:     gatehouse bench --executions 200")
-	// Nothing of the load driver outlives the rig. fasthttp's connection
-	// cleaner ends at its next sweep, within benchIdleConn.
-	deadline := time.Now().Add(benchIdleConn + 5*time.Second)
-	for left := driverGoroutines(); left != ""; left = driverGoroutines() {
+	// Nothing of the agents, runners and their connections outlives the
+	// rig.
+	deadline := time.Now().Add(5 * time.Second)
+	for left := loadGoroutines(); left != ""; left = loadGoroutines() {
 		if time.Now().After(deadline) {
 			t.Fatalf("goroutines left after the bench:\n%s", left)
 		}
@@ -90,16 +90,16 @@ func TestMedians(t *testing.T) {
 	}
 }
 
-// driverGoroutines returns the stacks of the goroutines that belong to the
-// bench's load driver: its roles, the client connection pool, the streams.
-func driverGoroutines() string {
+// loadGoroutines returns the stacks of the goroutines that belong to the
+// bench's load: its roles, the client's connection pool, the streams.
+func loadGoroutines() string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	var left []string
 	for g := range strings.SplitSeq(string(buf), "\n\n") {
 		// Package main's functions are named by its import path in a test.
-		for _, mark := range []string{"gatehouse.(*loadDriver)", "gatehouse.(*agentConn)", "gatehouse.(*acker)", "gatehouse.(*benchRig)",
-			"fasthttp.(*HostClient)", "net/http.(*persistConn)"} {
+		for _, mark := range []string{"gatehouse.(*benchRig)", "client.(*Client)", "client.(*agentRun)", "client.(*runnerRun)",
+			"client.(*acker)", "net/http.(*persistConn)"} {
 			if strings.Contains(g, mark) {
 				left = append(left, g)
 				break

@@ -73,30 +73,43 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case err == nil, ctx.Err() != nil:
 		return nil // the end of the execution, or interrupted
 	}
-	return tailError(base, err)
+	return cliError("tail", base, err)
 }
 
-// tailError says what went wrong in one line with one prefix: the API's
-// code and message, or which gateway could not be reached and why.
-func tailError(base string, err error) error {
+// cliError says what went wrong in a client command in one line with one
+// prefix: the API's code and message, or which gateway could not be
+// reached and why. A nil err stays nil.
+func cliError(cmd, base string, err error) error {
 	var aerr *client.APIError
 	var nerr *net.OpError
 	switch {
+	case err == nil:
+		return nil
 	case errors.As(err, &aerr):
 		code := aerr.Code
 		if code == "" {
 			code = http.StatusText(aerr.Status)
 		}
-		return fmt.Errorf("tail: %s: %s", code, printable(aerr.Message))
+		return &apiFailure{msg: cmd + ": " + code + ": " + printable(aerr.Message), err: err}
 	case untrustedCert(err):
-		return fmt.Errorf("tail: %w", explainTLS(err))
+		return fmt.Errorf("%s: %w", cmd, explainTLS(err))
 	case errors.As(err, &nerr):
-		return fmt.Errorf("tail: cannot reach %s: %w", base, nerr)
+		return fmt.Errorf("%s: cannot reach %s: %w", cmd, base, nerr)
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("tail: %s did not answer in time", base)
+		return fmt.Errorf("%s: %s did not answer in time", cmd, base)
 	}
-	return fmt.Errorf("tail: %w", err)
+	return fmt.Errorf("%s: %w", cmd, err)
 }
+
+// apiFailure is an API's refusal worded for a terminal; it still matches
+// the client's sentinels (errors.Is(err, client.ErrConflict)).
+type apiFailure struct {
+	msg string
+	err error
+}
+
+func (e *apiFailure) Error() string { return e.msg }
+func (e *apiFailure) Unwrap() error { return e.err }
 
 // printable keeps a terminal safe from control characters in payloads.
 func printable(s string) string {
