@@ -34,7 +34,7 @@ func commands() []command {
 		{"tail", "[flags] <execution-id>", "follow an execution's events until it ends (resumes across disconnects)", tailCmd},
 		{"approve", "[flags] [<action-id> <decision>]", "list pending permission prompts, or answer one (allow_once, allow_always or deny)", approveCmd},
 		{"token", "[flags]", "mint a JWT for development", tokenCmd},
-		{"bench", "[flags]", "measure end-to-end executions against an in-process (or --url) gateway", bench},
+		{"bench", "[flags]", "compare builds: SDK agents and runners against an in-process (or --url) gateway (for figures to quote, bench/compare.sh)", bench},
 		{"conformance", "[flags]", "check a running gateway against the specs", conformanceCmd},
 		{"version", "", "print the version", versionCmd},
 		{"help", "[command]", "show this help, or a command's flags", nil},
