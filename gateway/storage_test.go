@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -85,7 +85,7 @@ func waitSpace(t *testing.T, st *store.Store, want store.SpaceState) store.Space
 // is freed, new work is taken again within seconds, with no restart.
 func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
 	mnt := smallFS(t, 64<<20)
-	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data")})
+	s := start(t, node.Options{Data: filepath.Join(mnt, "data")})
 	a := newAPI(t, s)
 	st := s.Node.Store
 	sp := waitSpace(t, st, store.SpaceOK)
@@ -164,7 +164,7 @@ func grepLines(text []byte, substr string) string {
 func TestFullStoreDoesNotSpin(t *testing.T) {
 	mnt := smallFS(t, 64<<20)
 	var logs lockedBuffer
-	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	s := start(t, node.Options{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	a := newAPI(t, s)
 	st := s.Node.Store
 	sp := waitSpace(t, st, store.SpaceOK)
@@ -212,7 +212,7 @@ func TestFullStoreDoesNotSpin(t *testing.T) {
 // idle journal lets its segments go.
 func TestRetentionGivesSpaceBack(t *testing.T) {
 	dir := t.TempDir()
-	s := start(t, gateway.Config{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
+	s := start(t, node.Options{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
 	a := newAPI(t, s)
 	empty := waitSpace(t, s.Node.Store, store.SpaceOK).Used
 	data := strings.Repeat("retention gives the room back. ", 130) // 4 KB

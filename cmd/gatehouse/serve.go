@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -209,7 +210,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 
 // start opens the node described by c, serving TLS as st says (nil: plain
 // HTTP).
-func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gateway.Node, error) {
+func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*node.Node, error) {
 	if st == nil {
 		st = &serverTLS{mode: "off"}
 	}
@@ -226,7 +227,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gat
 	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
 	goLimit := applyMemoryLimit(memLimit)
 	origins := splitList(c.cors)
-	n, err := gateway.Open(ctx, gateway.Config{
+	n, err := node.Open(ctx, node.Options{
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,

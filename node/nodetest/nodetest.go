@@ -1,7 +1,7 @@
-// Package gatewaytest starts real Gatehouse gateways for tests, the way
+// Package nodetest starts real Gatehouse nodes for tests, the way
 // net/http/httptest starts real HTTP servers: a real Badger folder, a real
 // listener on 127.0.0.1, real connections. Nothing is mocked.
-package gatewaytest
+package nodetest
 
 import (
 	"context"
@@ -9,32 +9,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
-// Server is a gateway running for a test. Close is registered as a cleanup.
+// Server is a node running for a test. Close is registered as a cleanup.
 type Server struct {
 	// URL is the base URL, e.g. "http://127.0.0.1:41234"; https when the
-	// config has TLS.
+	// options have TLS.
 	URL string
 	// Node is the running node; it changes on Restart.
-	Node *gateway.Node
+	Node *node.Node
 
-	tb     testing.TB
-	config gateway.Config
+	tb   testing.TB
+	opts node.Options
 }
 
-// Start runs a gateway on a fresh temporary data folder (unless c.Data or
-// c.InMemory is set) on 127.0.0.1 with a free port.
-func Start(tb testing.TB, c gateway.Config) *Server {
+// Start runs a node on a fresh temporary data folder (unless o.Data or
+// o.InMemory is set) on 127.0.0.1 with a free port.
+func Start(tb testing.TB, o node.Options) *Server {
 	tb.Helper()
-	if c.Data == "" && !c.InMemory {
-		c.Data = tb.TempDir()
+	if o.Data == "" && !o.InMemory {
+		o.Data = tb.TempDir()
 	}
-	if c.Addr == "" {
-		c.Addr = "127.0.0.1:0"
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1:0"
 	}
-	s := &Server{tb: tb, config: c}
+	s := &Server{tb: tb, opts: o}
 	s.open()
 	tb.Cleanup(s.Close)
 	return s
@@ -44,41 +44,41 @@ func (s *Server) open() {
 	s.tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := gateway.Open(ctx, s.config)
+	n, err := node.Open(ctx, s.opts)
 	if err != nil {
-		s.tb.Fatalf("gatewaytest: open gateway: %v", err)
+		s.tb.Fatalf("nodetest: open node: %v", err)
 	}
 	s.Node = n
 	scheme := "http://"
-	if s.config.TLS != nil {
+	if s.opts.TLS != nil {
 		scheme = "https://"
 	}
 	s.URL = scheme + n.Addr().String()
 	// A restart reuses the port so that clients reconnect to the same URL.
-	s.config.Addr = n.Addr().String()
+	s.opts.Addr = n.Addr().String()
 }
 
-// Restart stops the gateway and starts it again on the same data folder and
+// Restart stops the node and starts it again on the same data folder and
 // port, as an operator restart would.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Stop()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		ln, err := net.Listen("tcp", s.config.Addr)
+		ln, err := net.Listen("tcp", s.opts.Addr)
 		if err == nil {
 			ln.Close()
 			break
 		}
 		if time.Now().After(deadline) {
-			s.tb.Fatalf("gatewaytest: port %s not free after stop: %v", s.config.Addr, err)
+			s.tb.Fatalf("nodetest: port %s not free after stop: %v", s.opts.Addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.open()
 }
 
-// Stop shuts the gateway down; Restart or Close may follow.
+// Stop shuts the node down; Restart or Close may follow.
 func (s *Server) Stop() {
 	if s.Node == nil {
 		return
@@ -86,10 +86,10 @@ func (s *Server) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Node.Close(ctx); err != nil {
-		s.tb.Errorf("gatewaytest: close gateway: %v", err)
+		s.tb.Errorf("nodetest: close node: %v", err)
 	}
 	s.Node = nil
 }
 
-// Close stops the gateway for good.
+// Close stops the node for good.
 func (s *Server) Close() { s.Stop() }
