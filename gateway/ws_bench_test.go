@@ -16,7 +16,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
-	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // BenchmarkWebSocketDispatchRoundTrip measures a remote tool call over
@@ -36,7 +35,8 @@ func BenchmarkWebSocketDispatchRoundTrip(b *testing.B) {
 const stepsPerExecution = 1000
 
 func benchDispatch(b *testing.B, proto string) {
-	s := nodetest.Start(b, node.Options{Sync: store.SyncAlways})
+	// The zero Options sync always: every batch is on disk before its answer.
+	s := nodetest.Start(b, node.Options{})
 	ws := "ws" + strings.TrimPrefix(s.URL, "http")
 	agent := dialBench(b, ws+"/v0/agents/ws?agent_id=bench-agent&consumer_id=a1", proto)
 	runner := dialBench(b, ws+"/v0/runners/ws?runner_id=bench-runner&consumer_id=r1&capabilities=bench.tool", proto)

@@ -266,9 +266,6 @@ func (k *Kernel) Stats() Stats {
 	return s
 }
 
-// StoreStats returns the store's group-commit counters, for metrics.
-func (k *Kernel) StoreStats() store.Stats { return k.store.Stats() }
-
 // Ready reports whether the kernel can take writes.
 func (k *Kernel) Ready(ctx context.Context) error { return k.store.Ping(ctx) }
 

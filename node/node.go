@@ -10,10 +10,13 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
@@ -187,6 +190,12 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	so := o.Server
+	if so.Registry == nil {
+		so.Registry = prometheus.NewRegistry()
+	}
+	if err := so.Registry.Register(newStoreCollector(st)); err != nil {
+		return fmt.Errorf("node: store metrics: %w", err)
+	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
