@@ -8,13 +8,10 @@ package node
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -32,57 +29,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
-
-// Options describe a whole gateway node: store, kernel, delivery hub and
-// server. The zero value (plus Data or InMemory) runs the embedded default.
-type Options struct {
-	Addr string // "127.0.0.1:8080" when empty
-	// TLS, when set, makes the node serve HTTPS (and wss) on Addr instead
-	// of plain HTTP; see package gateway/tlscert for certificates reloaded
-	// from files or obtained over ACME. HTTP/2 is never offered.
-	TLS      *tls.Config
-	Data     string // data folder
-	InMemory bool   // keep everything in memory (nothing survives a restart)
-	Sync     store.SyncMode
-	Auth     auth.Options
-	Policy   *policy.Engine // nil: the built-in default
-	Logger   *slog.Logger
-
-	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
-	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
-
-	OutboxLimit     int           // see peer.Options
-	OutboxRetention time.Duration // see peer.Options
-
-	// PeerRetention is how long a consumer (agent, runner or human
-	// channel connection identity) that has no connection and nothing
-	// left to deliver is remembered, with its cursor and, for a native
-	// channel, its registration (see peer.Options.ConsumerRetention and
-	// channel.Options.Retention). Zero means 1h; it is raised to the
-	// longer grace period, so that no consumer is forgotten while the
-	// kernel still keeps its executions or its job.
-	PeerRetention time.Duration
-	// WebhookAllow lists the internal networks chat webhooks may reach
-	// (see channel.Options.WebhookAllow); nil: public addresses only.
-	WebhookAllow []netip.Prefix
-
-	// Retention deletes finished executions this long after they ended;
-	// zero keeps them for 168h. RetentionCount, when positive, also keeps at
-	// most that many finished executions.
-	Retention      time.Duration
-	RetentionCount int
-	// RetentionInterval is how often retention runs; zero means 10m. The
-	// first pass runs 30s after start (or after one interval, if shorter),
-	// so that a box that restarts often still prunes.
-	RetentionInterval time.Duration
-
-	// DiskBudget is the most the data folder may hold (zero: its size
-	// plus the free space at start), DiskLowWater the room below which
-	// new work is refused with 507 STORAGE_FULL (zero: derived), and
-	// MemoryLimit the memory the process may use (zero: no bound); see
-	// store.Options.
-	DiskBudget, DiskLowWater, MemoryLimit int64
-}
 
 // Node is a running gateway with everything it owns.
 type Node struct {
@@ -106,9 +52,7 @@ type Node struct {
 // Open opens the store, recovers the kernel and starts serving on o.Addr.
 // When a step fails, what the steps before it built is released again.
 func Open(ctx context.Context, o Options) (*Node, error) {
-	if o.Addr == "" {
-		o.Addr = "127.0.0.1:8080"
-	}
+	o.defaults()
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -139,16 +83,9 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	n.Store = st
 	n.closers.push(func(context.Context) error { return st.Close() })
-	retention := o.PeerRetention
-	if retention <= 0 {
-		retention = time.Hour
-	}
-	for _, grace := range []time.Duration{o.Kernel.AgentGrace, o.Kernel.RunnerGrace} {
-		if grace <= 0 {
-			grace = 30 * time.Second // the kernel's default
-		}
-		retention = max(retention, grace)
-	}
+	// No consumer is forgotten while the kernel still keeps its
+	// executions or its job.
+	retention := max(o.PeerRetention, o.Kernel.AgentGrace, o.Kernel.RunnerGrace)
 	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: o.OutboxLimit, Retention: o.OutboxRetention,
 		ConsumerRetention: retention, Logger: o.Logger})
 	if err != nil {

@@ -5,13 +5,6 @@ import (
 	"time"
 )
 
-// Retention runs every RetentionInterval, the first time firstRetention
-// after start.
-const (
-	defaultRetentionInterval = 10 * time.Minute
-	firstRetention           = 30 * time.Second
-)
-
 // startRetention runs retention now and then on its own goroutine and
 // returns the release that stops it, and the pass it is in, and waits for
 // it to end.
@@ -32,10 +25,7 @@ func (n *Node) startRetention() func(context.Context) error {
 // retentionLoop runs retention now and then, until ctx ends.
 func (n *Node) retentionLoop(ctx context.Context) {
 	interval := n.o.RetentionInterval
-	if interval <= 0 {
-		interval = defaultRetentionInterval
-	}
-	t := time.NewTimer(min(firstRetention, interval))
+	t := time.NewTimer(min(FirstRetention, interval))
 	defer t.Stop()
 	for {
 		select {
@@ -52,14 +42,10 @@ func (n *Node) retentionLoop(ctx context.Context) {
 // expired idempotency keys; when it deleted anything, the store compacts,
 // so that the folder gives the space back (see store.Compact).
 func (n *Node) retain(ctx context.Context) {
-	retention := n.o.Retention
-	if retention <= 0 {
-		retention = 168 * time.Hour
-	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	start := time.Now()
-	executions, err := n.Kernel.Prune(ctx, start.Add(-retention), n.o.RetentionCount)
+	executions, err := n.Kernel.Prune(ctx, start.Add(-n.o.Retention), n.o.RetentionCount)
 	if err != nil {
 		n.log.Warn("retention", "err", err)
 	}

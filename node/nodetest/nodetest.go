@@ -83,7 +83,7 @@ func (s *Server) Stop() {
 	if s.Node == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), node.ShutdownTimeout)
 	defer cancel()
 	if err := s.Node.Close(ctx); err != nil {
 		s.tb.Errorf("nodetest: close node: %v", err)
