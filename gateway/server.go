@@ -114,6 +114,12 @@ type Server struct {
 	freshMu sync.Mutex
 	fresh   map[net.Conn]struct{}
 	streams sync.WaitGroup
+
+	// lns are the listeners Serve was given. Shutdown closes them after
+	// fasthttp's shutdown, which misses a listener whose Serve has not
+	// reached fasthttp yet: that Serve would accept forever.
+	lnMu sync.Mutex
+	lns  []net.Listener
 }
 
 // New builds a Server.
@@ -189,8 +195,19 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// Serve accepts connections on ln until Shutdown.
+// Serve accepts connections on ln until Shutdown, and returns at once,
+// closing ln, when Shutdown has begun.
 func (s *Server) Serve(ln net.Listener) error {
+	s.lnMu.Lock()
+	select {
+	case <-s.closing:
+		s.lnMu.Unlock()
+		_ = ln.Close()
+		return nil
+	default:
+	}
+	s.lns = append(s.lns, ln)
+	s.lnMu.Unlock()
 	perIP := s.metrics.refused.WithLabelValues("per_ip")
 	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, s.opts.IdleTimeout, perIP.Inc))
 	if err != nil && !errors.Is(err, net.ErrClosed) {
@@ -214,6 +231,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err == nil {
 		err = wserr
 	}
+	s.lnMu.Lock()
+	for _, ln := range s.lns {
+		// Already closed by fasthttp, unless its Serve had not begun.
+		_ = ln.Close()
+	}
+	s.lnMu.Unlock()
 	done := make(chan struct{})
 	go func() { s.streams.Wait(); close(done) }()
 	select {
