@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 const askPolicy = `
@@ -34,7 +34,7 @@ func TestActions(t *testing.T) {
 		t.Fatal(err)
 	}
 	const token = "actions-secret"
-	s := gatewaytest.Start(t, gateway.Config{Policy: pol, Auth: auth.Options{StaticToken: token}})
+	s := nodetest.Start(t, node.Options{Policy: pol, Auth: auth.Options{StaticToken: token}})
 	c, err := client.New(client.Options{BaseURL: s.URL, Token: token, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // TestTLSConfigTrustsThePrivateCA: with Options.TLSConfig trusting the
@@ -28,7 +28,7 @@ func TestTLSConfigTrustsThePrivateCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := gatewaytest.Start(t, gateway.Config{TLS: kp.TLSConfig()})
+	s := nodetest.Start(t, node.Options{TLS: kp.TLSConfig()})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 

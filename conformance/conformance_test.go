@@ -21,6 +21,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -48,13 +49,13 @@ const hmacSecret = "conformance-test-hmac-secret-0123456789"
 var knownFailures = map[string]string{}
 
 // testGateway runs a real gateway on loopback with a Badger folder, as
-// `gatehouse serve` does (gateway.Open), and can restart it on the same
+// `gatehouse serve` does (node.Open), and can restart it on the same
 // folder and port.
 type testGateway struct {
-	cfg gateway.Config
+	cfg node.Options
 
 	mu   sync.Mutex
-	node *gateway.Node
+	node *node.Node
 }
 
 func startGateway(t *testing.T) *testGateway {
@@ -63,7 +64,7 @@ func startGateway(t *testing.T) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &testGateway{cfg: gateway.Config{
+	g := &testGateway{cfg: node.Options{
 		Addr: "127.0.0.1:0", Data: t.TempDir(), Sync: store.SyncAlways, Policy: pol,
 		Auth: auth.Options{
 			StaticToken: adminToken,
@@ -97,7 +98,7 @@ func (g *testGateway) open(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for {
-		n, err := gateway.Open(ctx, g.cfg)
+		n, err := node.Open(ctx, g.cfg)
 		if err == nil {
 			g.node = n
 			g.cfg.Addr = n.Addr().String()

@@ -12,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // matrixRow says who may use one route, against resources that belong to
@@ -39,7 +40,7 @@ func TestAccessMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{Policy: pol, Auth: auth.Options{
+	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	claims := map[string]auth.Claims{

@@ -5,9 +5,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 const bridgePolicy = `
@@ -28,7 +28,7 @@ default:
   decision: allow
 `
 
-func bridgeServer(t *testing.T, c gateway.Config) *api {
+func bridgeServer(t *testing.T, c node.Options) *api {
 	t.Helper()
 	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
 	if err != nil {
@@ -60,7 +60,7 @@ func pendingAction(t *testing.T, a *api, ag *agent, tool string) (execID, lease,
 }
 
 func TestFirstAnswerWinsAndLateAnswersGetTheRecord(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	ag := a.agent("race-agent", "c1")
 	execID, _, step, action := pendingAction(t, a, ag, "deploy.app")
 
@@ -138,7 +138,7 @@ func TestFirstAnswerWinsAndLateAnswersGetTheRecord(t *testing.T) {
 }
 
 func TestSignalApprovalGoesThroughTheRecord(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	ag := a.agent("sig-agent", "c1")
 	execID, _, step, action := pendingAction(t, a, ag, "deploy.db")
 	a.json("POST", "/v0/executions/"+execID+"/signal", obj{"signal_type": "step.approve", "payload": obj{"step_id": step, "approved": false, "reason": "freeze"}}, 200)
@@ -150,7 +150,7 @@ func TestSignalApprovalGoesThroughTheRecord(t *testing.T) {
 }
 
 func TestAllowAlwaysIsNotAskedAgain(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	ag := a.agent("always-agent", "c1")
 	execID, lease, _, action := pendingAction(t, a, ag, "deploy.web")
 	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_always"}, 200)
@@ -169,7 +169,7 @@ func TestAllowAlwaysIsNotAskedAgain(t *testing.T) {
 }
 
 func TestExpiryIsItsOwnOutcome(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	ag := a.agent("exp-agent", "c1")
 	_, _, step, action := pendingAction(t, a, ag, "quick.job")
 	p := ag.expect("approval.resolved")
@@ -192,7 +192,7 @@ func TestExpiryIsItsOwnOutcome(t *testing.T) {
 }
 
 func TestCancelRetractsThePrompt(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	ag := a.agent("cx-agent", "c1")
 	execID, _, _, action := pendingAction(t, a, ag, "deploy.x")
 	a.json("POST", "/v0/executions/"+execID+"/cancel", nil, 200)
@@ -209,7 +209,7 @@ func TestPendingPromptsSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{Policy: pol})
+	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	ag := a.agent("rs-bridge", "c1")
 	_, _, step, action := pendingAction(t, a, ag, "deploy.later")
@@ -226,7 +226,7 @@ func TestPendingPromptsSurviveRestart(t *testing.T) {
 }
 
 func TestWhoMayAnswer(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{Auth: auth.Options{
+	a := bridgeServer(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	alice := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})

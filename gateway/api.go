@@ -13,7 +13,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 func (s *Server) buildRoutes() *router {
@@ -53,7 +52,7 @@ func (s *Server) ready(c *call) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2e9)
 	defer cancel()
 	if err := s.k.Ready(ctx); err != nil {
-		var serr *store.SpaceError
+		var serr *kernel.SpaceError
 		if errors.As(err, &serr) {
 			// Said in the log once per change, by the store.
 			c.ctx.Response.Header.Set("Retry-After", storageRetryAfter)

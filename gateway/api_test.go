@@ -9,10 +9,11 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 func TestHealthReadyMetricsAndRouting(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	if got := a.json("GET", "/v0/health", nil, 200); got["status"] != "ok" {
 		t.Fatalf("health: %v", got)
@@ -43,7 +44,7 @@ func TestHealthReadyMetricsAndRouting(t *testing.T) {
 }
 
 func TestReadyFailsWhenStoreIsClosed(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	if err := s.Node.Store.Close(); err != nil {
 		t.Fatal(err)
@@ -56,7 +57,7 @@ func TestReadyFailsWhenStoreIsClosed(t *testing.T) {
 }
 
 func TestBearerToken(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{StaticToken: "s3cret"}})
+	s := start(t, node.Options{Auth: auth.Options{StaticToken: "s3cret"}})
 	a := newAPI(t, s)
 	a.json("GET", "/v0/health", nil, 200)
 	a.json("GET", "/v0/ready", nil, 200)
@@ -82,7 +83,7 @@ func TestBearerToken(t *testing.T) {
 }
 
 func TestCreateGetAndValidation(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ex := a.json("POST", "/v0/executions", obj{"agent_id": "researcher"}, 201)
 	if ex["status"] != "pending" || ex["labels"] != nil || ex["input"] != nil {
@@ -137,7 +138,7 @@ func TestCreateGetAndValidation(t *testing.T) {
 }
 
 func TestListFiltersAndPagination(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	var ids []string
 	for i := range 7 {
@@ -212,7 +213,7 @@ func TestListFiltersAndPagination(t *testing.T) {
 }
 
 func TestCORS(t *testing.T) {
-	s := start(t, gateway.Config{Server: gateway.Options{CORSOrigins: []string{"https://app.example"}}})
+	s := start(t, node.Options{Server: gateway.Options{CORSOrigins: []string{"https://app.example"}}})
 	a := newAPI(t, s)
 	status, _, hdr := a.do("OPTIONS", "/v0/executions", nil, "Origin", "https://app.example", "Access-Control-Request-Method", "POST")
 	if status != 204 || hdr.Get("Access-Control-Allow-Origin") != "https://app.example" || !strings.Contains(hdr.Get("Access-Control-Allow-Headers"), "Authorization") {
@@ -222,7 +223,7 @@ func TestCORS(t *testing.T) {
 	if hdr.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatalf("a foreign origin was allowed: %v", hdr)
 	}
-	plain := start(t, gateway.Config{})
+	plain := start(t, node.Options{})
 	_, _, hdr = newAPI(t, plain).do("GET", "/v0/health", nil, "Origin", "https://app.example")
 	if hdr.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatal("CORS headers without configured origins")
@@ -230,7 +231,7 @@ func TestCORS(t *testing.T) {
 }
 
 func TestTraceparentIsKept(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	status, body, _ := a.do("POST", "/v0/executions", obj{"agent_id": "traced"}, "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	if status != 201 {

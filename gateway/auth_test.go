@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 const (
@@ -28,7 +28,7 @@ func mint(t *testing.T, c auth.Claims) string {
 }
 
 func TestJWTScopes(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	admin := newAPI(t, s)
@@ -109,7 +109,7 @@ func mintExpired(t *testing.T) string {
 }
 
 func TestStreamEndsWhenTokenExpires(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud, Leeway: time.Millisecond,
 	}})
 	a := newAPI(t, s)

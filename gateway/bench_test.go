@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // BenchmarkReplay measures replay throughput from Badger to a resuming
@@ -21,7 +21,7 @@ import (
 // Reported as events/s.
 func BenchmarkReplay(b *testing.B) {
 	const events = 50000
-	s := gatewaytest.Start(b, gateway.Config{Kernel: kernel.Options{MaxSignals: events + 10}})
+	s := nodetest.Start(b, node.Options{Kernel: kernel.Options{MaxSignals: events + 10}})
 	id := fillLog(b, s, events)
 	url := s.URL + "/v0/executions/" + id + "/stream?after_sequence=0"
 	b.ResetTimer()
@@ -36,7 +36,7 @@ func BenchmarkReplay(b *testing.B) {
 
 // fillLog writes n events into one execution's log (signals, written by
 // 64 concurrent clients so group commit makes it quick).
-func fillLog(b *testing.B, s *gatewaytest.Server, n int) string {
+func fillLog(b *testing.B, s *nodetest.Server, n int) string {
 	b.Helper()
 	resp, err := http.Post(s.URL+"/v0/executions", "application/json", strings.NewReader(`{"agent_id":"replay"}`))
 	if err != nil {
@@ -108,7 +108,7 @@ func BenchmarkReconnectAfterRestart(b *testing.B) {
 	const clients = 1000
 	for range b.N {
 		b.StopTimer()
-		s := gatewaytest.Start(b, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+		s := nodetest.Start(b, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
 		// Each agent has a pending execution: it gets execution.assigned on connect.
 		for i := range clients {
 			resp, err := http.Post(s.URL+"/v0/executions", "application/json", strings.NewReader(fmt.Sprintf(`{"agent_id":"storm-%d"}`, i)))

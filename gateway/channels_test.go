@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 func (a *api) channel(channelID, peerID string) *sseStream {
@@ -24,7 +24,7 @@ func (a *api) channel(channelID, peerID string) *sseStream {
 // exactly one wins, the other gets the recorded outcome, and both devices
 // get the retraction.
 func TestChannelsRaceOnOnePrompt(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	phone := a.channel("phone", "u1")
 	chat := a.channel("chat", "u1")
 	ag := a.agent("ch-agent", "c1")
@@ -96,7 +96,7 @@ func TestOfflineChannelGetsPromptOnConnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{Policy: pol})
+	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	tablet := a.channel("tablet", "u1")
 	tablet.close()
@@ -149,7 +149,7 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 	}))
 	defer bot.Close()
 	// The bot listens on loopback, which webhooks reach only when allowed.
-	a := bridgeServer(t, gateway.Config{WebhookAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	a := bridgeServer(t, node.Options{WebhookAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
 	a.json("PUT", "/v0/channels/webhook", obj{"url": bot.URL, "secret": secret}, 200)
 	a.fail("PUT", "/v0/channels/webhook", obj{"url": "ftp://x", "secret": secret}, 400, "VALIDATION_ERROR")
 	a.fail("PUT", "/v0/channels/webhook", obj{"url": "http://169.254.169.254/latest/meta-data/", "secret": secret}, 400, "VALIDATION_ERROR")
@@ -180,7 +180,7 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 func TestChannelWebSocketAnswersAndMessages(t *testing.T) {
 	for _, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
-			a := bridgeServer(t, gateway.Config{})
+			a := bridgeServer(t, node.Options{})
 			phone := a.dialWS("/v0/channels/ws?channel_id=phone&peer_id=u1", proto)
 			if hello := phone.expect("hello"); hello["role"] != "channel" || hello["id"] != "phone" || hello["consumer_id"] != "u1" {
 				t.Fatalf("hello: %v", hello)

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestSocketCutsProcessEachJobOnce cuts the runner's stream at random points
@@ -19,7 +19,7 @@ import (
 // least once; deduplicating by job id, every job runs exactly once and every
 // execution completes.
 func TestSocketCutsProcessEachJobOnce(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	const n = 60
 	rng := rand.New(rand.NewPCG(7, 11))
@@ -95,7 +95,7 @@ func TestSocketCutsProcessEachJobOnce(t *testing.T) {
 // exactly once after deduplicating by sequence, and acknowledged deliveries
 // are never sent again.
 func TestExplicitAcksResumeWithoutGapOrDuplicate(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	rng := rand.New(rand.NewPCG(3, 5))
 	open := func(cursor string) *sseStream {
@@ -182,7 +182,7 @@ func TestExplicitAcksResumeWithoutGapOrDuplicate(t *testing.T) {
 // TestResetOnForeignCursor: a cursor from another store's epoch, or ahead
 // of anything this store sent, gets an explicit stream.reset.
 func TestResetOnForeignCursor(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	st := a.openSSE("/v0/agents/stream?agent_id=reset-agent&consumer_id=c1", "Last-Event-ID", "someotherepoch.12")
 	r := st.expect("stream.reset")
@@ -206,7 +206,7 @@ func TestThousandClientsReconnectAtOnce(t *testing.T) {
 		t.Skip("opens 1,000 connections")
 	}
 	const clients = 1000
-	s := start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	s := start(t, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
 	a := newAPI(t, s)
 	for i := range clients {
 		a.create(fmt.Sprintf("storm-%d", i), nil)

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 func TestLocalToolFlowAndExecutionStream(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("local-agent", "c1")
 	id, lease := a.assigned(ag, obj{"task": "t"})
@@ -90,7 +90,7 @@ func TestLocalToolFlowAndExecutionStream(t *testing.T) {
 }
 
 func TestLiveStreamFollowsExecution(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("live-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -103,7 +103,7 @@ func TestLiveStreamFollowsExecution(t *testing.T) {
 }
 
 func TestRemoteToolFlowFreesRunnerWithoutConsumerID(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("remote-agent", "c1")
 	run := a.runner("r1", "r1-aaaa", "fs.read", "other")
@@ -146,7 +146,7 @@ func TestRemoteToolFlowFreesRunnerWithoutConsumerID(t *testing.T) {
 }
 
 func TestJobWaitsForCapableRunnerAndCapabilityUpdate(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("q-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -167,7 +167,7 @@ func TestJobWaitsForCapableRunnerAndCapabilityUpdate(t *testing.T) {
 }
 
 func TestRunnerRetryThenFinalFailure(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("retry-agent", "c1")
 	run := a.runner("rr", "rr-1", "flaky")
@@ -212,7 +212,7 @@ func TestRunnerRetryThenFinalFailure(t *testing.T) {
 }
 
 func TestPolicyDenyDefaultAndRules(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("pol-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -247,7 +247,7 @@ default:
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2 := start(t, gateway.Config{Policy: pol})
+	s2 := start(t, node.Options{Policy: pol})
 	b := newAPI(t, s2)
 	ag2 := b.agent("pol2", "c1")
 	ex := b.json("POST", "/v0/executions", obj{"agent_id": "pol2", "labels": obj{"env": "prod"}}, 201)
@@ -279,7 +279,7 @@ func TestApprovalThroughSignal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{Policy: pol})
+	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	ag := a.agent("appr", "c1")
 	run := a.runner("ra", "ra-1", "deploy.remote")
@@ -345,7 +345,7 @@ func TestApprovalThroughSignal(t *testing.T) {
 }
 
 func TestSignalsAndWait(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("wait-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -387,7 +387,7 @@ func TestSignalsAndWait(t *testing.T) {
 }
 
 func TestCancelInEveryState(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	pending := a.create("nobody-home", nil)["id"].(string)
 	ag := a.agent("cancel-agent", "c1")
@@ -414,7 +414,7 @@ func TestCancelInEveryState(t *testing.T) {
 }
 
 func TestCompleteWithActiveStepsIsRefusedCleanly(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("active-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -427,7 +427,7 @@ func TestCompleteWithActiveStepsIsRefusedCleanly(t *testing.T) {
 }
 
 func TestIdempotentIntentsAndResults(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("idem-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -468,7 +468,7 @@ func TestIdempotentIntentsAndResults(t *testing.T) {
 }
 
 func TestAgentDisconnectGraceAndReassignment(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("dc-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -505,7 +505,7 @@ func TestAgentDisconnectGraceAndReassignment(t *testing.T) {
 }
 
 func TestRunnerLostJobIsRequeued(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("lost-agent", "c1")
 	r1 := a.runner("lost-r1", "x", "slow")
@@ -528,7 +528,7 @@ func TestRunnerLostJobIsRequeued(t *testing.T) {
 }
 
 func TestDeleteRunnerEndsStreamAndRequeues(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("del-agent", "c1")
 	r1 := a.runner("del-r1", "x", "tool")
@@ -564,7 +564,7 @@ default: {decision: allow}
 	}
 	ko := testKernel()
 	ko.ExecutionTimeout = 1500 * time.Millisecond
-	s := start(t, gateway.Config{Policy: pol, Kernel: ko})
+	s := start(t, node.Options{Policy: pol, Kernel: ko})
 	a := newAPI(t, s)
 	ag := a.agent("timer-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -589,7 +589,7 @@ default: {decision: allow}
 }
 
 func TestConcurrentExecutions(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	const n = 40
 	ag := a.agent("conc-agent", "c1")
@@ -651,7 +651,7 @@ func TestConcurrentExecutions(t *testing.T) {
 
 // TestStepLimit: an execution takes no more steps than Options.MaxSteps.
 func TestStepLimit(t *testing.T) {
-	s := start(t, gateway.Config{Kernel: kernel.Options{MaxSteps: 2}})
+	s := start(t, node.Options{Kernel: kernel.Options{MaxSteps: 2}})
 	a := newAPI(t, s)
 	ag := a.agent("limit-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -661,7 +661,7 @@ func TestStepLimit(t *testing.T) {
 }
 
 func TestIdempotencyKeyHeaderIsRecordedOnResults(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("hdr-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -677,7 +677,7 @@ func TestIdempotencyKeyHeaderIsRecordedOnResults(t *testing.T) {
 // stays blocked when its agent is lost; when the signal comes it goes back
 // to pending and the next agent consumer takes it over, with its history.
 func TestBlockedExecutionOutlivesItsAgent(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("lone-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -704,7 +704,7 @@ func TestBlockedExecutionOutlivesItsAgent(t *testing.T) {
 // queue; its result frees it, and the next queued job is dispatched to it
 // in the same store write as the result, oldest job first.
 func TestQueuedJobRidesOnResultCommit(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	// The agent acknowledges explicitly (and never does here), so reading
 	// its pushes makes the hub write nothing in the background; what the

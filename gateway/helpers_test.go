@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // obj is a decoded JSON object.
@@ -25,12 +25,12 @@ func testKernel() kernel.Options {
 	return kernel.Options{AgentGrace: 300 * time.Millisecond, RunnerGrace: 300 * time.Millisecond, RetryBase: 20 * time.Millisecond}
 }
 
-func start(t *testing.T, c gateway.Config) *gatewaytest.Server {
+func start(t *testing.T, c node.Options) *nodetest.Server {
 	t.Helper()
 	if c.Kernel == (kernel.Options{}) {
 		c.Kernel = testKernel()
 	}
-	return gatewaytest.Start(t, c)
+	return nodetest.Start(t, c)
 }
 
 // api is a JSON client for one server.
@@ -48,7 +48,7 @@ func (a *api) client() *http.Client {
 	return http.DefaultClient
 }
 
-func newAPI(t *testing.T, s *gatewaytest.Server) *api { return &api{t: t, base: s.URL} }
+func newAPI(t *testing.T, s *nodetest.Server) *api { return &api{t: t, base: s.URL} }
 
 // do sends a request and returns the status and raw body.
 func (a *api) do(method, path string, body any, hdr ...string) (int, []byte, http.Header) {

@@ -15,7 +15,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/session"
-	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // Error codes of the kernel API.
@@ -55,12 +54,12 @@ func statusOf(err error) (int, errorBody) {
 	if errors.As(err, &derr) {
 		details = derr.Details()
 	}
-	var serr *store.SpaceError
+	var serr *kernel.SpaceError
 	if errors.As(err, &serr) {
 		details = spaceDetails(serr.Space)
 	}
 	switch {
-	case errors.Is(err, store.ErrStorageFull):
+	case errors.Is(err, kernel.ErrStorageFull):
 		return fasthttp.StatusInsufficientStorage, errorBody{err.Error(), CodeStorageFull, details}
 	case errors.Is(err, kernel.ErrValidation), errors.Is(err, session.ErrInvalid):
 		return fasthttp.StatusBadRequest, errorBody{err.Error(), CodeValidation, details}
@@ -87,7 +86,7 @@ func statusOf(err error) (int, errorBody) {
 const storageRetryAfter = "2"
 
 // spaceDetails is the details of a STORAGE_FULL answer.
-func spaceDetails(sp store.Space) map[string]any {
+func spaceDetails(sp kernel.Space) map[string]any {
 	return map[string]any{
 		"state": sp.State.String(), "room_bytes": sp.Room(), "free_bytes": sp.Free, "used_bytes": sp.Used,
 		"budget_bytes": sp.Budget, "low_water_bytes": sp.LowWater, "reserve_bytes": sp.Reserve,

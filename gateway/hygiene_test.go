@@ -17,12 +17,13 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestInputHygiene: ids with control characters, bodies that are not
 // UTF-8 and numbers beyond float64 are refused with 400, and never echoed.
 func TestInputHygiene(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("hy-agent", "c1")
 	exec, lease := a.assigned(ag, nil)
@@ -55,7 +56,7 @@ func TestInputHygiene(t *testing.T) {
 // TestHeadersTooLargeEchoNothing: a request whose headers do not fit is
 // answered 431, and the answer holds nothing of the request.
 func TestHeadersTooLargeEchoNothing(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	c := dialRaw(t, s.URL)
 	c.write("GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer TOPSECRET-TOKEN\r\nX-Padding: " + strings.Repeat("p", 8000) + "\r\n\r\n")
 	resp, body := c.response()
@@ -76,7 +77,7 @@ func TestHeadersTooLargeEchoNothing(t *testing.T) {
 // TestCursorSyntax: a cursor that is not "<epoch>.<sequence>" or
 // "<sequence>" in decimal digits is a 400 before any stream or upgrade.
 func TestCursorSyntax(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	for _, cur := range []string{"x.y", "5.", ".5", "-1", "+1", "18446744073709551616", "1e3", "ab-cd.5", "0x10"} {
 		q := "agent_id=cur-agent&consumer_id=c&cursor=" + url.QueryEscape(cur)
@@ -95,7 +96,7 @@ func TestCursorSyntax(t *testing.T) {
 // with 1007; the execution socket answers ack and resume frames that carry
 // an id instead of ignoring them.
 func TestWSTextMustBeUTF8(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.dialWS("/v0/agents/ws?agent_id=utf-agent&consumer_id=c1", gateway.SubprotocolJSON)
 	ag.expect("hello")
@@ -141,7 +142,7 @@ func (b *lockedBuffer) String() string {
 func startLogged(t *testing.T) (*api, *lockedBuffer) {
 	t.Helper()
 	logs := &lockedBuffer{}
-	s := start(t, gateway.Config{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	s := start(t, node.Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	return newAPI(t, s), logs
 }
 
@@ -280,7 +281,7 @@ func TestMalformedRequestsLogNoToken(t *testing.T) {
 // msgpack string that is not UTF-8, it closes the socket with 1007. Go's
 // decoders would otherwise make both U+FFFD without a word.
 func TestLoneSurrogatesAndMsgpackText(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	for _, in := range []string{`"\ud800"`, `"x\uDC00y"`, `"\ude00\ud83d"`, `{"\ud83d":1}`, `"\ud800\u0041"`} {
 		out := a.fail("POST", "/v0/executions", `{"agent_id":"a","input":`+in+`}`, 400, "VALIDATION_ERROR")
@@ -315,7 +316,7 @@ func TestLoneSurrogatesAndMsgpackText(t *testing.T) {
 // only reports; a clean close by the peer is still answered with 1000.
 // The frames are written by hand: WebSocket clients cannot send them.
 func TestWSProtocolErrorsClose1002(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	id := a.create("pe-agent", nil)["id"].(string)
 	for _, c := range []struct {
@@ -406,7 +407,7 @@ func (r *rawConn) closeCode() int {
 // byte, not a silent 0 that replays everything. after_sequence on the SSE
 // stream keeps the kernel API's rule: unparsable is 0.
 func TestExecutionCursorSyntax(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	id := a.create("cs-agent", nil)["id"].(string)
 	a.json("POST", "/v0/executions/"+id+"/cancel", nil, 200)

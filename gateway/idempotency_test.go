@@ -3,8 +3,8 @@ package gateway_test
 import (
 	"testing"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestIdempotentCreateAcrossRestart: a create retried with its
@@ -12,7 +12,7 @@ import (
 // also after a restart on the same data folder; the key with another body
 // is 409; another principal's key of the same name is another key.
 func TestIdempotentCreateAcrossRestart(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	alice, bob := newAPI(t, s), newAPI(t, s)

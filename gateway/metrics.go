@@ -11,7 +11,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
-	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 type metrics struct {
@@ -75,12 +74,12 @@ func (s *Server) serveMetrics(c *call) {
 type kernelSeries struct {
 	desc  *prometheus.Desc
 	kind  prometheus.ValueType
-	value func(kernel.Stats, store.Stats) float64
+	value func(kernel.Stats) float64
 }
 
-// kernelCollector exports the kernel's and the store's figures. It takes
-// one snapshot per scrape: each snapshot takes the kernel lock and walks
-// every consumer, which per series would be repeated a score of times.
+// kernelCollector exports the kernel's figures. It takes one snapshot per
+// scrape: each snapshot takes the kernel lock and walks every consumer,
+// which per series would be repeated a score of times.
 type kernelCollector struct {
 	k      *kernel.Kernel
 	series []kernelSeries
@@ -88,37 +87,25 @@ type kernelCollector struct {
 
 func newKernelCollector(k *kernel.Kernel) *kernelCollector {
 	c := &kernelCollector{k: k}
-	add := func(name, help string, kind prometheus.ValueType, v func(kernel.Stats, store.Stats) float64) {
+	add := func(name, help string, kind prometheus.ValueType, v func(kernel.Stats) float64) {
 		c.series = append(c.series, kernelSeries{prometheus.NewDesc(name, help, nil, nil), kind, v})
 	}
 	gauge, counter := prometheus.GaugeValue, prometheus.CounterValue
-	add("gatehouse_executions_live", "Executions not yet terminal.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Live) })
-	add("gatehouse_jobs_queued", "Remote jobs waiting for a runner.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.QueuedJobs) })
-	add("gatehouse_agents_online", "Agent consumers with a live connection.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.AgentsOnline) })
-	add("gatehouse_runners_online", "Runner consumers with a live connection.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.RunnersOnline) })
-	add("gatehouse_runners_busy", "Runner consumers holding a job.", gauge, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.RunnersBusy) })
-	add("gatehouse_executions_created_total", "Executions created.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Created) })
-	add("gatehouse_executions_completed_total", "Executions completed.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Completed) })
-	add("gatehouse_executions_failed_total", "Executions failed.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Failed) })
-	add("gatehouse_executions_cancelled_total", "Executions cancelled.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Cancelled) })
-	add("gatehouse_intents_total", "Intents handled.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Intents) })
-	add("gatehouse_intents_denied_total", "Tool intents denied by policy.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Denied) })
-	add("gatehouse_steps_total", "Steps created.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Steps) })
-	add("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Jobs) })
-	add("gatehouse_job_retries_total", "Remote job attempts retried.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Retries) })
-	add("gatehouse_events_total", "Events written.", counter, func(s kernel.Stats, _ store.Stats) float64 { return float64(s.Events) })
-	add("gatehouse_store_commits_total", "Group commits (batches) written to the store.", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Commits) })
-	add("gatehouse_store_writes_total", "Writes committed; writes/commits is the group-commit batch size.", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Writes) })
-	add("gatehouse_store_syncs_total", "fsyncs of the store (one per batch under --sync always).", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Syncs) })
-	add("gatehouse_store_last_commit_seconds", "Duration of the last group commit, its fsync included.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return s.LastCommit.Seconds() })
-	add("gatehouse_storage_full", "0: room; 1: below the low-water mark, new work is refused with 507 STORAGE_FULL; 2: below the reserve, every write that grows the data is refused.",
-		gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.State) })
-	add("gatehouse_storage_free_bytes", "Free space of the data folder's file system.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Free) })
-	add("gatehouse_storage_used_bytes", "Bytes the data folder holds on disk.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Used) })
-	add("gatehouse_storage_budget_bytes", "The most the data folder may hold (--disk-budget).", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Budget) })
-	add("gatehouse_storage_low_water_bytes", "Room below which new work is refused.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.LowWater) })
-	add("gatehouse_storage_reserve_bytes", "Room kept for the store's own writes; below it every write that grows the data is refused.", gauge, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.Space.Reserve) })
-	add("gatehouse_store_segment_failures_total", "Journal segments that could not be prepared (the log says why).", counter, func(_ kernel.Stats, s store.Stats) float64 { return float64(s.SegmentFailures) })
+	add("gatehouse_executions_live", "Executions not yet terminal.", gauge, func(s kernel.Stats) float64 { return float64(s.Live) })
+	add("gatehouse_jobs_queued", "Remote jobs waiting for a runner.", gauge, func(s kernel.Stats) float64 { return float64(s.QueuedJobs) })
+	add("gatehouse_agents_online", "Agent consumers with a live connection.", gauge, func(s kernel.Stats) float64 { return float64(s.AgentsOnline) })
+	add("gatehouse_runners_online", "Runner consumers with a live connection.", gauge, func(s kernel.Stats) float64 { return float64(s.RunnersOnline) })
+	add("gatehouse_runners_busy", "Runner consumers holding a job.", gauge, func(s kernel.Stats) float64 { return float64(s.RunnersBusy) })
+	add("gatehouse_executions_created_total", "Executions created.", counter, func(s kernel.Stats) float64 { return float64(s.Created) })
+	add("gatehouse_executions_completed_total", "Executions completed.", counter, func(s kernel.Stats) float64 { return float64(s.Completed) })
+	add("gatehouse_executions_failed_total", "Executions failed.", counter, func(s kernel.Stats) float64 { return float64(s.Failed) })
+	add("gatehouse_executions_cancelled_total", "Executions cancelled.", counter, func(s kernel.Stats) float64 { return float64(s.Cancelled) })
+	add("gatehouse_intents_total", "Intents handled.", counter, func(s kernel.Stats) float64 { return float64(s.Intents) })
+	add("gatehouse_intents_denied_total", "Tool intents denied by policy.", counter, func(s kernel.Stats) float64 { return float64(s.Denied) })
+	add("gatehouse_steps_total", "Steps created.", counter, func(s kernel.Stats) float64 { return float64(s.Steps) })
+	add("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", counter, func(s kernel.Stats) float64 { return float64(s.Jobs) })
+	add("gatehouse_job_retries_total", "Remote job attempts retried.", counter, func(s kernel.Stats) float64 { return float64(s.Retries) })
+	add("gatehouse_events_total", "Events written.", counter, func(s kernel.Stats) float64 { return float64(s.Events) })
 	return c
 }
 
@@ -131,9 +118,9 @@ func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
-	ks, ss := c.k.Stats(), c.k.StoreStats()
+	ks := c.k.Stats()
 	for _, s := range c.series {
-		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(ks, ss))
+		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(ks))
 	}
 }
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
@@ -76,7 +76,7 @@ func (s *sliceSource) OnWake(func()) {}
 func (s *sliceSource) Close()        {}
 
 func TestSurfaceRoutesAreMountedAuthenticatedAndStreamed(t *testing.T) {
-	c := gateway.Config{Auth: auth.Options{StaticToken: "s3cret"}}
+	c := node.Options{Auth: auth.Options{StaticToken: "s3cret"}}
 	c.Server.Surfaces = []protocol.Surface{echoSurface{}}
 	s := start(t, c)
 	a := newAPI(t, s)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/session"
 )
 
@@ -15,7 +16,7 @@ import (
 // durable, and the session's log holds them all, in order, in few writes.
 // Over HTTP an output intent answers once durable too.
 func TestWebSocketAgentStreamsDeltas(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ws := a.dialWS("/v0/agents/ws?agent_id=talker&consumer_id=c1", gateway.SubprotocolJSON)
 	ws.expect("hello")
@@ -65,7 +66,7 @@ func TestWebSocketAgentStreamsDeltas(t *testing.T) {
 // declare command on its WebSocket, as over HTTP; /aap/v1/meta lists it,
 // online, and a declaration naming another agent is refused.
 func TestAgentDeclaresOverItsSocket(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ws := a.dialWS("/v0/agents/ws?agent_id=decl&consumer_id=c1", gateway.SubprotocolJSON)
 	ws.expect("hello")

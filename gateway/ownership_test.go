@@ -7,6 +7,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // jwtBridgeServer starts a gateway that takes JWTs and asks for approval of
@@ -17,7 +18,7 @@ func jwtBridgeServer(t *testing.T) func(auth.Claims) *api {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{Policy: pol, Auth: auth.Options{
+	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	return func(c auth.Claims) *api {
@@ -112,7 +113,7 @@ func TestAnotherClientsExecutionIsNotThere(t *testing.T) {
 // it took; a step.approve after it is refused with the recorded outcome and
 // leaves nothing in the log.
 func TestLateApprovalSignalGetsTheRecord(t *testing.T) {
-	a := bridgeServer(t, gateway.Config{})
+	a := bridgeServer(t, node.Options{})
 	ag := a.agent("late-agent", "c1")
 	execID, _, step, action := pendingAction(t, a, ag, "deploy.late")
 	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "deny", "channel_id": "phone"}, 200)
@@ -151,7 +152,7 @@ func TestTenantsPartitionOwners(t *testing.T) {
 // TestStaticTokenIsOneOwner: the static token (like the open default) is a
 // single owner that sees and answers everything.
 func TestStaticTokenIsOneOwner(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{StaticToken: "the-token"}})
+	s := start(t, node.Options{Auth: auth.Options{StaticToken: "the-token"}})
 	a := newAPI(t, s)
 	a.token = "the-token"
 	ag := a.agent("single", "c1")
@@ -167,7 +168,7 @@ func TestStaticTokenIsOneOwner(t *testing.T) {
 // TestRunnerStartsOnlyItsOwnSteps: a runner reports started only for a step
 // dispatched to it; the runner that holds the job still can.
 func TestRunnerStartsOnlyItsOwnSteps(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("st-agent", "c1")
 	run := a.runner("st-runner", "c1", "work")

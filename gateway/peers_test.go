@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // metric reads one series of GET /metrics (0 when absent).
@@ -32,7 +32,7 @@ func (a *api) metric(series string) float64 {
 // connect once and vanish are forgotten after the retention: by the kernel,
 // by the delivery hub and by the channel registry.
 func TestVanishedPeersAreCollected(t *testing.T) {
-	s := start(t, gateway.Config{PeerRetention: 300 * time.Millisecond})
+	s := start(t, node.Options{PeerRetention: 300 * time.Millisecond})
 	a := newAPI(t, s)
 	const agents, runners, tabs = 150, 150, 40
 	for i := range agents {
@@ -77,7 +77,7 @@ func TestVanishedPeersAreCollected(t *testing.T) {
 
 // TestPeersListPages: GET /v0/peers pages with limit and next_cursor.
 func TestPeersListPages(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	for i := range 30 {
 		a.runner(fmt.Sprintf("r%02d", i), "c", "tool")
@@ -114,7 +114,7 @@ func TestPeersListPages(t *testing.T) {
 // TestDroppedDeliveriesAreCounted: an SSE agent that never acknowledges
 // overflows a small outbox; the drops are in the metrics.
 func TestDroppedDeliveriesAreCounted(t *testing.T) {
-	s := start(t, gateway.Config{OutboxLimit: 4})
+	s := start(t, node.Options{OutboxLimit: 4})
 	a := newAPI(t, s)
 	ag := a.agent("busy-agent", "c")
 	for range 10 {

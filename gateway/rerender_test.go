@@ -16,7 +16,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // randomJSON builds a random JSON value: nested objects and arrays, long
@@ -61,7 +61,7 @@ func TestRerenderIsByteIdentical(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(uint64(seed), 7))
-	c := gateway.Config{}
+	c := node.Options{}
 	c.Server.Heartbeat = time.Hour
 	s := start(t, c)
 	a := newAPI(t, s)
@@ -132,7 +132,7 @@ func rawFrames(t *testing.T, w *wsClient, n *normalizer) []byte {
 // request, instead of dialling for every execution it follows. Agent and
 // runner streams, whose disconnect must be noticed at once, close theirs.
 func TestExecutionStreamKeepsItsConnection(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("ka-agent", "ka-c1")
 	var ids []string

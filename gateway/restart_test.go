@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestRestartInTheMiddleOfWork stops the server with executions in every
@@ -23,7 +23,7 @@ func TestRestartInTheMiddleOfWork(t *testing.T) {
 	}
 	ko := testKernel()
 	ko.AgentGrace, ko.RunnerGrace = 5*time.Second, 5*time.Second
-	s := start(t, gateway.Config{Policy: pol, Kernel: ko})
+	s := start(t, node.Options{Policy: pol, Kernel: ko})
 	a := newAPI(t, s)
 	ag := a.agent("rs-agent", "c1")
 	run := a.runner("rs-runner", "rc1", "remote.tool")
@@ -121,7 +121,7 @@ func TestRestartInTheMiddleOfWork(t *testing.T) {
 // TestRestartWithoutReturningAgent: an agent that does not come back after a
 // restart loses its executions to another consumer once the grace passes.
 func TestRestartWithoutReturningAgent(t *testing.T) {
-	s := start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: 300 * time.Millisecond}})
+	s := start(t, node.Options{Kernel: kernel.Options{AgentGrace: 300 * time.Millisecond}})
 	a := newAPI(t, s)
 	ag := a.agent("gone-agent", "c1")
 	id, lease := a.assigned(ag, nil)
@@ -138,7 +138,7 @@ func TestRestartWithoutReturningAgent(t *testing.T) {
 }
 
 func TestPruneDeletesOnlyOldFinishedExecutions(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	old := a.create("prune-agent", nil)["id"].(string)
 	a.json("POST", "/v0/executions/"+old+"/cancel", nil, 200)
@@ -174,7 +174,7 @@ func TestPruneDeletesOnlyOldFinishedExecutions(t *testing.T) {
 // TestShutdownDoesNotWaitForIdleSockets: a client that opened a connection
 // and sent nothing must not hold shutdown for its whole timeout.
 func TestShutdownDoesNotWaitForIdleSockets(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)

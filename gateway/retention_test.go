@@ -4,13 +4,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestRetentionRunsSoonAfterStart: retention's first pass does not wait
 // for a full interval, and it runs again every interval after it.
 func TestRetentionRunsSoonAfterStart(t *testing.T) {
-	s := start(t, gateway.Config{Retention: time.Millisecond, RetentionInterval: 200 * time.Millisecond})
+	s := start(t, node.Options{Retention: time.Millisecond, RetentionInterval: 200 * time.Millisecond})
 	a := newAPI(t, s)
 	for round := range 2 {
 		id := a.create("ret-agent", nil)["id"].(string)

@@ -27,7 +27,7 @@ import (
 )
 
 // Options configure a Server. Kernel, Hub and Auth are required; zero
-// durations and sizes take the defaults shown.
+// durations and sizes take the values of Defaults.
 type Options struct {
 	Kernel   *kernel.Kernel
 	Hub      *peer.Hub
@@ -43,26 +43,51 @@ type Options struct {
 	// Registry receives the gateway's metrics; nil makes a private one.
 	Registry *prometheus.Registry
 
-	Heartbeat    time.Duration // 5s: SSE heartbeat comment interval
-	WriteTimeout time.Duration // 10s: a stream write that takes longer ends the stream
-	MaxBodyBytes int           // 1 MiB: request bodies past it are refused (413)
+	Heartbeat    time.Duration // SSE heartbeat comment interval
+	WriteTimeout time.Duration // a stream write that takes longer ends the stream
+	MaxBodyBytes int           // request bodies past it are refused (413)
 	// HeaderTimeout bounds reading a request's headers, ReadTimeout its
 	// body; IdleTimeout a keep-alive connection between requests.
-	HeaderTimeout time.Duration // 10s
-	ReadTimeout   time.Duration // 30s
-	IdleTimeout   time.Duration // 120s
-	MaxConns      int           // 10000: concurrent connections; past it new ones get 503
-	MaxConnsPerIP int           // 1024: concurrent connections from one address; past it 429; negative: no bound
-	CORSOrigins   []string      // none: no CORS headers; "*" allows any origin
+	HeaderTimeout time.Duration
+	ReadTimeout   time.Duration
+	IdleTimeout   time.Duration
+	MaxConns      int      // concurrent connections; past it new ones get 503
+	MaxConnsPerIP int      // concurrent connections from one address; past it 429; negative: no bound
+	CORSOrigins   []string // none: no CORS headers; "*" allows any origin
 	// AllowedHosts are the host names a gateway with no token answers to
 	// besides loopback names and addresses (see docs/security.md §3).
 	AllowedHosts []string
 
 	// WebSocket and admission control; docs/websocket.md describes them.
-	PingInterval  time.Duration // 15s: WebSocket pings; a ping unanswered this long closes the socket
-	MaxFrameBytes int64         // MaxBodyBytes + 4 KiB: a larger WebSocket frame closes the socket with 1009
-	ConnectRate   float64       // 2000/s: new SSE and WebSocket connections admitted; negative: no limit
-	ConnectBurst  int           // 2 s worth of ConnectRate: connections admitted at once
+	PingInterval  time.Duration // WebSocket pings; a ping unanswered this long closes the socket
+	MaxFrameBytes int64         // zero: MaxBodyBytes + 4 KiB; a larger WebSocket frame closes the socket with 1009
+	ConnectRate   float64       // new SSE and WebSocket connections admitted per second; negative: no limit
+	ConnectBurst  int           // zero: 2 s worth of ConnectRate; connections admitted at once
+}
+
+// Defaults returns the value each zero duration and size of Options takes.
+// MaxFrameBytes and ConnectBurst stay zero: their defaults follow
+// MaxBodyBytes and ConnectRate.
+func Defaults() Options {
+	return Options{
+		Heartbeat:     5 * time.Second,
+		WriteTimeout:  10 * time.Second,
+		MaxBodyBytes:  1 << 20,
+		HeaderTimeout: 10 * time.Second,
+		ReadTimeout:   30 * time.Second,
+		IdleTimeout:   120 * time.Second,
+		MaxConns:      10000,
+		MaxConnsPerIP: 1024,
+		PingInterval:  15 * time.Second,
+		ConnectRate:   2000,
+	}
+}
+
+// orDefault sets *v to d when *v is not positive.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // Server serves the gateway's HTTP API. Create it with New.
@@ -90,6 +115,12 @@ type Server struct {
 	freshMu sync.Mutex
 	fresh   map[net.Conn]struct{}
 	streams sync.WaitGroup
+
+	// lns are the listeners Serve was given. Shutdown closes them after
+	// fasthttp's shutdown, which misses a listener whose Serve has not
+	// reached fasthttp yet: that Serve would accept forever.
+	lnMu sync.Mutex
+	lns  []net.Listener
 }
 
 // New builds a Server.
@@ -97,29 +128,16 @@ func New(o Options) (*Server, error) {
 	if o.Kernel == nil || o.Hub == nil || o.Auth == nil {
 		return nil, errors.New("gateway: Options.Kernel, Hub and Auth are required")
 	}
-	if o.Heartbeat <= 0 {
-		o.Heartbeat = 5 * time.Second
-	}
-	if o.WriteTimeout <= 0 {
-		o.WriteTimeout = 10 * time.Second
-	}
-	if o.MaxBodyBytes <= 0 {
-		o.MaxBodyBytes = 1 << 20
-	}
-	if o.HeaderTimeout <= 0 {
-		o.HeaderTimeout = 10 * time.Second
-	}
-	if o.ReadTimeout <= 0 {
-		o.ReadTimeout = 30 * time.Second
-	}
+	d := Defaults()
+	orDefault(&o.Heartbeat, d.Heartbeat)
+	orDefault(&o.WriteTimeout, d.WriteTimeout)
+	orDefault(&o.MaxBodyBytes, d.MaxBodyBytes)
+	orDefault(&o.HeaderTimeout, d.HeaderTimeout)
+	orDefault(&o.ReadTimeout, d.ReadTimeout)
+	orDefault(&o.IdleTimeout, d.IdleTimeout)
+	orDefault(&o.MaxConns, d.MaxConns)
 	if o.MaxConnsPerIP == 0 {
-		o.MaxConnsPerIP = 1024
-	}
-	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = 120 * time.Second
-	}
-	if o.MaxConns <= 0 {
-		o.MaxConns = 10000
+		o.MaxConnsPerIP = d.MaxConnsPerIP
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -178,8 +196,19 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// Serve accepts connections on ln until Shutdown.
+// Serve accepts connections on ln until Shutdown, and returns at once,
+// closing ln, when Shutdown has begun.
 func (s *Server) Serve(ln net.Listener) error {
+	s.lnMu.Lock()
+	select {
+	case <-s.closing:
+		s.lnMu.Unlock()
+		_ = ln.Close()
+		return nil
+	default:
+	}
+	s.lns = append(s.lns, ln)
+	s.lnMu.Unlock()
 	perIP := s.metrics.refused.WithLabelValues("per_ip")
 	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, s.opts.IdleTimeout, perIP.Inc))
 	if err != nil && !errors.Is(err, net.ErrClosed) {
@@ -203,6 +232,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err == nil {
 		err = wserr
 	}
+	s.lnMu.Lock()
+	for _, ln := range s.lns {
+		// Already closed by fasthttp, unless its Serve had not begun.
+		_ = ln.Close()
+	}
+	s.lnMu.Unlock()
 	done := make(chan struct{})
 	go func() { s.streams.Wait(); close(done) }()
 	select {

@@ -14,7 +14,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol"
-	"github.com/gatehouse-dev/gatehouse/store"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
 
@@ -207,23 +206,6 @@ func (s *Server) attach(key peer.Key, cur *uint64, other string) (*peer.Conn, *p
 	}
 	return s.hub.Attach(key, cur)
 }
-
-// Deliverer adapts a peer hub to the kernel's delivery interface.
-func Deliverer(h *peer.Hub) kernel.Deliverer { return hubDeliverer{h} }
-
-type hubDeliverer struct{ h *peer.Hub }
-
-func key(p kernel.Peer) peer.Key { return peer.Key{Role: p.Role, ID: p.ID, Consumer: p.Consumer} }
-
-func (d hubDeliverer) Stage(b *store.Batch, p kernel.Peer, typ string, data []byte, settle string) kernel.Staged {
-	return d.h.Stage(b, key(p), typ, data, settle)
-}
-
-func (d hubDeliverer) Settle(b *store.Batch, p kernel.Peer, settle string) func() {
-	return d.h.Settle(b, key(p), settle)
-}
-
-func (d hubDeliverer) Forget(p kernel.Peer) { d.h.Forget(key(p)) }
 
 // peerCursor reads a consumer's resume cursor from the cursor parameter or
 // Last-Event-ID: "<epoch>.<seq>" or a bare "<seq>". A cursor of another

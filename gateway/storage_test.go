@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // smallFS mounts a tmpfs of size bytes for a test and returns its folder,
@@ -61,13 +61,14 @@ func freeSpace(t *testing.T, dir string) int64 {
 	return int64(st.Bavail) * st.Bsize
 }
 
-// waitSpace waits until the store's room reading is in state want.
-func waitSpace(t *testing.T, st *store.Store, want store.SpaceState) store.Space {
+// waitSpace waits until the store's room reading is in state want, named
+// as the 507 details name it: "ok", "low" or "full".
+func waitSpace(t *testing.T, st interface{ Space() kernel.Space }, want string) kernel.Space {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		sp := st.Space()
-		if sp.State == want {
+		if sp.State.String() == want {
 			return sp
 		}
 		if time.Now().After(deadline) {
@@ -85,10 +86,10 @@ func waitSpace(t *testing.T, st *store.Store, want store.SpaceState) store.Space
 // is freed, new work is taken again within seconds, with no restart.
 func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
 	mnt := smallFS(t, 64<<20)
-	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data")})
+	s := start(t, node.Options{Data: filepath.Join(mnt, "data")})
 	a := newAPI(t, s)
 	st := s.Node.Store
-	sp := waitSpace(t, st, store.SpaceOK)
+	sp := waitSpace(t, st, "ok")
 	if sp.Budget > 64<<20 || sp.LowWater >= sp.Budget/2 {
 		t.Fatalf("budget %d MiB, low water %d MiB: the default budget is the disk's", sp.Budget>>20, sp.LowWater>>20)
 	}
@@ -99,7 +100,7 @@ func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
 
 	// Take the room down between the reserve and the low-water mark.
 	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-(sp.LowWater+sp.Reserve)/2)
-	waitSpace(t, st, store.SpaceLow)
+	waitSpace(t, st, "low")
 
 	refused := a.fail("POST", "/v0/executions", obj{"agent_id": "edge", "input": obj{"task": "new"}}, 507, "STORAGE_FULL")
 	details, _ := refused["details"].(obj)
@@ -164,16 +165,16 @@ func grepLines(text []byte, substr string) string {
 func TestFullStoreDoesNotSpin(t *testing.T) {
 	mnt := smallFS(t, 64<<20)
 	var logs lockedBuffer
-	s := start(t, gateway.Config{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	s := start(t, node.Options{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	a := newAPI(t, s)
 	st := s.Node.Store
-	sp := waitSpace(t, st, store.SpaceOK)
+	sp := waitSpace(t, st, "ok")
 	var ids []string
 	for range 20 {
 		ids = append(ids, a.create("late", obj{"task": "wait for me"})["id"].(string))
 	}
 	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-sp.Reserve/2-(sp.Reserve*3/4-sp.Reserve/2)/2)
-	waitSpace(t, st, store.SpaceFull)
+	waitSpace(t, st, "full")
 	refused, errorsBefore := st.Stats().Refused, strings.Count(logs.String(), "level=ERROR")
 
 	ag := a.agent("late", "late-1")
@@ -212,9 +213,9 @@ func TestFullStoreDoesNotSpin(t *testing.T) {
 // idle journal lets its segments go.
 func TestRetentionGivesSpaceBack(t *testing.T) {
 	dir := t.TempDir()
-	s := start(t, gateway.Config{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
+	s := start(t, node.Options{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
 	a := newAPI(t, s)
-	empty := waitSpace(t, s.Node.Store, store.SpaceOK).Used
+	empty := waitSpace(t, s.Node.Store, "ok").Used
 	data := strings.Repeat("retention gives the room back. ", 130) // 4 KB
 	var ids []string
 	for range 1500 {

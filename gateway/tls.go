@@ -2,8 +2,23 @@ package gateway
 
 import (
 	"crypto/tls"
+	"fmt"
+	"net"
 	"slices"
 )
+
+// Listen listens on the TCP address addr for a Server: plain HTTP when tc
+// is nil, else TLS with a copy of tc fit for the gateway (see serverTLS).
+func Listen(addr string, tc *tls.Config) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: listen: %w", err)
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, serverTLS(tc))
+	}
+	return ln, nil
+}
 
 // serverTLS returns a copy of c fit for the gateway's listener: its ALPN
 // list offers "http/1.1" and never "h2", because fasthttp speaks no HTTP/2

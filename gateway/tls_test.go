@@ -12,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // tlsClient is an HTTP client that trusts ca alone and, like a browser,
@@ -45,7 +46,7 @@ func TestTLSStreamsSurviveCertificateSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{TLS: kp.TLSConfig()})
+	s := start(t, node.Options{TLS: kp.TLSConfig()})
 	if !strings.HasPrefix(s.URL, "https://") {
 		t.Fatalf("URL %s, want https", s.URL)
 	}
@@ -126,7 +127,7 @@ func TestTLSRefusesUntrustedClientsAndPlainHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{TLS: kp.TLSConfig()})
+	s := start(t, node.Options{TLS: kp.TLSConfig()})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	other := tlsClient(tlscerttest.NewCA(t))
@@ -166,7 +167,7 @@ func TestTLSNeverNegotiatesHTTP2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{TLS: &tls.Config{Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2", "http/1.1"}}})
+	s := start(t, node.Options{TLS: &tls.Config{Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2", "http/1.1"}}})
 	a := &api{t: t, base: s.URL, hc: tlsClient(ca)}
 	status, _, _ := a.do("GET", "/v0/health", nil)
 	if status != 200 {

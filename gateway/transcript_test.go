@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 var updateTranscripts = flag.Bool("update-transcripts", false, "rewrite gateway/testdata/transcripts from this run")
@@ -138,7 +139,7 @@ func readToEnd(t *testing.T, st *sseStream) {
 }
 
 func TestStreamTranscripts(t *testing.T) {
-	c := gateway.Config{}
+	c := node.Options{}
 	c.Server.Heartbeat = time.Hour // no heartbeat lands in a transcript
 	s := start(t, c)
 	a := newAPI(t, s)

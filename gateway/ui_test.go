@@ -14,15 +14,15 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestUIServesStaticFiles checks the page's files: types, caching and
 // security headers, and that they need no token even when the API does.
 func TestUIServesStaticFiles(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{StaticToken: "s3cret"}})
+	s := start(t, node.Options{Auth: auth.Options{StaticToken: "s3cret"}})
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(method, path string, hdr ...string) (*http.Response, string) {
 		t.Helper()
@@ -230,7 +230,7 @@ func TestUIApprovesInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := start(t, gateway.Config{Policy: pol, Auth: auth.Options{
+	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	a := newAPI(t, s)
@@ -388,7 +388,7 @@ func (b *browser) tab() (*browser, func()) {
 // id, which a later tab reuses once it is closed.
 func TestUIOneChannelPerBrowser(t *testing.T) {
 	br := newBrowser(t)
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	open := func(b *browser) string {
 		t.Helper()

@@ -56,14 +56,13 @@ const frameSlack = 4 << 10
 // streamDefaults fills in the defaults of the long-lived connection
 // options; it runs after MaxBodyBytes has its default.
 func (o *Options) streamDefaults() {
-	if o.PingInterval <= 0 {
-		o.PingInterval = 15 * time.Second
-	}
+	d := Defaults()
+	orDefault(&o.PingInterval, d.PingInterval)
 	if o.MaxFrameBytes <= 0 {
 		o.MaxFrameBytes = int64(o.MaxBodyBytes) + frameSlack
 	}
 	if o.ConnectRate == 0 {
-		o.ConnectRate = 2000
+		o.ConnectRate = d.ConnectRate
 	}
 	if o.ConnectBurst <= 0 {
 		o.ConnectBurst = max(1, int(math.Ceil(2*o.ConnectRate)))

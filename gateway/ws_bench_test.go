@@ -14,8 +14,8 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
-	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // BenchmarkWebSocketDispatchRoundTrip measures a remote tool call over
@@ -35,7 +35,8 @@ func BenchmarkWebSocketDispatchRoundTrip(b *testing.B) {
 const stepsPerExecution = 1000
 
 func benchDispatch(b *testing.B, proto string) {
-	s := gatewaytest.Start(b, gateway.Config{Sync: store.SyncAlways})
+	// The zero Options sync always: every batch is on disk before its answer.
+	s := nodetest.Start(b, node.Options{})
 	ws := "ws" + strings.TrimPrefix(s.URL, "http")
 	agent := dialBench(b, ws+"/v0/agents/ws?agent_id=bench-agent&consumer_id=a1", proto)
 	runner := dialBench(b, ws+"/v0/runners/ws?runner_id=bench-runner&consumer_id=r1&capabilities=bench.tool", proto)
@@ -202,7 +203,7 @@ func (s *benchSocket) expect(b *testing.B, typ string) benchFrame {
 
 // newExecution creates an execution for the agent and returns its id and
 // session once the agent has it.
-func (s *benchSocket) newExecution(b *testing.B, srv *gatewaytest.Server) (string, string) {
+func (s *benchSocket) newExecution(b *testing.B, srv *nodetest.Server) (string, string) {
 	b.Helper()
 	resp, err := http.Post(srv.URL+"/v0/executions", "application/json", strings.NewReader(`{"agent_id":"bench-agent"}`))
 	if err != nil {

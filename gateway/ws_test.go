@@ -23,6 +23,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
 
@@ -351,7 +352,7 @@ func wsEventually(t *testing.T, what string, cond func() bool) {
 func TestWSAgentAndRunnerFlow(t *testing.T) {
 	for _, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
-			s := start(t, gateway.Config{})
+			s := start(t, node.Options{})
 			a := newAPI(t, s)
 			ag := a.dialWS("/v0/agents/ws?agent_id=ws-agent&consumer_id=c1", proto)
 			hello := ag.expect("hello")
@@ -430,7 +431,7 @@ func TestWSAgentAndRunnerFlow(t *testing.T) {
 func TestWSRepliesEqualHTTPAnswers(t *testing.T) {
 	for _, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
-			s := start(t, gateway.Config{})
+			s := start(t, node.Options{})
 			a := newAPI(t, s)
 			ag := a.dialWS("/v0/agents/ws?agent_id=eq-agent&consumer_id=c1", proto)
 			ag.expect("hello")
@@ -517,7 +518,7 @@ func TestWSRepliesEqualHTTPAnswers(t *testing.T) {
 }
 
 func TestWSScopesAndHandshakeRefusals(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	admin := newAPI(t, s)
@@ -567,7 +568,7 @@ func TestWSScopesAndHandshakeRefusals(t *testing.T) {
 }
 
 func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	a := newAPI(t, s)
@@ -582,7 +583,7 @@ func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
 // TestWSTokenRefresh: a refresh frame moves a socket to a new token of the
 // same caller, and the socket outlives the token that opened it.
 func TestWSTokenRefresh(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	adminClaims := auth.Claims{Subject: "ops", Role: auth.RoleAdmin}
@@ -631,7 +632,7 @@ func TestWSTokenRefresh(t *testing.T) {
 // narrower scope, or no valid token gets the HTTP error, and the socket still
 // closes when the token that opened it expires.
 func TestWSTokenRefreshRefused(t *testing.T) {
-	s := start(t, gateway.Config{Auth: auth.Options{
+	s := start(t, node.Options{Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})
 	a := newAPI(t, s)
@@ -680,7 +681,7 @@ func TestWSTokenRefreshRefused(t *testing.T) {
 func TestWSExecutionSocket(t *testing.T) {
 	for _, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
-			s := start(t, gateway.Config{})
+			s := start(t, node.Options{})
 			a := newAPI(t, s)
 			ag := a.agent("ex-agent", "c1")
 			id, lease := a.assigned(ag, nil)
@@ -747,7 +748,7 @@ func TestWSExecutionSocket(t *testing.T) {
 // do, and a cursor (query or first frame) acknowledges up to it; a cursor
 // that cannot be honoured gets an explicit reset.
 func TestWSResumeFromCursor(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	const path = "/v0/agents/ws?agent_id=res-agent&consumer_id=c1"
 	ag := a.dialWS(path, gateway.SubprotocolJSON)
@@ -840,7 +841,7 @@ func TestWSCutsProcessEachJobOnce(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			ko := testKernel()
 			ko.RunnerGrace = time.Minute // a cut is a reconnect, never a lost runner
-			s := start(t, gateway.Config{Kernel: ko})
+			s := start(t, node.Options{Kernel: ko})
 			a := newAPI(t, s)
 			const execs, perExec = 4, 50
 			const n = execs * perExec
@@ -1035,7 +1036,7 @@ func (w *wsClient) waitReply(id string) (obj, bool) {
 func TestWSSlowConsumer(t *testing.T) {
 	ko := testKernel()
 	ko.AgentGrace = time.Minute
-	s := start(t, gateway.Config{Kernel: ko, Server: gateway.Options{WriteTimeout: 300 * time.Millisecond, PingInterval: time.Minute}})
+	s := start(t, node.Options{Kernel: ko, Server: gateway.Options{WriteTimeout: 300 * time.Millisecond, PingInterval: time.Minute}})
 	a := newAPI(t, s)
 	const path = "/v0/agents/ws?agent_id=slow-agent&consumer_id=c1"
 	// A small receive buffer, so that little data fills the way to the
@@ -1118,7 +1119,7 @@ func TestWSSlowConsumer(t *testing.T) {
 }
 
 func TestWSFrameLimits(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	const path = "/v0/agents/ws?agent_id=lim-agent&consumer_id=c1"
 	ag := a.dialWS(path, gateway.SubprotocolJSON)
@@ -1135,7 +1136,7 @@ func TestWSFrameLimits(t *testing.T) {
 	ag.expectClose(websocket.StatusMessageTooBig)
 
 	// The limit is an option.
-	s2 := start(t, gateway.Config{Server: gateway.Options{MaxFrameBytes: 256}})
+	s2 := start(t, node.Options{Server: gateway.Options{MaxFrameBytes: 256}})
 	a2 := newAPI(t, s2)
 	ag = a2.dialWS(path, gateway.SubprotocolMsgpack)
 	ag.expect("hello")
@@ -1144,7 +1145,7 @@ func TestWSFrameLimits(t *testing.T) {
 }
 
 func TestWSMalformedFrames(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	const path = "/v0/agents/ws?agent_id=bad-agent&consumer_id=c1"
 
@@ -1206,7 +1207,7 @@ func TestWSMalformedFrames(t *testing.T) {
 }
 
 func TestWSSupersededForgottenAndShutdown(t *testing.T) {
-	s := start(t, gateway.Config{})
+	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	const path = "/v0/runners/ws?runner_id=sup-runner&consumer_id=c1&capabilities=t"
 	first := a.dialWS(path, gateway.SubprotocolJSON)
@@ -1233,7 +1234,7 @@ func TestWSSupersededForgottenAndShutdown(t *testing.T) {
 }
 
 func TestWSPingTimeout(t *testing.T) {
-	s := start(t, gateway.Config{Server: gateway.Options{PingInterval: 100 * time.Millisecond}})
+	s := start(t, node.Options{Server: gateway.Options{PingInterval: 100 * time.Millisecond}})
 	a := newAPI(t, s)
 	// A reading client answers pings and stays.
 	alive := a.dialWS("/v0/agents/ws?agent_id=ping-agent&consumer_id=alive", gateway.SubprotocolJSON)
@@ -1259,7 +1260,7 @@ func TestWSPingTimeout(t *testing.T) {
 // transport get 429 with Retry-After before any upgrade; other requests are
 // not limited.
 func TestAdmissionControl(t *testing.T) {
-	s := start(t, gateway.Config{Server: gateway.Options{ConnectRate: 0.5, ConnectBurst: 2}})
+	s := start(t, node.Options{Server: gateway.Options{ConnectRate: 0.5, ConnectBurst: 2}})
 	a := newAPI(t, s)
 	a.dialWS("/v0/agents/ws?agent_id=adm&consumer_id=c1", gateway.SubprotocolJSON).expect("hello")
 	a.dialWS("/v0/agents/ws?agent_id=adm&consumer_id=c2", gateway.SubprotocolJSON).expect("hello")

@@ -26,6 +26,15 @@ var (
 	ErrStorageFull = store.ErrStorageFull
 )
 
+// SpaceError is the error of work refused for want of room: it matches
+// ErrStorageFull and carries the data folder's Space. It is the store's
+// own error, named here so that the kernel's callers (the gateway, the
+// protocol surfaces) read the figures without reaching into the store.
+type SpaceError = store.SpaceError
+
+// Space is the room of the data folder that a SpaceError reports.
+type Space = store.Space
+
 // Error is a kernel error with the wire message and optional details.
 type Error struct {
 	kind    error

@@ -65,7 +65,8 @@ type Policy interface {
 	Evaluate(in policy.Input) policy.Result
 }
 
-// Options configure a Kernel. Zero durations take the defaults shown.
+// Options configure a Kernel. Zero durations and limits take the values
+// of Defaults.
 type Options struct {
 	Store     *store.Store // required
 	Deliverer Deliverer    // required
@@ -74,51 +75,63 @@ type Options struct {
 	Sessions  Sessions     // nil: no durable sessions; session_id only labels executions
 	Logger    *slog.Logger
 
-	StepTimeout       time.Duration // 5m: step deadline unless policy sets one
-	ExecutionTimeout  time.Duration // 1h: from creation, in any non-terminal state
-	AgentGrace        time.Duration // 30s: how long a disconnected agent consumer keeps its executions
-	RunnerGrace       time.Duration // 30s: how long a disconnected runner consumer keeps its job
-	RetryBase         time.Duration // 1s: first retry backoff of a remote job
-	RetryMax          time.Duration // 30s: backoff cap
-	RemoteMaxAttempts int           // 3: attempts of a remote step
-	MaxSteps          int           // 10000: steps per execution
-	MaxSignals        int           // 1000: unconsumed signals per execution
-	MaxLive           int           // 100000: non-terminal executions
+	StepTimeout       time.Duration // step deadline unless policy sets one
+	ExecutionTimeout  time.Duration // from creation, in any non-terminal state
+	AgentGrace        time.Duration // how long a disconnected agent consumer keeps its executions
+	RunnerGrace       time.Duration // how long a disconnected runner consumer keeps its job
+	RetryBase         time.Duration // first retry backoff of a remote job
+	RetryMax          time.Duration // backoff cap
+	RemoteMaxAttempts int           // attempts of a remote step
+	MaxSteps          int           // steps per execution
+	MaxSignals        int           // unconsumed signals per execution
+	MaxLive           int           // non-terminal executions
 
 	// Idempotency-Key of creates: a retried create with the same key (from
 	// the same owner) answers with the execution the first one made.
-	IdempotencyWindow time.Duration // 24h: how long a key is remembered
-	IdempotencyKeys   int           // 100000: keys remembered at most; the oldest make room
+	IdempotencyWindow time.Duration // how long a key is remembered
+	IdempotencyKeys   int           // keys remembered at most; the oldest make room
+}
+
+// Defaults returns the value each zero duration and limit of Options
+// takes; the other fields are zero.
+func Defaults() Options {
+	return Options{
+		StepTimeout:       5 * time.Minute,
+		ExecutionTimeout:  time.Hour,
+		AgentGrace:        30 * time.Second,
+		RunnerGrace:       30 * time.Second,
+		RetryBase:         time.Second,
+		RetryMax:          30 * time.Second,
+		RemoteMaxAttempts: 3,
+		MaxSteps:          10000,
+		MaxSignals:        1000,
+		MaxLive:           100000,
+		IdempotencyWindow: 24 * time.Hour,
+		IdempotencyKeys:   100000,
+	}
+}
+
+// orDefault sets *v to d when *v is not positive.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 func (o *Options) defaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&o.StepTimeout, 5*time.Minute)
-	def(&o.ExecutionTimeout, time.Hour)
-	def(&o.AgentGrace, 30*time.Second)
-	def(&o.RunnerGrace, 30*time.Second)
-	def(&o.RetryBase, time.Second)
-	def(&o.RetryMax, 30*time.Second)
-	def(&o.IdempotencyWindow, 24*time.Hour)
-	if o.IdempotencyKeys <= 0 {
-		o.IdempotencyKeys = 100000
-	}
-	if o.RemoteMaxAttempts <= 0 {
-		o.RemoteMaxAttempts = 3
-	}
-	if o.MaxSteps <= 0 {
-		o.MaxSteps = 10000
-	}
-	if o.MaxSignals <= 0 {
-		o.MaxSignals = 1000
-	}
-	if o.MaxLive <= 0 {
-		o.MaxLive = 100000
-	}
+	d := Defaults()
+	orDefault(&o.StepTimeout, d.StepTimeout)
+	orDefault(&o.ExecutionTimeout, d.ExecutionTimeout)
+	orDefault(&o.AgentGrace, d.AgentGrace)
+	orDefault(&o.RunnerGrace, d.RunnerGrace)
+	orDefault(&o.RetryBase, d.RetryBase)
+	orDefault(&o.RetryMax, d.RetryMax)
+	orDefault(&o.RemoteMaxAttempts, d.RemoteMaxAttempts)
+	orDefault(&o.MaxSteps, d.MaxSteps)
+	orDefault(&o.MaxSignals, d.MaxSignals)
+	orDefault(&o.MaxLive, d.MaxLive)
+	orDefault(&o.IdempotencyWindow, d.IdempotencyWindow)
+	orDefault(&o.IdempotencyKeys, d.IdempotencyKeys)
 	if o.Policy == nil {
 		o.Policy = policy.Default()
 	}
@@ -268,9 +281,6 @@ func (k *Kernel) Stats() Stats {
 	s.Intents, s.Denied, s.Steps, s.Jobs, s.Retries, s.Events = c.intents.Load(), c.denied.Load(), c.steps.Load(), c.jobs.Load(), c.retries.Load(), c.events.Load()
 	return s
 }
-
-// StoreStats returns the store's group-commit counters, for metrics.
-func (k *Kernel) StoreStats() store.Stats { return k.store.Stats() }
 
 // Ready reports whether the kernel can take writes.
 func (k *Kernel) Ready(ctx context.Context) error { return k.store.Ping(ctx) }

@@ -54,35 +54,47 @@ type Delivery struct {
 	Data []byte
 }
 
-// Options configure a Hub.
+// Options configure a Hub. Zero bounds and intervals take the values of
+// Defaults.
 type Options struct {
 	// Store keeps outboxes durable; nil keeps them in memory only.
 	Store *store.Store
 	// OutboxLimit bounds the unacknowledged deliveries of one consumer; past
 	// it the oldest are dropped and the consumer is told to re-hydrate.
-	// Zero means 1024.
 	OutboxLimit int
 	// Retention drops unacknowledged deliveries older than this, with the
-	// same notice; zero means 24h.
+	// same notice.
 	Retention time.Duration
 	// Rewind is how long deliveries written to a connection that cannot
 	// acknowledge (Conn.Delivered) stay replayable for a consumer that
 	// resumes from an earlier cursor: a written frame may still have been
-	// lost with the socket. Zero means 1m.
+	// lost with the socket.
 	Rewind time.Duration
 	// ConsumerRetention is how long a consumer that has no connection and
 	// nothing left to deliver is remembered after it was last seen; then
 	// it is collected with its cursor, and a consumer that comes back
 	// under the same key starts a new outbox (a cursor it names is ahead
 	// of it: stream.reset cursor_ahead). Lost consumers (Forget) are
-	// collected the same way. Zero means 1h.
+	// collected the same way.
 	ConsumerRetention time.Duration
 	// ReportInterval is how often deliveries dropped by the outbox bounds
 	// are reported: one log line per consumer that dropped any, with the
-	// count, instead of one per drop. Zero means 1m.
+	// count, instead of one per drop.
 	ReportInterval time.Duration
 	// Logger receives warnings; nil discards.
 	Logger *slog.Logger
+}
+
+// Defaults returns the value each zero bound and interval of Options
+// takes; the other fields are zero.
+func Defaults() Options {
+	return Options{
+		OutboxLimit:       1024,
+		Retention:         24 * time.Hour,
+		Rewind:            time.Minute,
+		ConsumerRetention: time.Hour,
+		ReportInterval:    time.Minute,
+	}
 }
 
 // Hub holds every consumer's outbox. It is safe for concurrent use.
@@ -175,20 +187,21 @@ const kindPeer = "peer"
 
 // NewHub loads the durable outboxes from o.Store and returns the hub.
 func NewHub(ctx context.Context, o Options) (*Hub, error) {
+	d := Defaults()
 	if o.OutboxLimit <= 0 {
-		o.OutboxLimit = 1024
+		o.OutboxLimit = d.OutboxLimit
 	}
 	if o.Retention <= 0 {
-		o.Retention = 24 * time.Hour
+		o.Retention = d.Retention
 	}
 	if o.Rewind <= 0 {
-		o.Rewind = time.Minute
+		o.Rewind = d.Rewind
 	}
 	if o.ConsumerRetention <= 0 {
-		o.ConsumerRetention = time.Hour
+		o.ConsumerRetention = d.ConsumerRetention
 	}
 	if o.ReportInterval <= 0 {
-		o.ReportInterval = time.Minute
+		o.ReportInterval = d.ReportInterval
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -44,7 +44,7 @@ func agentInfo(name string) map[string]any {
 func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("agent", stderr)
 	var url, token, name, consumerID, logLevel, caFile string
-	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL (http:// or https://)")
+	fs.StringVar(&url, "url", defaultURL(), "gateway base URL (http:// or https://)")
 	caFileFlag(fs, &caFile)
 	fs.StringVar(&token, "token", "", "bearer token (an agent JWT scoped to --name, or the static token)")
 	fs.StringVar(&name, "name", "example", "agent id, and the AAP agent name")

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // aapClient speaks AAP v1 as the official client does: JSON on every
@@ -134,9 +134,9 @@ func text(evs []aapEvent, name, key string) string {
 
 // aapWorld runs a gateway, `gatehouse runner` and `gatehouse agent`, as
 // the README's AAP quick start does.
-func aapWorld(t *testing.T) (*gatewaytest.Server, *aapClient) {
+func aapWorld(t *testing.T) (*nodetest.Server, *aapClient) {
 	t.Helper()
-	s := gatewaytest.Start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	s := nodetest.Start(t, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() {

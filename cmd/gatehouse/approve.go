@@ -37,7 +37,7 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	var base, token, reason, caFile string
 	var timeout time.Duration
-	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "gateway base `URL`")
+	fs.StringVar(&base, "url", defaultURL(), "gateway base `URL`")
 	fs.StringVar(&token, "token", "", "bearer token: the static token, or a channel or client JWT (empty: open gateway)")
 	fs.StringVar(&reason, "reason", "", "reason recorded with the answer")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for each request")

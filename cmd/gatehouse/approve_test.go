@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
-	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 const approvePolicy = `
@@ -111,7 +111,7 @@ func TestApproveListsAndAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	const token = "cli-secret"
-	s := gatewaytest.Start(t, gateway.Config{Policy: pol, Auth: auth.Options{StaticToken: token}})
+	s := nodetest.Start(t, node.Options{Policy: pol, Auth: auth.Options{StaticToken: token}})
 	approve := func(args ...string) (string, error) {
 		t.Helper()
 		var out, errOut bytes.Buffer

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
-	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // benchConfig is everything `bench` can be told.
@@ -132,7 +132,7 @@ func printMedians(w io.Writer, runs []*benchResult) {
 type benchRig struct {
 	where   string
 	cl      *client.Client
-	node    *gateway.Node // nil with --url
+	node    *node.Node // nil with --url
 	dir     string
 	tracker *tracker
 	stop    context.CancelFunc

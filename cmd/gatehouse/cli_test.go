@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // serveFlags lists the flags of serve.
@@ -114,7 +114,7 @@ func TestTailFailsFast(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), "tail: cannot reach "+dead+": ") {
 		t.Fatalf("dead URL: %v", err)
 	}
-	s := gatewaytest.Start(t, gateway.Config{})
+	s := nodetest.Start(t, node.Options{})
 	err = tailCmd(ctx, []string{"--url", s.URL, "no-such-execution"}, io.Discard, io.Discard)
 	if err == nil || !strings.HasPrefix(err.Error(), "tail: NOT_FOUND: ") || strings.Contains(err.Error(), "gatehouse:") {
 		t.Fatalf("unknown execution: %v", err)
@@ -152,7 +152,7 @@ func TestStopExitsZero(t *testing.T) {
 // TestRunnerKeepsItsConsumerID: `gatehouse runner` connects under the same
 // consumer id after a restart, so the gateway knows one consumer.
 func TestRunnerKeepsItsConsumerID(t *testing.T) {
-	s := gatewaytest.Start(t, gateway.Config{})
+	s := nodetest.Start(t, node.Options{})
 	host, _ := os.Hostname()
 	want := hostConsumerID(host)
 	for range 2 {

@@ -36,7 +36,7 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprint(stderr, conformanceUsage)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.URL, "url", "http://127.0.0.1:8080", "base `URL` of the gateway under test")
+	fs.StringVar(&o.URL, "url", defaultURL(), "base `URL` of the gateway under test")
 	fs.StringVar(&o.Token, "token", "", "admin bearer `token`, when the server requires one")
 	caFileFlag(fs, &caFile)
 	fs.StringVar(&o.RestartCmd, "restart-cmd", "", "shell `command` (run with sh -c) that restarts the server on the same data and address; checks needing a restart are skipped without it")

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // command is one subcommand of the binary.
@@ -27,7 +29,7 @@ type command struct {
 // commands lists the subcommands in the order the usage shows them.
 func commands() []command {
 	return []command{
-		{"serve", "[flags]", "run the gateway (the default: 127.0.0.1:8080, data in ./gatehouse-data)",
+		{"serve", "[flags]", fmt.Sprintf("run the gateway (the default: %s, data in %s)", node.Defaults().Addr, node.Defaults().Data),
 			func(ctx context.Context, args []string, _, stderr io.Writer) error { return serve(ctx, args, stderr) }},
 		{"runner", "[flags]", "run a runner behind NAT with built-in tools (gatehouse.echo, .time, .sha256, .sleep)", runnerCmd},
 		{"agent", "[flags]", "run the example AAP agent (declares itself; answers, echoes through a runner, calls client tools)", agentCmd},
@@ -40,6 +42,10 @@ func commands() []command {
 		{"help", "[command]", "show this help, or a command's flags", nil},
 	}
 }
+
+// defaultURL is where the client commands look for a gateway unless told:
+// where serve listens by default.
+func defaultURL() string { return "http://" + node.Defaults().Addr }
 
 func lookup(name string) (command, bool) {
 	for _, c := range commands() {

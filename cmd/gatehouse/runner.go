@@ -79,7 +79,7 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlagSet("runner", stderr)
 	host, _ := os.Hostname()
 	var url, token, runnerID, consumerID, tools, accounts, logLevel, caFile string
-	fs.StringVar(&url, "url", "http://127.0.0.1:8080", "gateway base URL (http:// or https://)")
+	fs.StringVar(&url, "url", defaultURL(), "gateway base URL (http:// or https://)")
 	caFileFlag(fs, &caFile)
 	fs.StringVar(&token, "token", "", "bearer token (a runner JWT scoped to --runner-id, or the static token)")
 	fs.StringVar(&runnerID, "runner-id", "runner-"+host, "runner id")

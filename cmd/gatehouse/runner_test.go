@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the runner's concurrent writes.
@@ -36,7 +36,7 @@ func (s *syncBuffer) String() string {
 // TestRunnerServesBuiltinTools runs `gatehouse runner` against a real
 // gateway and has an execution call its tools remotely.
 func TestRunnerServesBuiltinTools(t *testing.T) {
-	s := gatewaytest.Start(t, gateway.Config{})
+	s := nodetest.Start(t, node.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
 	done := make(chan error, 1)

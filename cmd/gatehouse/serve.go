@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -99,44 +100,46 @@ func (p *prefixes) Set(v string) error {
 	return nil
 }
 
+// flags declares serve's flags on fs; their defaults are node.Defaults.
 func (c *config) flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen address `host:port`")
-	fs.StringVar(&c.data, "data", "./gatehouse-data", "data folder (Badger database)")
+	d := node.Defaults()
+	fs.StringVar(&c.addr, "addr", d.Addr, "listen address `host:port`")
+	fs.StringVar(&c.data, "data", d.Data, "data folder (Badger database)")
 	fs.BoolVar(&c.inMemory, "in-memory", false, "keep all state in memory (nothing survives a restart)")
 	fs.StringVar(&c.token, "token", "", "static bearer token required on every endpoint but health and ready (empty: open)")
 	fs.StringVar(&c.policy, "policy", "", "policy `file or folder` (YAML); empty: built-in default, which denies shell-like tools")
-	fs.StringVar(&c.sync, "sync", "always", "durability: always (fsync before every answer), batch (fsync every 10ms), none")
+	fs.StringVar(&c.sync, "sync", d.Sync.String(), "durability: always (fsync before every answer), batch (fsync every 10ms), none")
 	fs.StringVar(&c.cors, "cors-origins", "", "comma-separated allowed CORS origins, or *")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
-	fs.DurationVar(&c.stepTimeout, "step-timeout", 5*time.Minute, "step deadline unless the policy sets one")
-	fs.DurationVar(&c.execTimeout, "execution-timeout", time.Hour, "maximum lifetime of an execution")
-	fs.DurationVar(&c.agentGrace, "agent-grace", 30*time.Second, "how long a disconnected agent keeps its executions")
-	fs.DurationVar(&c.runnerGrace, "runner-grace", 30*time.Second, "how long a disconnected runner keeps its job")
-	fs.DurationVar(&c.heartbeat, "heartbeat", 5*time.Second, "SSE heartbeat interval")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
-	fs.IntVar(&c.maxBody, "max-body", 1<<20, "maximum request body in bytes")
-	fs.IntVar(&c.outboxLimit, "outbox-limit", 1024, "maximum unacknowledged pushes kept per agent or runner consumer")
-	fs.DurationVar(&c.outboxRetention, "outbox-retention", 24*time.Hour, "how long unacknowledged pushes are kept for an absent consumer")
-	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "a stream write that takes longer ends the stream (slow consumer)")
-	fs.DurationVar(&c.retention, "retention", 168*time.Hour, "finished executions are deleted this long after they end")
-	fs.IntVar(&c.retentionCount, "retention-count", 0, "keep at most this many finished executions (0: no count bound)")
-	fs.DurationVar(&c.retentionInterval, "retention-interval", 10*time.Minute, "how often retention runs; its first pass comes at most 30s after start")
-	fs.DurationVar(&c.idemWindow, "idempotency-window", 24*time.Hour, "how long the Idempotency-Key of a create is remembered")
-	fs.IntVar(&c.idemKeys, "idempotency-keys", 100000, "create Idempotency-Keys remembered at most; the oldest make room")
-	fs.DurationVar(&c.peerRetention, "peer-retention", time.Hour, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
+	fs.DurationVar(&c.stepTimeout, "step-timeout", d.Kernel.StepTimeout, "step deadline unless the policy sets one")
+	fs.DurationVar(&c.execTimeout, "execution-timeout", d.Kernel.ExecutionTimeout, "maximum lifetime of an execution")
+	fs.DurationVar(&c.agentGrace, "agent-grace", d.Kernel.AgentGrace, "how long a disconnected agent keeps its executions")
+	fs.DurationVar(&c.runnerGrace, "runner-grace", d.Kernel.RunnerGrace, "how long a disconnected runner keeps its job")
+	fs.DurationVar(&c.heartbeat, "heartbeat", d.Server.Heartbeat, "SSE heartbeat interval")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", node.ShutdownTimeout, "how long shutdown waits for requests in flight")
+	fs.IntVar(&c.maxBody, "max-body", d.Server.MaxBodyBytes, "maximum request body in bytes")
+	fs.IntVar(&c.outboxLimit, "outbox-limit", d.OutboxLimit, "maximum unacknowledged pushes kept per agent or runner consumer")
+	fs.DurationVar(&c.outboxRetention, "outbox-retention", d.OutboxRetention, "how long unacknowledged pushes are kept for an absent consumer")
+	fs.DurationVar(&c.writeTimeout, "write-timeout", d.Server.WriteTimeout, "a stream write that takes longer ends the stream (slow consumer)")
+	fs.DurationVar(&c.retention, "retention", d.Retention, "finished executions are deleted this long after they end")
+	fs.IntVar(&c.retentionCount, "retention-count", d.RetentionCount, "keep at most this many finished executions (0: no count bound)")
+	fs.DurationVar(&c.retentionInterval, "retention-interval", d.RetentionInterval, fmt.Sprintf("how often retention runs; its first pass comes at most %v after start", node.FirstRetention))
+	fs.DurationVar(&c.idemWindow, "idempotency-window", d.Kernel.IdempotencyWindow, "how long the Idempotency-Key of a create is remembered")
+	fs.IntVar(&c.idemKeys, "idempotency-keys", d.Kernel.IdempotencyKeys, "create Idempotency-Keys remembered at most; the oldest make room")
+	fs.DurationVar(&c.peerRetention, "peer-retention", d.PeerRetention, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
 	fs.Var(&c.webhookAllow, "webhook-allow-net", "comma-separated `CIDRs or addresses` of internal networks chat webhooks may reach (loopback, private, link-local...); repeatable")
-	fs.DurationVar(&c.headerTimeout, "header-timeout", 10*time.Second, "time to read a request's headers")
-	fs.DurationVar(&c.readTimeout, "read-timeout", 30*time.Second, "time to read a request's body")
-	fs.DurationVar(&c.idleTimeout, "idle-timeout", 120*time.Second, "how long a keep-alive connection may wait for its next request")
-	fs.IntVar(&c.maxConns, "max-conns", 10000, "concurrent connections; past it new ones get 503")
-	fs.IntVar(&c.maxConnsPerIP, "max-conns-per-ip", 1024, "concurrent connections from one address; past it new ones get 429 (negative: no bound)")
+	fs.DurationVar(&c.headerTimeout, "header-timeout", d.Server.HeaderTimeout, "time to read a request's headers")
+	fs.DurationVar(&c.readTimeout, "read-timeout", d.Server.ReadTimeout, "time to read a request's body")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", d.Server.IdleTimeout, "how long a keep-alive connection may wait for its next request")
+	fs.IntVar(&c.maxConns, "max-conns", d.Server.MaxConns, "concurrent connections; past it new ones get 503")
+	fs.IntVar(&c.maxConnsPerIP, "max-conns-per-ip", d.Server.MaxConnsPerIP, "concurrent connections from one address; past it new ones get 429 (negative: no bound)")
 	fs.StringVar(&c.allowedHosts, "allowed-hosts", "", "comma-separated host names a gateway without a token answers to, besides loopback (DNS-rebinding guard)")
 	fs.StringVar(&c.jwtSecret, "jwt-secret", "", "HS256 secret (at least 32 bytes) accepted for JWT bearer tokens")
 	fs.Var(&c.jwtKeys, "jwt-public-key", "`[kid=]path` of an Ed25519 or RSA public key (PEM) accepted for JWTs; repeatable")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT issuer (iss)")
 	fs.StringVar(&c.jwtAud, "jwt-audience", "", "required JWT audience (aud)")
-	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", auth.DefaultLeeway, "clock skew allowed on JWT times (exp, nbf, iat); at most 5m")
+	fs.DurationVar(&c.jwtLeeway, "jwt-leeway", d.Auth.Leeway, "clock skew allowed on JWT times (exp, nbf, iat); at most 5m")
 	c.tls.flags(fs)
 	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
 	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")
@@ -220,7 +223,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 
 // start opens the node described by c, serving TLS as st says (nil: plain
 // HTTP).
-func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gateway.Node, error) {
+func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*node.Node, error) {
 	if st == nil {
 		st = &serverTLS{mode: "off"}
 	}
@@ -237,7 +240,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*gat
 	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
 	goLimit := applyMemoryLimit(memLimit)
 	origins := splitList(c.cors)
-	n, err := gateway.Open(ctx, gateway.Config{
+	n, err := node.Open(ctx, node.Options{
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth:        c.authOptions(),
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,

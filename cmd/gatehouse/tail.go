@@ -25,7 +25,7 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var after uint64
 	var raw bool
 	var timeout time.Duration
-	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "gateway base `URL` (http:// or https://)")
+	fs.StringVar(&base, "url", defaultURL(), "gateway base `URL` (http:// or https://)")
 	fs.StringVar(&token, "token", "", "bearer token")
 	caFileFlag(fs, &caFile)
 	fs.Uint64Var(&after, "after", 0, "start after this sequence")

@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 // TestTailFollowsUntilTheEnd: tail prints the backlog and the live events of
 // an execution and returns after its terminal event.
 func TestTailFollowsUntilTheEnd(t *testing.T) {
-	s := gatewaytest.Start(t, gateway.Config{})
+	s := nodetest.Start(t, node.Options{})
 	resp, err := http.Post(s.URL+"/v0/executions", "application/json", strings.NewReader(`{"agent_id":"tail-agent"}`))
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,7 @@
 // a key pair read from PEM files and read again when they change
 // ([KeyPair]), or certificates obtained and renewed over ACME ([ACME],
 // through golang.org/x/crypto/acme/autocert). Each gives a *tls.Config for
-// gateway.Config.TLS.
+// node.Options.TLS.
 package tlscert
 
 import (

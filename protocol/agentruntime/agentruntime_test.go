@@ -15,10 +15,10 @@ import (
 	"github.com/coder/websocket"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime/schema"
 )
@@ -183,13 +183,13 @@ default: {decision: allow}
 
 // scenario runs a session through a turn that calls a remote tool, asks a
 // person, streams text and ends, and a second turn queued behind it.
-func scenario(t *testing.T) (*gatewaytest.Server, *client) {
+func scenario(t *testing.T) (*nodetest.Server, *client) {
 	t.Helper()
 	pol, err := policy.Parse([]byte(askPolicy), "p.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := gatewaytest.Start(t, gateway.Config{Policy: pol, Kernel: kernel.Options{AgentGrace: time.Minute}})
+	s := nodetest.Start(t, node.Options{Policy: pol, Kernel: kernel.Options{AgentGrace: time.Minute}})
 	c := &client{t: t, base: s.URL}
 	agent := c.sse("/v0/agents/stream?agent_id=ar-agent&consumer_id=c1")
 	runner := c.sse("/v0/runners/stream?runner_id=ar-runner&consumer_id=r1&capabilities=echo")
@@ -408,7 +408,7 @@ func TestSessionsSurviveARestart(t *testing.T) {
 // agent as the signal's payload, independently of permission prompts.
 func TestInputRequestIsAnAction(t *testing.T) {
 	eventSchema, snapshotSchema := validators(t)
-	s := gatewaytest.Start(t, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	s := nodetest.Start(t, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
 	c := &client{t: t, base: s.URL}
 	agent := c.sse("/v0/agents/stream?agent_id=form-agent&consumer_id=c1")
 	c.json("POST", "/agent-runtime/sessions", obj{"sessionId": "f1", "agentId": "form-agent"}, 201)

@@ -11,18 +11,18 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
 	"github.com/gatehouse-dev/gatehouse/session"
 )
 
 // bigSession makes session "big" whose log holds about n events: turns of
 // an agent that calls a local tool many times.
-func bigSession(b *testing.B, n int) (*gatewaytest.Server, *client) {
+func bigSession(b *testing.B, n int) (*nodetest.Server, *client) {
 	b.Helper()
-	s := gatewaytest.Start(b, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	s := nodetest.Start(b, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
 	c := &client{t: b, base: s.URL}
 	ctx := context.Background()
 	defer s.Node.Kernel.AgentConnected("big-agent", "c1")()
@@ -49,7 +49,7 @@ func bigSession(b *testing.B, n int) (*gatewaytest.Server, *client) {
 	return s, c
 }
 
-func leaseOf(b *testing.B, s *gatewaytest.Server, exec string) string {
+func leaseOf(b *testing.B, s *nodetest.Server, exec string) string {
 	b.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		page, err := s.Node.Kernel.Events(context.Background(), exec, 0, 10)
@@ -132,7 +132,7 @@ func BenchmarkProjection(b *testing.B) {
 //
 //	go test -run '^$' -bench DeltaStream -benchtime 1x ./protocol/agentruntime
 func BenchmarkDeltaStream(b *testing.B) {
-	s := gatewaytest.Start(b, gateway.Config{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	s := nodetest.Start(b, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
 	c := &client{t: b, base: s.URL}
 	ctx := context.Background()
 	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(s.URL, "http")+"/v0/agents/ws?agent_id=talker&consumer_id=c1", nil)

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
-	"github.com/gatehouse-dev/gatehouse/gateway"
-	"github.com/gatehouse-dev/gatehouse/gateway/gatewaytest"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 type obj = map[string]any
@@ -135,9 +135,9 @@ const peopleSchema = `{"type":"object","properties":{"query":{"type":"string","m
 // world starts a gateway and a runner behind it serving
 // linkedin_search_people on two connected accounts, as the seeds' example
 // does, and gatehouse.echo on none.
-func world(t *testing.T, c gateway.Config) (*gatewaytest.Server, *rt, context.CancelFunc) {
+func world(t *testing.T, c node.Options) (*nodetest.Server, *rt, context.CancelFunc) {
 	t.Helper()
-	s := gatewaytest.Start(t, c)
+	s := nodetest.Start(t, c)
 	api := &rt{t: t, base: s.URL}
 	cl, err := client.New(client.Options{BaseURL: s.URL})
 	if err != nil {
@@ -195,7 +195,7 @@ func integrations(list obj) []obj {
 }
 
 func TestCapabilitiesComeAndGoWithTheirRunner(t *testing.T) {
-	_, api, stop := world(t, gateway.Config{})
+	_, api, stop := world(t, node.Options{})
 	caps := api.json("GET", "/capabilities", nil, 200)["capabilities"].([]any)
 	var li, echo obj
 	for _, x := range caps {
@@ -233,7 +233,7 @@ func TestCapabilitiesComeAndGoWithTheirRunner(t *testing.T) {
 }
 
 func TestInvocationAccountsAndInput(t *testing.T) {
-	_, api, _ := world(t, gateway.Config{})
+	_, api, _ := world(t, node.Options{})
 	in := obj{"query": "founders in Lyon"}
 	details := api.fail("POST", "/tools/linkedin_search_people", obj{"input": in}, 409, "ACCOUNT_REQUIRED")
 	if accs := details["accounts"].([]any); len(accs) != 2 || accs[1].(obj)["connectedAccountId"] != "acc_2" {
@@ -268,7 +268,7 @@ func TestInvocationAccountsAndInput(t *testing.T) {
 }
 
 func TestSessionsAndArchive(t *testing.T) {
-	_, api, _ := world(t, gateway.Config{})
+	_, api, _ := world(t, node.Options{})
 	s := api.json("POST", "/sessions", obj{"title": "prospecting", "id": "rt-s1"}, 201)
 	if s["id"] != "rt-s1" || s["title"] != "prospecting" || s["createdAt"] == nil {
 		t.Fatalf("created: %v", s)
@@ -293,7 +293,7 @@ func TestSessionsAndArchive(t *testing.T) {
 }
 
 func TestIdempotentInvocation(t *testing.T) {
-	_, api, _ := world(t, gateway.Config{})
+	_, api, _ := world(t, node.Options{})
 	a := api.json("POST", "/tools/gatehouse.echo", obj{"input": obj{"v": 1}}, 202, "Idempotency-Key", "inv-1")
 	// The retry answers 202 or, when the first has finished, 200.
 	status, data := api.do("POST", "/tools/gatehouse.echo", obj{"input": obj{"v": 1}}, "Idempotency-Key", "inv-1")
@@ -312,7 +312,7 @@ func TestIdempotentInvocation(t *testing.T) {
 // the same whenever it is opened (during the run, after it, after a
 // restart), and resumes after any event with no gap and no duplicate.
 func TestEventStreamReplaysAndResumes(t *testing.T) {
-	s, api, _ := world(t, gateway.Config{})
+	s, api, _ := world(t, node.Options{})
 	got := api.json("POST", "/tools/linkedin_search_people", obj{"input": obj{"query": "cto"}, "connectedAccountId": "acc_1"}, 202)
 	id := got["executionId"].(string)
 	live := api.events(id, "")
@@ -368,7 +368,7 @@ func TestPermissionPromptWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, api, _ := world(t, gateway.Config{Policy: pol})
+	s, api, _ := world(t, node.Options{Policy: pol})
 	got := api.json("POST", "/tools/linkedin_search_people", obj{"input": obj{"query": "cto"}, "connectedAccountId": "acc_1"}, 202)
 	id := got["executionId"].(string)
 	deadline := time.Now().Add(15 * time.Second)
@@ -405,7 +405,7 @@ func TestPermissionPromptWaits(t *testing.T) {
 // nothing, a note saved, the same search finding it; each invocation's
 // stream tells the story. Memory is per tenant and checks its paths.
 func TestMemoryFlow(t *testing.T) {
-	_, api, _ := world(t, gateway.Config{})
+	_, api, _ := world(t, node.Options{})
 	caps := api.json("GET", "/capabilities", nil, 200)["capabilities"].([]any)
 	mem := map[string]bool{}
 	for _, x := range caps {
@@ -458,7 +458,7 @@ func TestMemoryFlow(t *testing.T) {
 // TestAgentsShareTheNotes: a /v0 agent reads the notes saved through the
 // Runtime API by invoking a memory tool remotely, as it would any tool.
 func TestAgentsShareTheNotes(t *testing.T) {
-	_, api, _ := world(t, gateway.Config{})
+	_, api, _ := world(t, node.Options{})
 	api.json("POST", "/tools/memory_write", obj{"input": obj{"path": "/tone.md", "content": "Be brief."}, "wait": true}, 200)
 	cl, err := client.New(client.Options{BaseURL: api.base})
 	if err != nil {

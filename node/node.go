@@ -1,0 +1,216 @@
+// Package node is a gateway node: the composition root. Open builds the
+// store, the peer hub, the human channels, the permission bridge, the
+// sessions, the kernel, the memory, the protocol surfaces and the gateway's
+// server, in that order, and Close releases them in the reverse order.
+// Nothing else in Gatehouse wires these pieces together; the gateway
+// receives them built.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/memory"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/protocol/aap"
+	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
+	"github.com/gatehouse-dev/gatehouse/protocol/runtimeapi"
+	"github.com/gatehouse-dev/gatehouse/session"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Node is a running gateway with everything it owns.
+type Node struct {
+	Store    *store.Store
+	Sessions *session.Registry
+	Bridge   *bridge.Bridge
+	Channels *channel.Registry
+	Kernel   *kernel.Kernel
+	Hub      *peer.Hub
+	Server   *gateway.Server
+	Policy   *policy.Engine
+	Auth     *auth.Authenticator
+
+	ln  net.Listener
+	log *slog.Logger
+	o   Options
+	// closers release what Open built, last first.
+	closers closers
+}
+
+// Open opens the store, recovers the kernel and starts serving on o.Addr.
+// When a step fails, what the steps before it built is released again.
+func Open(ctx context.Context, o Options) (*Node, error) {
+	o.defaults()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Policy == nil {
+		o.Policy = policy.Default()
+	}
+	n := &Node{Policy: o.Policy, log: o.Logger, o: o}
+	if err := n.build(ctx); err != nil {
+		// Nothing was served yet: releasing does not wait on anyone.
+		return nil, errors.Join(err, n.closers.close(context.Background()))
+	}
+	return n, nil
+}
+
+// build opens the pieces of n in dependency order, pushing the release of
+// each on n.closers as soon as it is open.
+func (n *Node) build(ctx context.Context) error {
+	o := n.o
+	authn, err := auth.New(o.Auth)
+	if err != nil {
+		return err
+	}
+	n.Auth = authn
+	st, err := store.Open(store.Options{Dir: o.Data, InMemory: o.InMemory, Sync: o.Sync, Logger: o.Logger,
+		DiskBudget: o.DiskBudget, LowWater: o.DiskLowWater, MemoryLimit: o.MemoryLimit})
+	if err != nil {
+		return err
+	}
+	n.Store = st
+	n.closers.push(func(context.Context) error { return st.Close() })
+	// No consumer is forgotten while the kernel still keeps its
+	// executions or its job.
+	retention := max(o.PeerRetention, o.Kernel.AgentGrace, o.Kernel.RunnerGrace)
+	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: o.OutboxLimit, Retention: o.OutboxRetention,
+		ConsumerRetention: retention, Logger: o.Logger})
+	if err != nil {
+		return err
+	}
+	n.Hub = hub
+	n.closers.push(release(hub.Close))
+	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: o.Logger, Retention: retention, WebhookAllow: o.WebhookAllow})
+	if err != nil {
+		return err
+	}
+	n.Channels = chans
+	n.closers.push(release(chans.Close))
+	br, err := bridge.New(ctx, bridge.Options{Store: st, Notifier: chans, Logger: o.Logger})
+	if err != nil {
+		return err
+	}
+	n.Bridge = br
+	sessions, err := session.New(session.Options{Store: st, Logger: o.Logger})
+	if err != nil {
+		return err
+	}
+	n.Sessions = sessions
+	ko := o.Kernel
+	ko.Store, ko.Deliverer, ko.Policy, ko.Logger, ko.Approvals, ko.Sessions = st, hubDeliverer{hub}, o.Policy, o.Logger, br, sessions
+	k, err := kernel.New(ctx, ko)
+	if err != nil {
+		return err
+	}
+	n.Kernel = k
+	n.closers.push(release(k.Close))
+	// The sessions drive the kernel: they stop before it.
+	n.closers.push(release(sessions.Close))
+	if err := sessions.Start(ctx, k); err != nil {
+		return err
+	}
+	notes, err := memory.Open(memory.Options{Store: st})
+	if err != nil {
+		return err
+	}
+	so := o.Server
+	if so.Registry == nil {
+		so.Registry = prometheus.NewRegistry()
+	}
+	if err := so.Registry.Register(newStoreCollector(st)); err != nil {
+		return fmt.Errorf("node: store metrics: %w", err)
+	}
+	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
+	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
+	so.Surfaces = append(so.Surfaces,
+		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
+		aap.New(aap.Options{Kernel: k, Sessions: sessions}),
+		rt,
+	)
+	srv, err := gateway.New(so)
+	if err != nil {
+		return err
+	}
+	n.Server = srv
+	ln, err := gateway.Listen(o.Addr, o.TLS)
+	if err != nil {
+		return err
+	}
+	n.ln = ln
+	rt.Start(o.Logger)
+	n.closers.push(release(rt.Close))
+	n.serve(srv, ln)
+	n.closers.push(n.startRetention())
+	return nil
+}
+
+// serve serves ln on its own goroutine; the release it pushes shuts the
+// server down and waits for that goroutine.
+func (n *Node) serve(srv *gateway.Server, ln net.Listener) {
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	n.closers.push(func(ctx context.Context) error {
+		err := srv.Shutdown(ctx)
+		if serr := <-served; err == nil {
+			err = serr
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			n.log.Warn("shutdown timed out; remaining connections were closed", "err", err)
+			return nil
+		}
+		return err
+	})
+}
+
+// Addr returns the address the node listens on.
+func (n *Node) Addr() net.Addr { return n.ln.Addr() }
+
+// Close shuts the node down in the reverse order of Open: retention
+// stopped, no new requests, streams ended, the memory runner, sessions and
+// kernel timers stopped, channels and hub closed, store drained and
+// closed. Everything acknowledged is already durable; Close writes nothing
+// new. A shutdown that runs out of ctx closes the remaining connections
+// and is not an error.
+func (n *Node) Close(ctx context.Context) error {
+	return n.closers.close(ctx)
+}
+
+// closers is a stack of releases: what was opened last is released first.
+type closers []func(context.Context) error
+
+// release adapts a Close that cannot fail to a closer.
+func release(f func()) func(context.Context) error {
+	return func(context.Context) error {
+		f()
+		return nil
+	}
+}
+
+func (c *closers) push(f func(context.Context) error) { *c = append(*c, f) }
+
+// close runs every release, last first, and empties the stack: a second
+// close releases nothing. A release that fails does not stop the ones
+// after it; the errors are joined.
+func (c *closers) close(ctx context.Context) error {
+	var errs []error
+	for i := len(*c) - 1; i >= 0; i-- {
+		if err := (*c)[i](ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	*c = nil
+	return errors.Join(errs...)
+}

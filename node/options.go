@@ -1,0 +1,120 @@
+package node
+
+import (
+	"crypto/tls"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// Options describe a whole gateway node: store, kernel, delivery hub and
+// server. The zero value (plus Data or InMemory) runs the embedded default:
+// zero fields take the values of Defaults.
+type Options struct {
+	Addr string // listen address
+	// TLS, when set, makes the node serve HTTPS (and wss) on Addr instead
+	// of plain HTTP; see package gateway/tlscert for certificates reloaded
+	// from files or obtained over ACME. HTTP/2 is never offered.
+	TLS      *tls.Config
+	Data     string // data folder; required unless InMemory
+	InMemory bool   // keep everything in memory (nothing survives a restart)
+	Sync     store.SyncMode
+	Auth     auth.Options
+	Policy   *policy.Engine // nil: the built-in default
+	Logger   *slog.Logger
+
+	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
+	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
+
+	OutboxLimit     int           // see peer.Options
+	OutboxRetention time.Duration // see peer.Options
+
+	// PeerRetention is how long a consumer (agent, runner or human
+	// channel connection identity) that has no connection and nothing
+	// left to deliver is remembered, with its cursor and, for a native
+	// channel, its registration (see peer.Options.ConsumerRetention and
+	// channel.Options.Retention). It is raised to the longer grace
+	// period, so that no consumer is forgotten while the kernel still
+	// keeps its executions or its job.
+	PeerRetention time.Duration
+	// WebhookAllow lists the internal networks chat webhooks may reach
+	// (see channel.Options.WebhookAllow); nil: public addresses only.
+	WebhookAllow []netip.Prefix
+
+	// Retention deletes finished executions this long after they ended.
+	// RetentionCount, when positive, also keeps at most that many finished
+	// executions.
+	Retention      time.Duration
+	RetentionCount int
+	// RetentionInterval is how often retention runs. The first pass runs
+	// FirstRetention after start (or after one interval, if shorter), so
+	// that a box that restarts often still prunes.
+	RetentionInterval time.Duration
+
+	// DiskBudget is the most the data folder may hold (zero: its size
+	// plus the free space at start), DiskLowWater the room below which
+	// new work is refused with 507 STORAGE_FULL (zero: derived), and
+	// MemoryLimit the memory the process may use (zero: no bound); see
+	// store.Options.
+	DiskBudget, DiskLowWater, MemoryLimit int64
+}
+
+// Defaults returns the Options `gatehouse serve` starts from: every value
+// Open gives a zero field, the kernel's, the server's and the peer hub's
+// included, and the data folder serve uses unless told (Open itself
+// fills no Data). Fields whose default follows from others (the server's
+// MaxFrameBytes and ConnectBurst, the store's disk marks) and fields with
+// no default stay zero.
+func Defaults() Options {
+	peers := peer.Defaults()
+	return Options{
+		Addr:              "127.0.0.1:8080",
+		Data:              "./gatehouse-data",
+		Sync:              store.SyncAlways,
+		Auth:              auth.Options{Leeway: auth.DefaultLeeway},
+		Kernel:            kernel.Defaults(),
+		Server:            gateway.Defaults(),
+		OutboxLimit:       peers.OutboxLimit,
+		OutboxRetention:   peers.Retention,
+		PeerRetention:     peers.ConsumerRetention,
+		Retention:         168 * time.Hour,
+		RetentionInterval: 10 * time.Minute,
+	}
+}
+
+// FirstRetention is how long after start the first retention pass runs,
+// unless RetentionInterval is shorter.
+const FirstRetention = 30 * time.Second
+
+// ShutdownTimeout is how long `gatehouse serve` lets Close wait for
+// requests in flight before it closes the remaining connections.
+const ShutdownTimeout = 10 * time.Second
+
+// defaults gives the zero fields Open reads itself their default. The
+// kernel's graces are filled here too, as the kernel would fill them,
+// because PeerRetention is raised to them.
+func (o *Options) defaults() {
+	d := Defaults()
+	if o.Addr == "" {
+		o.Addr = d.Addr
+	}
+	orDefault(&o.PeerRetention, d.PeerRetention)
+	orDefault(&o.Retention, d.Retention)
+	orDefault(&o.RetentionInterval, d.RetentionInterval)
+	orDefault(&o.Kernel.AgentGrace, d.Kernel.AgentGrace)
+	orDefault(&o.Kernel.RunnerGrace, d.Kernel.RunnerGrace)
+}
+
+// orDefault sets *v to d when *v is not positive.
+func orDefault(v *time.Duration, d time.Duration) {
+	if *v <= 0 {
+		*v = d
+	}
+}
