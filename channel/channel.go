@@ -578,10 +578,19 @@ func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string)
 	return rc.channel(), fresh, nil
 }
 
-// Disconnected logs channel.disconnected: the channel's connection ended.
-// The registration and its outbox stay; prompts keep arriving there.
-func (r *Registry) Disconnected(owner, channelID, peerID string) {
-	r.logChannelEvent(owner, channelID, peerID, fact{typ: TypeDisconnected})
+// Connected is told by the peer hub (see peer.Presence, wired by the node)
+// that a connection of the channel k attached; when it detaches, a native
+// channel's channel.disconnected is logged for its owner. The registration
+// and its outbox stay; prompts keep arriving there.
+func (r *Registry) Connected(k peer.Key) (disconnected func()) {
+	r.mu.Lock()
+	rc := r.chans[k]
+	r.mu.Unlock()
+	if rc == nil || rc.Kind != KindNative {
+		return func() {}
+	}
+	owner := rc.Owner
+	return func() { r.logChannelEvent(owner, k.ID, k.Consumer, fact{typ: TypeDisconnected}) }
 }
 
 // Returned logs channel.permission_returned: the answer to actionID came

@@ -137,7 +137,7 @@ func TestConnectFreshResumedAcrossRestart(t *testing.T) {
 	}
 	connect(t, n.reg, "alice", "web", "tab1")
 	connect(t, n.reg, "bob", "phone", "b1")
-	n.reg.Disconnected("alice", "phone", "p1")
+	n.reg.Connected(Key("phone", "p1"))()
 
 	got := n.reg.List("alice")
 	if len(got) != 2 || got[0].ChannelID != "phone" || got[1].ChannelID != "web" {
@@ -356,7 +356,7 @@ func TestLogLimit(t *testing.T) {
 	n := open(t, t.TempDir(), Options{LogLimit: 3})
 	connect(t, n.reg, "alice", "phone", "p1")
 	for range 4 {
-		n.reg.Disconnected("alice", "phone", "p1")
+		n.reg.Connected(Key("phone", "p1"))()
 	}
 	raw, latest, err := n.reg.Events("alice", 0, 0)
 	if err != nil {

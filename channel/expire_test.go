@@ -32,7 +32,7 @@ func TestGoneChannelsExpire(t *testing.T) {
 			t.Fatalf("tab %d not fresh", i)
 		}
 		n.reg.Prompt(pending("alice", fmt.Sprintf("act-%d", i)))
-		n.reg.Disconnected("alice", ch.ChannelID, ch.PeerID)
+		n.reg.Connected(Key(ch.ChannelID, ch.PeerID))()
 		waitFor(t, "room for another tab", func() bool { return len(n.reg.List("alice")) < o.MaxChannels })
 	}
 	waitFor(t, "the tabs expired", func() bool { return len(n.reg.List("alice")) == 2 })

@@ -74,54 +74,48 @@ func channelError(err error) error {
 // from the channel's durable outbox. A channel registering for the first
 // time first receives every prompt still pending.
 func (s *Server) streamChannel(c *call) {
-	owner, key, err := s.connectChannel(c)
+	key, err := s.connectChannel(c)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	s.streamPeer(c, "channel", key, func() func() {
-		return func() { s.opts.Channels.Disconnected(owner, key.ID, key.Consumer) }
-	})
+	s.streamPeer(c, "channel", key, nil)
 }
 
 // channelWS serves a human channel over WebSocket: the same deliveries as
 // the SSE stream, plus the commands respond (answer a prompt) and message.
 func (s *Server) channelWS(c *call) {
-	owner, key, err := s.connectChannel(c)
+	key, err := s.connectChannel(c)
 	if err != nil {
 		s.writeError(c.ctx, err)
 		return
 	}
-	ps := &peerSocket{role: roleChannel, key: key, connect: func() func() {
-		return func() { s.opts.Channels.Disconnected(owner, key.ID, key.Consumer) }
-	}}
+	ps := &peerSocket{role: channel.RoleChannel, key: key}
 	s.upgradePeer(c, ps)
 }
 
-// roleChannel is the peer role of human channels.
-const roleChannel = "channel"
-
 // connectChannel reads a channel's query, registers it for the caller and,
 // the first time, forwards the prompts already pending.
-func (s *Server) connectChannel(c *call) (owner string, key peer.Key, err error) {
+func (s *Server) connectChannel(c *call) (peer.Key, error) {
 	args := c.ctx.QueryArgs()
 	channelID, peerID := string(args.Peek("channel_id")), string(args.Peek("peer_id"))
 	if channelID == "" || peerID == "" {
-		return "", peer.Key{}, kernelValidation("channel_id and peer_id query params are required")
+		return peer.Key{}, kernelValidation("channel_id and peer_id query params are required")
 	}
-	if owner, err = person(c.principal, auth.ActWrite); err != nil {
-		return "", peer.Key{}, err
+	owner, err := person(c.principal, auth.ActWrite)
+	if err != nil {
+		return peer.Key{}, err
 	}
 	ch, fresh, err := s.opts.Channels.Connect(c.ctx, owner, channelID, peerID)
 	if err != nil {
-		return "", peer.Key{}, channelError(err)
+		return peer.Key{}, channelError(err)
 	}
 	if fresh {
 		if err := s.opts.Channels.Backfill(c.ctx, ch, s.opts.Bridge.Pending(owner)); err != nil {
-			return "", peer.Key{}, channelError(err)
+			return peer.Key{}, channelError(err)
 		}
 	}
-	return owner, channel.Key(channelID, peerID), nil
+	return channel.Key(channelID, peerID), nil
 }
 
 // channelCommand runs a command of a channel socket: respond answers a

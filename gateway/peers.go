@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -37,7 +38,7 @@ func (s *Server) listPeers(c *call) {
 	args := c.ctx.QueryArgs()
 	role := string(args.Peek("role"))
 	switch role {
-	case "", kernel.RoleAgent, kernel.RoleRunner, roleChannel:
+	case "", kernel.RoleAgent, kernel.RoleRunner, channel.RoleChannel:
 	default:
 		s.writeError(c.ctx, kernelValidation("role must be agent, runner or channel"))
 		return
@@ -110,7 +111,7 @@ func (s *Server) ackPeer(c *call) {
 		err = c.principal.Authorize(auth.ActAct, agentResource(req.ID))
 	case kernel.RoleRunner:
 		err = c.principal.Authorize(auth.ActAct, runnerResource(req.ID))
-	case roleChannel:
+	case channel.RoleChannel:
 		err = s.ownChannel(c.principal, req.ID, req.ConsumerID, notFound("consumer", k.String()))
 	default:
 		err = kernelValidation("role must be agent, runner or channel")

@@ -140,7 +140,7 @@ func (s *Server) streamAgent(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	s.streamPeer(c, "agent", key, func() func() { return s.k.AgentConnected(key.ID, key.Consumer) })
+	s.streamPeer(c, "agent", key, nil)
 }
 
 func (s *Server) streamRunner(c *call) {
@@ -149,7 +149,7 @@ func (s *Server) streamRunner(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	s.streamPeer(c, "runner", key, func() func() { return s.k.RunnerConnected(key.ID, key.Consumer, caps) })
+	s.streamPeer(c, "runner", key, caps)
 }
 
 // checkIDs checks ids against package ident's rule; an empty one is an
@@ -175,7 +175,10 @@ func checkIDs(ids map[string]string) error {
 // flushed, and a runner's job.assigned once the runner acts on it (reports
 // the step started or posts its result), so a job whose delivery was lost
 // with the socket is sent again on reconnect.
-func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() func()) {
+//
+// Who is connected is the hub's to know: attaching tells the kernel (and
+// the channels) through peer.Presence, with caps, what a runner serves.
+func (s *Server) streamPeer(c *call, kind string, key peer.Key, caps []string) {
 	epoch := s.k.Epoch()
 	cur, other, err := peerCursor(c.ctx, epoch)
 	if err != nil {
@@ -188,23 +191,23 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, connect func() f
 	// a cursor starts after it, one with an earlier cursor still gets it.
 	ackOnFlush := !explicit && key.Role != kernel.RoleRunner
 	s.sseStream(c, kind, outboxRenderer(epoch), true, func(o *stream.Options) (stream.Source, func()) {
-		conn, reset := s.attach(key, cur, other)
+		conn, reset := s.attach(key, cur, other, caps)
 		if ackOnFlush {
 			o.Flushed = conn.Delivered
 		}
-		return newOutboxSource(conn, epoch, other, reset), connect()
+		return newOutboxSource(conn, epoch, other, reset), nil
 	})
 }
 
 // attach takes over a consumer's outbox from a cursor; the reset, if any,
 // tells the client it cannot resume there. A cursor of another epoch
 // (other is not empty) resumes from the start of what the outbox holds.
-func (s *Server) attach(key peer.Key, cur *uint64, other string) (*peer.Conn, *peer.Reset) {
+func (s *Server) attach(key peer.Key, cur *uint64, other string, caps []string) (*peer.Conn, *peer.Reset) {
 	if other != "" {
-		conn, _ := s.hub.Attach(key, nil)
+		conn, _ := s.hub.Attach(key, nil, caps...)
 		return conn, &peer.Reset{Reason: peer.ResetEpochChanged, ResumeFrom: 1}
 	}
-	return s.hub.Attach(key, cur)
+	return s.hub.Attach(key, cur, caps...)
 }
 
 // peerCursor reads a consumer's resume cursor from the cursor parameter or

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -155,13 +156,13 @@ func runnerParams(c *call) (peer.Key, []string, error) {
 	return peer.Key{Role: kernel.RoleRunner, ID: runnerID, Consumer: consumerID}, caps, nil
 }
 
-// peerSocket is what an agent or runner socket serves.
+// peerSocket is what an agent, runner or channel socket serves.
 type peerSocket struct {
-	role    string
-	key     peer.Key
-	connect func() (disconnected func())
-	cursor  *uint64 // from the cursor parameter or Last-Event-ID
-	other   string  // the other store's epoch the cursor names, if it does
+	role   string
+	key    peer.Key
+	caps   []string // what a runner serves, for peer.Presence
+	cursor *uint64  // from the cursor parameter or Last-Event-ID
+	other  string   // the other store's epoch the cursor names, if it does
 }
 
 func (s *Server) agentWS(c *call) {
@@ -170,9 +171,7 @@ func (s *Server) agentWS(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	ps := &peerSocket{role: kernel.RoleAgent, key: key, connect: func() func() {
-		return s.k.AgentConnected(key.ID, key.Consumer)
-	}}
+	ps := &peerSocket{role: kernel.RoleAgent, key: key}
 	s.upgradePeer(c, ps)
 }
 
@@ -182,9 +181,7 @@ func (s *Server) runnerWS(c *call) {
 		s.writeError(c.ctx, err)
 		return
 	}
-	ps := &peerSocket{role: kernel.RoleRunner, key: key, connect: func() func() {
-		return s.k.RunnerConnected(key.ID, key.Consumer, caps)
-	}}
+	ps := &peerSocket{role: kernel.RoleRunner, key: key, caps: caps}
 	s.upgradePeer(c, ps)
 }
 
@@ -472,15 +469,13 @@ type peerSession struct {
 func (s *Server) servePeer(w *wsConn, ps *peerSocket) {
 	p := &peerSession{s: s, w: w, ps: ps, epoch: s.k.Epoch(), saying: make(chan struct{}, maxSaying)}
 	p.render = outboxRenderer(p.epoch)
-	conn, reset := s.attach(ps.key, ps.cursor, ps.other)
+	conn, reset := s.attach(ps.key, ps.cursor, ps.other, ps.caps)
 	p.current.Store(conn)
-	disconnected := ps.connect()
 	w.open(frameDelivery, peerClose)
 	p.st = stream.New(newOutboxSource(conn, p.epoch, ps.other, reset), p.render, w, stream.Options{})
 	w.OnEnd(func() {
 		p.st.Stop()
 		p.current.Load().Detach()
-		disconnected()
 	})
 	hello := appendHello(nil, p.epoch, ps.role, ps.key.ID, ps.key.Consumer, s.opts.PingInterval)
 	if w.send(hello) == nil {
@@ -518,7 +513,7 @@ func (p *peerSession) resume(fr inFrame) {
 		if other == p.epoch {
 			other = ""
 		}
-		conn, reset := p.s.attach(p.ps.key, &cur, other)
+		conn, reset := p.s.attach(p.ps.key, &cur, other, p.ps.caps)
 		p.current.Store(conn)
 		return newOutboxSource(conn, p.epoch, other, reset)
 	})
@@ -601,7 +596,7 @@ func (p *peerSession) scope(pr *auth.Principal) error {
 	switch p.ps.role {
 	case kernel.RoleRunner:
 		return pr.Authorize(auth.ActAct, runnerResource(p.ps.key.ID))
-	case roleChannel:
+	case channel.RoleChannel:
 		_, err := person(pr, auth.ActWrite) // the refresh already requires the same subject
 		return err
 	}
@@ -623,7 +618,7 @@ func (w *wsConn) frameRefused(fr inFrame, msg string) {
 // commands name the socket's runner; started names its step in the body,
 // since the frame has no path to carry it.
 func (s *Server) peerCommand(w *wsConn, ps *peerSocket, fr inFrame) (int, any, kernel.After) {
-	if ps.role == roleChannel {
+	if ps.role == channel.RoleChannel {
 		return s.channelCommand(w, ps, fr)
 	}
 	var name, pathID string

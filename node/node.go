@@ -86,8 +86,9 @@ func (n *Node) build(ctx context.Context) error {
 	// No consumer is forgotten while the kernel still keeps its
 	// executions or its job.
 	retention := max(o.PeerRetention, o.Kernel.AgentGrace, o.Kernel.RunnerGrace)
+	pres := &presence{}
 	hub, err := peer.NewHub(ctx, peer.Options{Store: st, OutboxLimit: o.OutboxLimit, Retention: o.OutboxRetention,
-		ConsumerRetention: retention, Logger: o.Logger})
+		ConsumerRetention: retention, Logger: o.Logger, Presence: pres})
 	if err != nil {
 		return err
 	}
@@ -98,6 +99,7 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	n.Channels = chans
+	pres.channels.Store(chans)
 	n.closers.push(release(chans.Close))
 	br, err := bridge.New(ctx, bridge.Options{Store: st, Notifier: chans, Logger: o.Logger})
 	if err != nil {
@@ -116,6 +118,7 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	n.Kernel = k
+	pres.kernel.Store(k)
 	n.closers.push(release(k.Close))
 	// The sessions drive the kernel: they stop before it.
 	n.closers.push(release(sessions.Close))

@@ -17,6 +17,10 @@ type Conn struct {
 	err    error
 	// onWake is set under both locks and read under either.
 	onWake func()
+	// gone tells Options.Presence that the connection ended; Detach runs
+	// it once.
+	gone     func()
+	goneOnce sync.Once
 }
 
 // Reset tells a consumer that it cannot resume where it asked to: its cursor
@@ -43,8 +47,19 @@ const (
 // previous connection of k with ErrSuperseded. If cursor is not nil the
 // consumer says it processed everything up to *cursor: that much is
 // acknowledged. Delivery starts with the oldest unacknowledged entry. A non-nil
-// Reset means the consumer must be told it cannot resume without a gap.
-func (h *Hub) Attach(k Key, cursor *uint64) (*Conn, *Reset) {
+// Reset means the consumer must be told it cannot resume without a gap. caps
+// is what the consumer serves (a runner's capabilities), for
+// Options.Presence, which hears of the connection before Attach returns;
+// Detach ends it.
+func (h *Hub) Attach(k Key, cursor *uint64, caps ...string) (*Conn, *Reset) {
+	c, reset := h.attach(k, cursor)
+	if h.o.Presence != nil {
+		c.gone = h.o.Presence.Connected(k, caps)
+	}
+	return c, reset
+}
+
+func (h *Hub) attach(k Key, cursor *uint64) (*Conn, *Reset) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	b := h.box(k)
@@ -208,8 +223,9 @@ func (c *Conn) Delivered(seq uint64) {
 	}
 }
 
-// Detach ends this connection's hold on the outbox; unacknowledged
-// deliveries wait for the next connection.
+// Detach ends this connection's hold on the outbox, and tells
+// Options.Presence that it ended; unacknowledged deliveries wait for the
+// next connection.
 func (c *Conn) Detach() {
 	c.h.mu.Lock()
 	if c.box.conn == c {
@@ -219,4 +235,7 @@ func (c *Conn) Detach() {
 	}
 	c.h.mu.Unlock()
 	c.end(nil)
+	if c.gone != nil {
+		c.goneOnce.Do(c.gone)
+	}
 }

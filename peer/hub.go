@@ -83,6 +83,18 @@ type Options struct {
 	ReportInterval time.Duration
 	// Logger receives warnings; nil discards.
 	Logger *slog.Logger
+	// Presence, when set, is told of every connection that attaches and
+	// of its end: the hub is the one place that knows who is connected.
+	Presence Presence
+}
+
+// Presence learns who is connected from the hub. Connected is called, outside
+// the hub's locks, for each connection that attaches (caps is what it serves:
+// a runner's capabilities), and the function it returns when that connection
+// detaches. A newer connection of the same consumer attaches before the one
+// it supersedes detaches.
+type Presence interface {
+	Connected(k Key, caps []string) (disconnected func())
 }
 
 // Defaults returns the value each zero bound and interval of Options

@@ -3,6 +3,8 @@ package peer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -283,4 +285,39 @@ func TestDeliveredBecomesAcknowledgedAfterRewind(t *testing.T) {
 	zero := uint64(0)
 	c, _ = h.Attach(k, &zero)
 	none(t, c)
+}
+
+// presenceLog records what a hub tells its Presence.
+type presenceLog struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (p *presenceLog) Connected(k Key, caps []string) func() {
+	p.add(fmt.Sprintf("on %s %v", k, caps))
+	return func() { p.add("off " + k.String()) }
+}
+
+func (p *presenceLog) add(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.log = append(p.log, s)
+}
+
+// TestPresenceFollowsAttachAndDetach: the hub tells its Presence of every
+// connection that attaches, with what it serves, and of its end once, also
+// when a newer connection superseded it first.
+func TestPresenceFollowsAttachAndDetach(t *testing.T) {
+	p := &presenceLog{}
+	h := newHub(t, nil, Options{Presence: p})
+	k := Key{Role: "runner", ID: "r", Consumer: "c"}
+	first, _ := h.Attach(k, nil, "echo", "sum")
+	second, _ := h.Attach(k, nil, "echo")
+	first.Detach()
+	first.Detach()
+	second.Detach()
+	want := []string{"on runner/r/c [echo sum]", "on runner/r/c [echo]", "off runner/r/c", "off runner/r/c"}
+	if fmt.Sprint(p.log) != fmt.Sprint(want) {
+		t.Fatalf("presence heard %q, want %q", p.log, want)
+	}
 }

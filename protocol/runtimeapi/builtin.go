@@ -31,17 +31,15 @@ func (s *Surface) Start(log *slog.Logger) {
 	s.mu.Lock()
 	s.stop, s.stopped = cancel, make(chan struct{})
 	s.mu.Unlock()
-	key := peer.Key{Role: kernel.RoleRunner, ID: memoryRunner, Consumer: memoryConsumer}
-	conn, _ := s.o.Hub.Attach(key, nil)
 	tools := make([]string, 0, len(s.memory))
 	for name := range s.memory {
 		tools = append(tools, name)
 	}
 	sort.Strings(tools)
-	disconnected := s.o.Kernel.RunnerConnected(memoryRunner, memoryConsumer, tools)
+	key := peer.Key{Role: kernel.RoleRunner, ID: memoryRunner, Consumer: memoryConsumer}
+	conn, _ := s.o.Hub.Attach(key, nil, tools...)
 	go func() {
 		defer close(s.stopped)
-		defer disconnected()
 		defer conn.Detach()
 		s.serveMemory(ctx, conn, log)
 	}()

@@ -38,13 +38,14 @@ type Kernel interface {
 	Get(ctx context.Context, id string) (kernel.View, error)
 	ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error
 	Watch(id string) *kernel.Watch
-	RunnerConnected(runnerID, consumerID string, caps []string) (disconnected func())
 	RunnerResult(ctx context.Context, runnerID string, req kernel.RunnerResultRequest, meta kernel.Meta) (kernel.After, error)
 }
 
-// Hub is what the built-in memory runner needs of the delivery hub.
+// Hub is what the built-in memory runner needs of the delivery hub: it
+// attaches as a runner with its tools, which tells the kernel (see
+// peer.Presence).
 type Hub interface {
-	Attach(k peer.Key, cursor *uint64) (*peer.Conn, *peer.Reset)
+	Attach(k peer.Key, cursor *uint64, caps ...string) (*peer.Conn, *peer.Reset)
 }
 
 // Memory is the built-in notes store the memory capabilities run on.
