@@ -17,8 +17,9 @@ const (
 // docs/decisions.md); a small one, files small enough that their number,
 // and what Badger may still write once writes stop, fit its disk.
 type sizing struct {
-	// budget is the budget it was made for; zero for none.
-	budget int64
+	// budget is the budget it was made for, memory the memory limit;
+	// zero for none.
+	budget, memory int64
 	// segment is the most a journal segment holds (see journal.grow).
 	segment int64
 	// Badger: memory tables (each is as much again in its log file),
@@ -29,10 +30,13 @@ type sizing struct {
 	l0Tables, l0Stall int
 	baseTable         int64
 	baseLevel         int64
-	vlogFile          int64
-	valueThreshold    int64
-	blockCache        int64
-	indexCache        int64
+	// tableGrowth is how much larger each level's tables are than the
+	// level above's; zero for Badger's default.
+	tableGrowth    int
+	vlogFile       int64
+	valueThreshold int64
+	blockCache     int64
+	indexCache     int64
 
 	// backlog bounds the bytes of acknowledged groups waiting for Badger.
 	backlog int64
@@ -99,15 +103,16 @@ func sized(budget, memory int64) sizing {
 	}
 	if memory > 0 {
 		// Each memory table costs its arena and as much again in the
-		// pages of its log file; the caches take a sixteenth and a
-		// thirty-second of the limit.
-		z.memTable = min(z.memTable, pow2(memory/32, 2*mib, 32*mib))
+		// pages of its log file, and writing it out builds its table in
+		// memory, twice over when compressed: a sixty-fourth of the limit
+		// each. The caches take a sixteenth and a thirty-second.
+		z.memTable = min(z.memTable, pow2(memory/64, 2*mib, 32*mib))
 		z.numMemtables = min(z.numMemtables, max(2, int(memory/(8*z.memTable))))
 		z.blockCache = min(z.blockCache, pow2(memory/16, mib, 32*mib))
 		z.indexCache = min(z.indexCache, pow2(memory/32, mib, 16*mib))
 		z.backlog = min(z.backlog, max(2*mib, memory/16))
 	}
-	z.budget = budget
+	z.budget, z.memory = budget, memory
 	z.derive()
 	return z
 }
@@ -128,6 +133,21 @@ func (z *sizing) derive() {
 	if z.memTable < 32*mib {
 		z.baseTable = max(256*kib, z.memTable/4)
 		z.baseLevel = 4 * z.memTable
+	}
+	if z.memory > 0 {
+		// A compaction builds each of its tables whole in memory (twice
+		// the table's size, more for the blocks before and after
+		// compression, kept for reuse) and may hold 13 at once while it
+		// writes them out; at four tables in level 0, Badger may merge
+		// them into one. So under a memory limit tables are small at
+		// every level, level 0 is compacted at two tables and stalls at
+		// three, and the base level is small: each compaction, and the
+		// memory it takes at once, stays small as the data grows.
+		z.baseTable = 256 * kib
+		z.baseLevel = z.memTable
+		z.tableGrowth = 1
+		z.l0Tables = min(z.l0Tables, 2)
+		z.l0Stall = min(z.l0Stall, 3)
 	}
 	// Badger takes a value into the tree only when it fits in one of
 	// its write batches (15% of a memory table); larger ones go to the

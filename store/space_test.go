@@ -31,7 +31,7 @@ func TestSized(t *testing.T) {
 		{"256 MiB partition", 256 * mib, 0, 4 * mib, 8 * mib, 2, 80 * mib},
 		{"1 GiB partition", gib, 0, 16 * mib, 32 * mib, 2, 320 * mib},
 		{"8 GiB partition", 8 * gib, 0, 32 * mib, 32 * mib, 3, gib},
-		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 8 * mib, 4, 1 << 62},
+		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 4 * mib, 5, 1 << 62},
 		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, 2 * mib, 4, 1 << 62},
 		{"both small", 64 * mib, 256 * mib, mib, 2 * mib, 2, 20 * mib},
 	} {
@@ -51,6 +51,13 @@ func TestSized(t *testing.T) {
 			if tc.memory > 0 {
 				if spent := int64(z.numMemtables)*z.memTable*2 + z.blockCache + z.indexCache + z.backlog; spent > tc.memory/2 {
 					t.Errorf("Badger may take %d MiB of a %d MiB memory limit", spent/mib, tc.memory/mib)
+				}
+				// A compaction's memory follows its tables' size, the same
+				// at every level, and four tables in level 0 would let
+				// Badger merge them into one built in memory.
+				if z.baseTable > z.memTable/4 || z.tableGrowth != 1 || z.l0Stall >= 4 || z.l0Tables >= z.l0Stall {
+					t.Errorf("tables of %d KiB growing %dx per level, level 0 compacted at %d and stalled at %d tables",
+						z.baseTable/kib, z.tableGrowth, z.l0Tables, z.l0Stall)
 				}
 			}
 		})

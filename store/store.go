@@ -151,6 +151,12 @@ const maxApplyBytes = 4 << 20
 // versions and deletes journal segments Badger's tables have made redundant.
 const checkpointInterval = 2 * time.Second
 
+// pageOutInterval is how often, under a memory limit, the store hands the
+// pages of Badger's tables back to the kernel (see tablePages): a
+// compaction reads and writes its tables through memory maps, and what it
+// touched stays in the RSS until then.
+const pageOutInterval = time.Second
+
 // idleAfter is how long without a write makes the journal idle: it then
 // moves to a small segment, lets go of the segments kept for reuse, and has
 // Badger sync its own log so that the journal can be released (see
@@ -314,6 +320,9 @@ func Open(o Options) (*Store, error) {
 		WithNumLevelZeroTables(z.l0Tables).
 		WithNumLevelZeroTablesStall(z.l0Stall).
 		WithDetectConflicts(false)
+	if z.tableGrowth > 0 {
+		bo.TableSizeMultiplier = z.tableGrowth
+	}
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
 	}
@@ -1082,6 +1091,13 @@ func (s *Store) checkpointLoop() {
 	discard := s.applied.Load()
 	idle := false
 	changed := s.SpaceChanged()
+	pages := s.tablePages()
+	var paging <-chan time.Time
+	if pages != "" {
+		t := time.NewTicker(pageOutInterval)
+		defer t.Stop()
+		paging = t.C
+	}
 	for {
 		select {
 		case <-s.crowded:
@@ -1093,6 +1109,11 @@ func (s *Store) checkpointLoop() {
 				s.shedJournal()
 			}
 			continue
+		case <-paging:
+			if err := pageOut(pages); err != nil {
+				s.log.Warn("the pages of Badger's tables stay mapped", "err", err)
+				paging = nil
+			}
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
 			quiet := s.journal != nil && time.Since(time.Unix(0, s.lastWrite.Load())) >= cmp.Or(s.opts.idleAfter, idleAfter)
@@ -1105,6 +1126,30 @@ func (s *Store) checkpointLoop() {
 			return
 		}
 	}
+}
+
+// tablePages returns the folder whose table pages checkpointLoop hands
+// back to the kernel, or "" for none. Badger writes and reads its tables
+// through memory maps and never lets go of their pages: every table
+// written or compacted stays in the process's RSS (and its cgroup's
+// usage) until the kernel runs short, so the RSS grows with the data
+// stored. Under a memory limit the store hands them back every
+// pageOutInterval: tables are synced when written, and reads fault back
+// what they use (indexes, hot blocks).
+func (s *Store) tablePages() string {
+	if s.opts.MemoryLimit <= 0 || s.opts.InMemory {
+		return ""
+	}
+	// /proc/self/maps names files by their absolute, resolved paths.
+	dir, err := filepath.Abs(s.opts.Dir)
+	if err == nil {
+		dir, err = filepath.EvalSymlinks(dir)
+	}
+	if err != nil {
+		s.log.Warn("the pages of Badger's tables stay mapped", "err", err)
+		return ""
+	}
+	return dir
 }
 
 // checkpoint lets Badger discard versions older than the previous

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 )
 
@@ -36,6 +38,42 @@ func TestMemoryLimit(t *testing.T) {
 			got, source := memoryLimit(tc.flagged, root)
 			if got != tc.want || source != tc.source {
 				t.Errorf("memoryLimit = %d (%q), want %d (%q)", got, source, tc.want, tc.source)
+			}
+		})
+	}
+}
+
+// TestApplyMemoryLimit: a memory limit sets the heap's soft limit and a
+// lower GOGC, each unless its environment variable is set; no limit
+// leaves both alone.
+func TestApplyMemoryLimit(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	for _, tc := range []struct {
+		name           string
+		limit          int64
+		gogc, gomemlim string
+		wantGC         int
+		wantLimit      int64
+	}{
+		{"no limit", 0, "", "", 100, math.MaxInt64},
+		{"a limit", 256 << 20, "", "", gcPercent, 192 << 20},
+		{"GOGC set", 256 << 20, "100", "", 100, 192 << 20},
+		{"GOMEMLIMIT set", 256 << 20, "", "1GiB", gcPercent, math.MaxInt64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GOGC", tc.gogc)
+			t.Setenv("GOMEMLIMIT", tc.gomemlim)
+			debug.SetGCPercent(100)
+			debug.SetMemoryLimit(math.MaxInt64)
+			if got := applyMemoryLimit(tc.limit); got != tc.wantLimit {
+				t.Errorf("applyMemoryLimit = %d, want %d", got, tc.wantLimit)
+			}
+			if got := debug.SetMemoryLimit(-1); got != tc.wantLimit {
+				t.Errorf("heap limit %d, want %d", got, tc.wantLimit)
+			}
+			if got := debug.SetGCPercent(100); got != tc.wantGC {
+				t.Errorf("GOGC %d, want %d", got, tc.wantGC)
 			}
 		})
 	}

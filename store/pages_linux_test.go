@@ -1,0 +1,127 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestTableMapping(t *testing.T) {
+	const dir = "/data/gh"
+	for _, tc := range []struct {
+		name, line string
+		start, end uintptr
+		ok         bool
+	}{
+		{"a table", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1234 /data/gh/000001.sst", 0x7f0000000000, 0x7f0000200000, true},
+		{"a value log", "7f0000000000-7f0008000000 rw-s 00000000 fd:01 1235 /data/gh/000001.vlog", 0x7f0000000000, 0x7f0008000000, true},
+		{"a memory table's log", "7f0000000000-7f0000800000 rw-s 00000000 fd:01 1236 /data/gh/00001.mem", 0, 0, false},
+		{"a table of another folder", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1237 /data/other/000001.sst", 0, 0, false},
+		{"a table in a folder below", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1238 /data/gh/x/000001.sst", 0, 0, false},
+		{"a deleted table", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1239 /data/gh/000001.sst (deleted)", 0, 0, false},
+		{"anonymous memory", "7f0000000000-7f0000200000 rw-p 00000000 00:00 0", 0, 0, false},
+		{"a broken range", "7f0000200000-7f0000000000 r--s 00000000 fd:01 1240 /data/gh/000001.sst", 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start, end, ok := tableMapping(tc.line, dir)
+			if start != tc.start || end != tc.end || ok != tc.ok {
+				t.Errorf("tableMapping = %#x-%#x %v, want %#x-%#x %v", start, end, ok, tc.start, tc.end, tc.ok)
+			}
+		})
+	}
+}
+
+// TestPageOutTables: the pages of the tables Badger wrote leave the RSS,
+// and the data reads back the same.
+func TestPageOutTables(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC {
+		t.Skip("tmpfs pages have nowhere to go without swap")
+	}
+	s, err := Open(Options{Dir: dir, MemoryLimit: 256 * mib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.tablePages(); got != dir {
+		t.Fatalf("tablePages = %q, want %q", got, dir)
+	}
+	vals := make([][]byte, 64)
+	for i := range vals {
+		vals[i] = []byte(rand.Text() + strings.Repeat(rand.Text(), 2000))
+		var b Batch
+		b.Append("pages", uint64(i+1), vals[i])
+		if err := s.Write(context.Background(), &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := tableRSS(t, dir)
+	if before == 0 {
+		t.Fatal("no table pages in the RSS after writing tables")
+	}
+	if err := pageOut(dir); err != nil {
+		t.Fatal(err)
+	}
+	if after := tableRSS(t, dir); after >= before {
+		t.Errorf("table pages in the RSS: %d KiB before paging out, %d KiB after", before, after)
+	}
+	n := 0
+	err = s.Scan("pages", 0, func(seq uint64, v []byte) bool {
+		if string(v) != string(vals[seq-1]) {
+			t.Errorf("entry %d reads back as %d bytes, not the %d written", seq, len(v), len(vals[seq-1]))
+		}
+		n++
+		return true
+	})
+	if err != nil || n != len(vals) {
+		t.Fatalf("read %d entries (%v), want %d", n, err, len(vals))
+	}
+}
+
+// tableRSS sums the resident KiB of dir's table mappings in this process.
+func tableRSS(t *testing.T, dir string) int {
+	t.Helper()
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	total, in := 0, false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if fields := strings.Fields(line); len(fields) > 0 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
+			_, _, in = tableMapping(line, dir)
+			continue
+		}
+		if rest, ok := strings.CutPrefix(line, "Rss:"); ok && in {
+			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")))
+			if err != nil {
+				t.Fatal(fmt.Errorf("smaps: %q: %w", line, err))
+			}
+			total += kb
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return total
+}

@@ -1,0 +1,12 @@
+//go:build !linux
+
+package store
+
+import (
+	"errors"
+	"fmt"
+)
+
+// pageOut is Linux's alone (MADV_PAGEOUT): elsewhere the pages of Badger's
+// tables stay mapped until the system needs them.
+func pageOut(string) error { return fmt.Errorf("page out: %w", errors.ErrUnsupported) }
