@@ -10,7 +10,6 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/peer"
 )
 
 type metrics struct {
@@ -22,7 +21,7 @@ type metrics struct {
 	refused *prometheus.CounterVec
 }
 
-func newMetrics(reg *prometheus.Registry, k *kernel.Kernel, hub *peer.Hub) *metrics {
+func newMetrics(reg *prometheus.Registry, k Kernel, hub Hub) *metrics {
 	m := &metrics{
 		reg: reg,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -81,11 +80,11 @@ type kernelSeries struct {
 // scrape: each snapshot takes the kernel lock and walks every consumer,
 // which per series would be repeated a score of times.
 type kernelCollector struct {
-	k      *kernel.Kernel
+	k      Kernel
 	series []kernelSeries
 }
 
-func newKernelCollector(k *kernel.Kernel) *kernelCollector {
+func newKernelCollector(k Kernel) *kernelCollector {
 	c := &kernelCollector{k: k}
 	add := func(name, help string, kind prometheus.ValueType, v func(kernel.Stats) float64) {
 		c.series = append(c.series, kernelSeries{prometheus.NewDesc(name, help, nil, nil), kind, v})
@@ -126,11 +125,11 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 
 // hubCollector exports the peer hub's figures from one snapshot per scrape.
 type hubCollector struct {
-	h                             *peer.Hub
+	h                             Hub
 	consumers, dropped, collected *prometheus.Desc
 }
 
-func newHubCollector(h *peer.Hub) *hubCollector {
+func newHubCollector(h Hub) *hubCollector {
 	return &hubCollector{
 		h: h,
 		consumers: prometheus.NewDesc("gatehouse_peer_consumers",

@@ -17,23 +17,19 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
-	"github.com/gatehouse-dev/gatehouse/bridge"
-	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
-	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
 // Options configure a Server. Kernel, Hub and Auth are required; zero
 // durations and sizes take the values of Defaults.
 type Options struct {
-	Kernel   *kernel.Kernel
-	Hub      *peer.Hub
+	Kernel   Kernel
+	Hub      Hub
 	Auth     *auth.Authenticator
-	Bridge   *bridge.Bridge    // nil: no /v0/actions (approvals only through signals)
-	Channels *channel.Registry // nil (or no Bridge): no human channels
+	Bridge   Bridge   // nil: no /v0/actions (approvals only through signals)
+	Channels Channels // nil (or no Bridge): no human channels
 	// Surfaces are the protocol surfaces mounted beside /v0.
 	Surfaces []protocol.Surface
 	// Sessions are the durable sessions executions may be filed under;
@@ -93,8 +89,8 @@ func orDefault[T int | time.Duration](v *T, d T) {
 // Server serves the gateway's HTTP API. Create it with New.
 type Server struct {
 	opts    Options
-	k       *kernel.Kernel
-	hub     *peer.Hub
+	k       Kernel
+	hub     Hub
 	auth    *auth.Authenticator
 	log     *slog.Logger
 	srv     *fasthttp.Server

@@ -28,7 +28,7 @@ var errKernelClosed = errors.New("gateway: kernel shutting down")
 // sequence; its watch only says that there is more, so a slow reader costs
 // no memory and cannot miss anything.
 type eventSource struct {
-	k     *kernel.Kernel
+	k     Kernel
 	id    string
 	last  uint64
 	watch *kernel.Watch
@@ -38,7 +38,7 @@ type eventSource struct {
 
 // newEventSource starts watching execution id before anything is read, so
 // that nothing appended in between is missed.
-func newEventSource(k *kernel.Kernel, id string, after uint64) *eventSource {
+func newEventSource(k Kernel, id string, after uint64) *eventSource {
 	return &eventSource{k: k, id: id, last: after, watch: k.Watch(id)}
 }
 
