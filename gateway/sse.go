@@ -3,8 +3,10 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -60,9 +62,7 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 	so.WriteTimeout = s.opts.WriteTimeout
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer s.streams.Done()
-		defer s.metrics.streams.WithLabelValues(kind).Dec()
+	ctx.Response.SetBodyStream(&sseBody{run: func(w *bufio.Writer) {
 		src, ended := open(&o)
 		if ended != nil {
 			defer ended()
@@ -84,7 +84,65 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 			// connection the client would then reuse.
 			_ = conn.Close()
 		}
-	})
+	}, done: func() {
+		s.metrics.streams.WithLabelValues(kind).Dec()
+		s.streams.Done()
+	}}, -1)
+}
+
+// sseBody runs an SSE stream on the connection's own goroutine: fasthttp
+// hands WriteTo its chunked writer (see fasthttp.BodyWriterTo), so that
+// each flush of the stream is one chunk on the socket. SetBodyStreamWriter
+// would put a pipe and a second goroutine between them, a hand-over per
+// flush. done runs once, when fasthttp closes the body, also if it never
+// ran it (a response that is not sent).
+type sseBody struct {
+	run  func(w *bufio.Writer)
+	done func()
+	once sync.Once
+}
+
+// sseBufferSize is the stream's write buffer: an event is flushed as one
+// chunk when the stream has written what is ready.
+const sseBufferSize = 4 << 10
+
+var sseBuffers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, sseBufferSize) }}
+
+// SupportsBodyWriteTo lets fasthttp call WriteTo rather than Read.
+func (b *sseBody) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo runs the stream into w, fasthttp's chunked writer.
+func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
+	cw := &countingWriter{w: w}
+	bw := sseBuffers.Get().(*bufio.Writer)
+	bw.Reset(cw)
+	b.run(bw)
+	err := bw.Flush()
+	bw.Reset(nil)
+	sseBuffers.Put(bw)
+	return cw.n, err
+}
+
+// Read is never called: fasthttp writes a stream that supports WriteTo
+// through it. It ends the body, should another path read it.
+func (b *sseBody) Read([]byte) (int, error) { return 0, io.EOF }
+
+// Close is called by fasthttp once the response is written (or dropped).
+func (b *sseBody) Close() error {
+	b.once.Do(b.done)
+	return nil
+}
+
+// countingWriter counts what passes, for WriteTo's result.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // cursor reads where a reconnecting reader of an execution's SSE stream
