@@ -3,63 +3,19 @@ package gateway_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
-
-// smallFS mounts a tmpfs of size bytes for a test and returns its folder,
-// or skips the test when mounting is refused (not root, no mount
-// namespace); docs/edge.md says how to run such tests.
-func smallFS(t *testing.T, size int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot mount a %d MiB tmpfs (%v: %s): run as root, or see docs/edge.md", size>>20, err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
-
-// ballast takes n bytes of a file system with a file at path.
-func ballast(t *testing.T, path string, n int64) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err != nil {
-		t.Fatalf("ballast of %d MiB: %v", n>>20, err)
-	}
-}
-
-// freeSpace returns the free bytes of the file system holding dir.
-func freeSpace(t *testing.T, dir string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Bavail) * st.Bsize
-}
 
 // waitSpace waits until the store's room reading is in state want, named
 // as the 507 details name it: "ok", "low" or "full".
@@ -85,7 +41,7 @@ func waitSpace(t *testing.T, st interface{ Space() kernel.Space }, want string) 
 // running goes on to its end; /v0/ready and the metrics say so. Once space
 // is freed, new work is taken again within seconds, with no restart.
 func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
-	mnt := smallFS(t, 64<<20)
+	mnt := fstest.Small(t, 64<<20)
 	s := start(t, node.Options{Data: filepath.Join(mnt, "data")})
 	a := newAPI(t, s)
 	st := s.Node.Store
@@ -99,7 +55,7 @@ func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
 	pending := a.create("nobody", obj{"task": "cancel me"})["id"].(string)
 
 	// Take the room down between the reserve and the low-water mark.
-	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-(sp.LowWater+sp.Reserve)/2)
+	fstest.Ballast(t, filepath.Join(mnt, "ballast"), fstest.Free(t, mnt)-(sp.LowWater+sp.Reserve)/2)
 	waitSpace(t, st, "low")
 
 	refused := a.fail("POST", "/v0/executions", obj{"agent_id": "edge", "input": obj{"task": "new"}}, 507, "STORAGE_FULL")
@@ -163,7 +119,7 @@ func grepLines(text []byte, substr string) string {
 // refused writes and log lines, not thousands a second. When space
 // returns, every execution is assigned, by itself; shutdown is prompt.
 func TestFullStoreDoesNotSpin(t *testing.T) {
-	mnt := smallFS(t, 64<<20)
+	mnt := fstest.Small(t, 64<<20)
 	var logs lockedBuffer
 	s := start(t, node.Options{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	a := newAPI(t, s)
@@ -173,7 +129,7 @@ func TestFullStoreDoesNotSpin(t *testing.T) {
 	for range 20 {
 		ids = append(ids, a.create("late", obj{"task": "wait for me"})["id"].(string))
 	}
-	ballast(t, filepath.Join(mnt, "ballast"), freeSpace(t, mnt)-sp.Reserve/2-(sp.Reserve*3/4-sp.Reserve/2)/2)
+	fstest.Ballast(t, filepath.Join(mnt, "ballast"), fstest.Free(t, mnt)-sp.Reserve/2-(sp.Reserve*3/4-sp.Reserve/2)/2)
 	waitSpace(t, st, "full")
 	refused, errorsBefore := st.Stats().Refused, strings.Count(logs.String(), "level=ERROR")
 

@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
 
 func TestSized(t *testing.T) {
@@ -207,25 +208,6 @@ func TestIdleFolderIsSmall(t *testing.T) {
 	}
 }
 
-// smallFS mounts a tmpfs of size bytes on dir (made if missing) for a
-// test, or skips the test when mounting is refused (not root, or no mount
-// namespace).
-func smallFS(t *testing.T, dir string, size int64) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot mount a %d KiB tmpfs (%v: %s); run as root, or see docs/edge.md", size/kib, err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-}
-
 // TestSegmentPrepareFailure: on a real, small file system that runs out of
 // space, a segment that cannot be prepared is removed again (no empty or
 // half-made file is left), the failure is visible (Space, Ping, Stats) and
@@ -238,7 +220,7 @@ func smallFS(t *testing.T, dir string, size int64) {
 func TestSegmentPrepareFailure(t *testing.T) {
 	dir := t.TempDir()
 	mnt := filepath.Join(dir, "journal")
-	smallFS(t, mnt, 4*mib)
+	fstest.Mount(t, mnt, 4*mib)
 	ballast := filepath.Join(mnt, "ballast")
 	fs := &fakeSpace{}
 	fs.free.Store(100 * gib)
@@ -300,7 +282,7 @@ func TestSegmentPrepareFailure(t *testing.T) {
 // again with every write once there is room.
 func TestCloseOnAFullDisk(t *testing.T) {
 	mnt := t.TempDir()
-	smallFS(t, mnt, 32*mib)
+	fstest.Mount(t, mnt, 32*mib)
 	dir := filepath.Join(mnt, "data")
 	s, err := Open(Options{Dir: dir, idleAfter: time.Hour})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
 
 // The edge tests run the real server in a child process on a real, small
@@ -26,22 +26,6 @@ import (
 // runs always (where a tmpfs can be mounted); GATEHOUSE_EDGE=1 runs the
 // full one: a 64 MiB file system filled from empty, five cycles. See
 // docs/edge.md.
-
-// mountTmpfs mounts a tmpfs of size bytes on a fresh folder, or skips.
-func mountTmpfs(t *testing.T, size int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot mount a %d MiB tmpfs (%v: %s): run as root, or see docs/edge.md", size>>20, err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
 
 // edgeServer is a server process.
 type edgeServer struct {
@@ -213,29 +197,6 @@ func waitRefused(t *testing.T, base string, cycle int) {
 	}
 }
 
-func takeSpace(t *testing.T, path string, n int64) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if n > 0 {
-		if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err != nil {
-			t.Fatalf("take %d KiB: %v", n>>10, err)
-		}
-	}
-}
-
-func freeBytes(t *testing.T, dir string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Bavail) * st.Bsize
-}
-
 // crashed reports a server that died of a signal other than our SIGKILL,
 // such as SIGBUS from a memory-mapped file on a full disk.
 func crashed(logs string) bool {
@@ -286,13 +247,13 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 	}
 	heavy := os.Getenv("GATEHOUSE_EDGE") == "1"
 	size := int64(64 << 20)
-	mnt := mountTmpfs(t, size)
+	mnt := fstest.Small(t, size)
 	dir := filepath.Join(mnt, "data")
 	addr := freeAddr(t)
 	c := edgeChild(t, addr, dir)
 	if !heavy {
 		// Leave about 6 MiB above the low-water mark (about 16 MiB here).
-		takeSpace(t, filepath.Join(mnt, "taken"), freeBytes(t, mnt)-22<<20)
+		fstest.Ballast(t, filepath.Join(mnt, "taken"), fstest.Free(t, mnt)-22<<20)
 	}
 	cycles := 1
 	if heavy {
@@ -305,12 +266,12 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 		took := time.Since(began)
 		acked = append(acked, ids...)
 		t.Logf("cycle %d: %d executions with 4 KB inputs accepted before 507 in %v (%.0f/s; %.1f MiB free at the first 507)",
-			cycle, len(ids), took.Round(time.Millisecond), float64(len(ids))/took.Seconds(), float64(freeBytes(t, mnt))/(1<<20))
+			cycle, len(ids), took.Round(time.Millisecond), float64(len(ids))/took.Seconds(), float64(fstest.Free(t, mnt))/(1<<20))
 		// Below the reserve too: a file takes all but 8 MiB. The server
 		// sheds its journal when it sees that (a start after a crash must
 		// replay it); then it is killed.
 		full := filepath.Join(mnt, fmt.Sprintf("full-%d", cycle))
-		takeSpace(t, full, max(0, freeBytes(t, mnt)-8<<20))
+		fstest.Ballast(t, full, max(0, fstest.Free(t, mnt)-8<<20))
 		waitJournal(t, dir, 2<<20)
 		c.kill(t)
 		if crashed(c.logs.String()) {
@@ -322,7 +283,7 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 		// and the free space it finds, and the journal shed before the
 		// kill gave some back: 4 MiB is below the reserve of any sizing.
 		fuller := full + "-after"
-		takeSpace(t, fuller, max(0, freeBytes(t, mnt)-4<<20))
+		fstest.Ballast(t, fuller, max(0, fstest.Free(t, mnt)-4<<20))
 		waitRefused(t, c.base, cycle)
 		for _, f := range []string{full, fuller} {
 			if err := os.Remove(f); err != nil {
@@ -349,7 +310,7 @@ func TestEdgeStartOnFullDiskExitsOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	mnt := mountTmpfs(t, 64<<20)
+	mnt := fstest.Small(t, 64<<20)
 	dir := filepath.Join(mnt, "data")
 	addr := freeAddr(t)
 	c := edgeChild(t, addr, dir)
@@ -363,8 +324,8 @@ func TestEdgeStartOnFullDiskExitsOnce(t *testing.T) {
 		ids = append(ids, ex["id"].(string))
 	}
 	c.kill(t)
-	takeSpace(t, filepath.Join(mnt, "taken"), freeBytes(t, mnt)-256<<10)
-	free := freeBytes(t, mnt)
+	fstest.Ballast(t, filepath.Join(mnt, "taken"), fstest.Free(t, mnt)-256<<10)
+	free := fstest.Free(t, mnt)
 	for try := range 3 {
 		cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", dir)
 		cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
@@ -377,7 +338,7 @@ func TestEdgeStartOnFullDiskExitsOnce(t *testing.T) {
 		if strings.Count(strings.TrimSpace(out.String()), "\n") > 1 || crashed(out.String()) {
 			t.Errorf("start %d: more than a line or two of output:\n%s", try+1, out.String())
 		}
-		if now := freeBytes(t, mnt); now != free {
+		if now := fstest.Free(t, mnt); now != free {
 			t.Fatalf("start %d took %d bytes", try+1, free-now)
 		}
 	}
