@@ -14,15 +14,19 @@ import (
 // servePprof serves Go's profiles (net/http/pprof) on addr, a loopback
 // address of its own: a profile shows the gateway's inner workings and
 // costs CPU while it runs, so it is never on the API's port and never
-// reachable from another machine. It returns a function that stops it.
-func servePprof(addr string, log *slog.Logger) (stop func(context.Context), err error) {
-	ln, err := net.Listen("tcp", addr)
+// reachable from another machine. It returns the address it listens on
+// and a function that stops it.
+func servePprof(addr string, log *slog.Logger) (net.Addr, func(context.Context), error) {
+	ta, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("pprof: %w", err)
+		return nil, nil, fmt.Errorf("pprof: %w", err)
 	}
-	if ap, ok := ln.Addr().(*net.TCPAddr); !ok || !ap.IP.IsLoopback() {
-		_ = ln.Close()
-		return nil, fmt.Errorf("pprof: %s is not a loopback address", addr)
+	if !ta.IP.IsLoopback() {
+		return nil, nil, fmt.Errorf("pprof: %s is not a loopback address", addr)
+	}
+	ln, err := net.ListenTCP("tcp", ta)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pprof: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -39,7 +43,7 @@ func servePprof(addr string, log *slog.Logger) (stop func(context.Context), err 
 		}
 	}()
 	log.Info("pprof listening", "addr", ln.Addr().String())
-	return func(ctx context.Context) {
+	return ln.Addr(), func(ctx context.Context) {
 		_ = srv.Shutdown(ctx)
 		_ = srv.Close()
 		<-done

@@ -194,7 +194,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	stopPprof := func(context.Context) {}
 	if c.pprofAddr != "" {
-		if stopPprof, err = servePprof(c.pprofAddr, log); err != nil {
+		if _, stopPprof, err = servePprof(c.pprofAddr, log); err != nil {
 			st.close(context.Background())
 			return err
 		}
