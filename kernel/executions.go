@@ -558,60 +558,73 @@ func (k *Kernel) exists(id string) error {
 // ReadEvents calls fn for each stored event of id after a sequence, in order;
 // data is valid only during the call. fn returns false to stop.
 func (k *Kernel) ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
-	if ok, err := k.readTail(id, after, fn); ok {
-		return err
-	}
-	return k.readStored(id, after, fn)
-}
-
-// readStored is ReadEvents from the store.
-func (k *Kernel) readStored(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
 	var buf []byte
-	var derr error
-	err := k.store.Scan(streamOf(id), after, func(seq uint64, data []byte) bool {
-		if buf, derr = event.AppendStoredJSON(buf[:0], data, id); derr != nil {
-			derr = fmt.Errorf("decode event %d of %s: %w", seq, id, derr)
-			return false
+	return k.eachEvent(id, after, func(seq uint64, raw []byte) (more bool, err error) {
+		if buf, err = event.AppendStoredJSON(buf[:0], raw, id); err != nil {
+			return false, err
 		}
-		return fn(seq, buf)
+		return fn(seq, buf), nil
 	})
-	if err == nil {
-		err = derr
-	}
-	if err != nil {
-		if errors.Is(err, store.ErrClosed) {
-			return newErr(ErrUnavailable, "service unavailable: shutting down")
-		}
-		return newErr(ErrUnavailable, "service unavailable: %v", err)
-	}
-	return nil
 }
 
 // ReadEventValues is ReadEvents for readers that render the events in
 // another shape: fn gets each event decoded, valid only during the call.
 func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error {
-	var derr error
-	err := k.store.Scan(streamOf(id), after, func(seq uint64, data []byte) bool {
+	return k.eachEvent(id, after, func(_ uint64, raw []byte) (bool, error) {
 		var ev event.Event
-		if len(data) > 0 && data[0] == '{' {
-			derr = json.Unmarshal(data, &ev)
+		var err error
+		if len(raw) > 0 && raw[0] == '{' {
+			err = json.Unmarshal(raw, &ev)
 		} else {
-			ev, derr = event.DecodeStored(data, id)
+			ev, err = event.DecodeStored(raw, id)
 		}
-		if derr != nil {
-			derr = fmt.Errorf("decode event %d of %s: %w", seq, id, derr)
-			return false
+		if err != nil {
+			return false, err
 		}
-		return fn(&ev)
+		return fn(&ev), nil
 	})
-	if err == nil {
-		err = derr
+}
+
+// eachEvent calls fn with the stored form of each of id's events after a
+// sequence, in order, from the execution's tail when it holds the next one
+// and from the store otherwise. fn returns false to stop, or the error of
+// an event it cannot decode.
+func (k *Kernel) eachEvent(id string, after uint64, fn func(seq uint64, raw []byte) (bool, error)) error {
+	entries, ok := k.tailFrom(id, after)
+	if !ok {
+		return k.eachStored(id, after, fn)
 	}
-	if err != nil {
-		if errors.Is(err, store.ErrClosed) {
-			return newErr(ErrUnavailable, "service unavailable: shutting down")
+	for _, e := range entries {
+		more, err := fn(e.seq, e.raw)
+		if err != nil {
+			return newErr(ErrUnavailable, "service unavailable: decode event %d of %s: %v", e.seq, id, err)
 		}
-		return newErr(ErrUnavailable, "service unavailable: %v", err)
+		if !more {
+			break
+		}
 	}
 	return nil
+}
+
+// eachStored is eachEvent from the store.
+func (k *Kernel) eachStored(id string, after uint64, fn func(seq uint64, raw []byte) (bool, error)) error {
+	var ferr error
+	err := k.store.Scan(streamOf(id), after, func(seq uint64, raw []byte) bool {
+		var more bool
+		if more, ferr = fn(seq, raw); ferr != nil {
+			ferr = fmt.Errorf("decode event %d of %s: %w", seq, id, ferr)
+			return false
+		}
+		return more
+	})
+	if err == nil {
+		err = ferr
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrClosed):
+		return newErr(ErrUnavailable, "service unavailable: shutting down")
+	}
+	return newErr(ErrUnavailable, "service unavailable: %v", err)
 }

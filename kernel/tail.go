@@ -1,7 +1,5 @@
 package kernel
 
-import "github.com/gatehouse-dev/gatehouse/event"
-
 // An execution's tail is its latest events in the stored form, kept in
 // memory from its first commit in this process until it ends and nobody
 // watches it. A stream that follows a live execution reads them there:
@@ -94,31 +92,17 @@ func (k *Kernel) forgetTail(id string) {
 	}
 }
 
-// readTail calls fn with id's events after sequence after, in the JSON
-// form, when its tail holds the next one; it reports false, having called
-// nothing, when the reader must go to the store.
-func (k *Kernel) readTail(id string, after uint64, fn func(seq uint64, data []byte) bool) (bool, error) {
-	var local [16]tailEntry
+// tailFrom returns id's events after sequence after, in the stored form,
+// when its tail holds the next one; false sends the reader to the store.
+// The entries' bytes are never changed once committed, so the caller reads
+// them without the lock; the slice holding them is a copy.
+func (k *Kernel) tailFrom(id string, after uint64) ([]tailEntry, bool) {
 	k.watchMu.Lock()
+	defer k.watchMu.Unlock()
 	tl := k.tails[id]
 	if tl == nil || len(tl.entries) == 0 || tl.entries[0].seq > after+1 {
-		k.watchMu.Unlock()
-		return false, nil
+		return nil, false
 	}
-	// The entries' bytes are never changed, so they are read outside the
-	// lock; the slice holding them may be.
 	i := int(after + 1 - tl.entries[0].seq)
-	entries := append(local[:0], tl.entries[min(i, len(tl.entries)):]...)
-	k.watchMu.Unlock()
-	var buf []byte
-	for _, e := range entries {
-		var err error
-		if buf, err = event.AppendStoredJSON(buf[:0], e.raw, id); err != nil {
-			return true, newErr(ErrUnavailable, "service unavailable: decode event %d of %s: %v", e.seq, id, err)
-		}
-		if !fn(e.seq, buf) {
-			break
-		}
-	}
-	return true, nil
+	return append([]tailEntry(nil), tl.entries[min(i, len(tl.entries)):]...), true
 }

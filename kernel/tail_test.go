@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/event"
 )
 
 // events returns what read gives for id after each sequence up to last:
@@ -58,7 +60,13 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 	last := tl.entries[len(tl.entries)-1].seq
 	k.watchMu.Unlock()
 
-	stored := events(t, k.readStored, v.ID, last)
+	storedJSON := func(id string, after uint64, fn func(uint64, []byte) bool) error {
+		return k.eachStored(id, after, func(seq uint64, raw []byte) (bool, error) {
+			data, err := event.AppendStoredJSON(nil, raw, id)
+			return err == nil && fn(seq, data), err
+		})
+	}
+	stored := events(t, storedJSON, v.ID, last)
 	read := events(t, k.ReadEvents, v.ID, last)
 	for after := range stored {
 		if len(stored[after]) == 0 && uint64(after) != last {
@@ -68,16 +76,36 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 			t.Fatalf("after %d (the tail starts at %d): read\n%s\nwant\n%s", after, first, read[after], stored[after])
 		}
 	}
+	// Decoded events from the tail are those decoded from the store.
+	var fromTailValues, fromStoreValues []string
+	if err := k.ReadEventValues(v.ID, first-1, func(ev *event.Event) bool {
+		b, _ := json.Marshal(ev)
+		fromTailValues = append(fromTailValues, string(b))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.eachStored(v.ID, first-1, func(_ uint64, raw []byte) (bool, error) {
+		ev, err := event.DecodeStored(raw, v.ID)
+		b, _ := json.Marshal(ev)
+		fromStoreValues = append(fromStoreValues, string(b))
+		return err == nil, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(fromTailValues) == 0 || strings.Join(fromTailValues, "\n") != strings.Join(fromStoreValues, "\n") {
+		t.Fatalf("decoded from the tail:\n%s\nfrom the store:\n%s", fromTailValues, fromStoreValues)
+	}
 	var fromTail int
 	for after := first - 1; after <= last; after++ {
-		if ok, _ := k.readTail(v.ID, after, func(uint64, []byte) bool { return true }); ok {
+		if _, ok := k.tailFrom(v.ID, after); ok {
 			fromTail++
 		}
 	}
 	if want := int(last - first + 2); fromTail != want {
 		t.Fatalf("%d cursors served by the tail, want %d", fromTail, want)
 	}
-	if ok, _ := k.readTail(v.ID, first-2, func(uint64, []byte) bool { return true }); ok {
+	if _, ok := k.tailFrom(v.ID, first-2); ok {
 		t.Fatal("a cursor before the tail was served by it")
 	}
 
