@@ -104,22 +104,21 @@ var (
 
 func invalid(msg string) error { return errors.Join(errInvalid, errors.New(msg)) }
 
-// fail answers err with its status.
+// fail answers err with its status: the surface's own errors, then those
+// every surface shares (protocol.Status).
 func fail(ctx *fasthttp.RequestCtx, err error) {
-	status, code, msg := fasthttp.StatusInternalServerError, "INTERNAL_ERROR", "internal error"
+	status, code, known := protocol.Status(err)
 	switch {
-	case errors.Is(err, errInvalid), errors.Is(err, session.ErrInvalid), errors.Is(err, kernel.ErrValidation):
-		status, code, msg = fasthttp.StatusBadRequest, "VALIDATION_ERROR", err.Error()
-	case errors.Is(err, session.ErrNotFound), errors.Is(err, kernel.ErrNotFound), errors.Is(err, auth.ErrHidden):
-		status, code, msg = fasthttp.StatusNotFound, "NOT_FOUND", err.Error()
-	case errors.Is(err, errBusy), errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived), errors.Is(err, kernel.ErrConflict):
-		status, code, msg = fasthttp.StatusConflict, "CONFLICT", err.Error()
-	case errors.Is(err, auth.ErrForbidden):
-		status, code, msg = fasthttp.StatusForbidden, "FORBIDDEN", err.Error()
-	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
-		status, code, msg = fasthttp.StatusServiceUnavailable, "SERVICE_UNAVAILABLE", err.Error()
-	case errors.Is(err, kernel.ErrStorageFull):
-		status, code, msg = fasthttp.StatusInsufficientStorage, "STORAGE_FULL", err.Error()
+	case errors.Is(err, errInvalid):
+		status, code, known = fasthttp.StatusBadRequest, "VALIDATION_ERROR", true
+	case errors.Is(err, errBusy):
+		status, code, known = fasthttp.StatusConflict, "CONFLICT", true
+	}
+	msg := err.Error()
+	if !known {
+		msg = "internal error"
+	}
+	if status == fasthttp.StatusInsufficientStorage {
 		ctx.Response.Header.Set("Retry-After", "2")
 	}
 	writeJSON(ctx, status, errorBody{Error: msg, Code: code})

@@ -72,10 +72,9 @@ func (s *Surface) Routes() []protocol.Route {
 	}
 }
 
-// Error codes of the surface, beside the gateway's (VALIDATION_ERROR,
-// NOT_FOUND, CONFLICT, ...).
+// Error codes of the surface, beside those every surface shares
+// (protocol.Status: VALIDATION_ERROR, NOT_FOUND, CONFLICT, CURSOR_EXPIRED, ...).
 const (
-	codeCursorExpired  = "CURSOR_EXPIRED"
 	codeNotImplemented = "NOT_IMPLEMENTED"
 	codeUnknownCommand = "UNKNOWN_COMMAND"
 )
@@ -102,33 +101,24 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(append(data, '\n'))
 }
 
-// fail answers err with its status and code.
+// fail answers err with its status and code: the surface's own errors,
+// then those every surface shares (protocol.Status).
 func fail(ctx *fasthttp.RequestCtx, err error) {
-	status, code := fasthttp.StatusInternalServerError, "INTERNAL_ERROR"
+	status, code, known := protocol.Status(err)
+	if errors.Is(err, errInvalid) {
+		status, code, known = fasthttp.StatusBadRequest, "VALIDATION_ERROR", true
+	}
 	msg := err.Error()
+	if !known {
+		msg = "internal error"
+	}
 	var details any
 	var kerr *kernel.Error
 	if errors.As(err, &kerr) {
 		details = kerr.Details
 	}
-	switch {
-	case errors.Is(err, errInvalid), errors.Is(err, session.ErrInvalid), errors.Is(err, kernel.ErrValidation):
-		status, code = fasthttp.StatusBadRequest, "VALIDATION_ERROR"
-	case errors.Is(err, session.ErrNotFound), errors.Is(err, kernel.ErrNotFound), errors.Is(err, auth.ErrHidden):
-		status, code = fasthttp.StatusNotFound, "NOT_FOUND"
-	case errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived), errors.Is(err, kernel.ErrConflict):
-		status, code = fasthttp.StatusConflict, "CONFLICT"
-	case errors.Is(err, session.ErrCursorExpired):
-		status, code = fasthttp.StatusGone, codeCursorExpired
-	case errors.Is(err, auth.ErrForbidden):
-		status, code = fasthttp.StatusForbidden, "FORBIDDEN"
-	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
-		status, code = fasthttp.StatusServiceUnavailable, "SERVICE_UNAVAILABLE"
-	case errors.Is(err, kernel.ErrStorageFull):
-		status, code = fasthttp.StatusInsufficientStorage, "STORAGE_FULL"
+	if status == fasthttp.StatusInsufficientStorage {
 		ctx.Response.Header.Set("Retry-After", "2")
-	default:
-		msg = "internal error"
 	}
 	writeJSON(ctx, status, errorBody{Error: msg, Code: code, Details: details})
 }

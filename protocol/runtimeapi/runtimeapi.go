@@ -116,19 +116,16 @@ func (s *Surface) Routes() []protocol.Route {
 	}
 }
 
-// Machine codes of the surface's errors, in details.code.
+// Machine codes of the surface's own errors, in details.code; the shared
+// ones come from protocol.Status.
 const (
 	codeValidation      = "VALIDATION_ERROR"
 	codeNotFound        = "NOT_FOUND"
-	codeConflict        = "CONFLICT"
 	codeAccountRequired = "ACCOUNT_REQUIRED"
 	codeUnknownAccount  = "UNKNOWN_ACCOUNT"
 	codeArchived        = "SESSION_ARCHIVED"
 	codeInvalidInput    = "INVALID_INPUT"
 	codeTooLarge        = "PAYLOAD_TOO_LARGE"
-	codeForbidden       = "FORBIDDEN"
-	codeUnavailable     = "SERVICE_UNAVAILABLE"
-	codeStorageFull     = "STORAGE_FULL"
 	codeInternal        = "INTERNAL_ERROR"
 )
 
@@ -172,25 +169,18 @@ func fail(ctx *fasthttp.RequestCtx, err error) {
 	writeJSON(ctx, ae.status, map[string]any{"error": ae.msg, "details": details})
 }
 
-// classify maps the kernel's, the sessions' and the access rule's errors.
+// classify maps the kernel's, the sessions' and the access rule's errors:
+// an archived session has a code of its own here, the rest are shared by
+// every surface (protocol.Status).
 func classify(err error) *apiError {
-	switch {
-	case errors.Is(err, session.ErrArchived):
+	if errors.Is(err, session.ErrArchived) {
 		return &apiError{fasthttp.StatusConflict, codeArchived, err.Error(), nil}
-	case errors.Is(err, kernel.ErrValidation), errors.Is(err, session.ErrInvalid):
-		return &apiError{fasthttp.StatusBadRequest, codeValidation, err.Error(), nil}
-	case errors.Is(err, kernel.ErrNotFound), errors.Is(err, session.ErrNotFound), errors.Is(err, auth.ErrHidden):
-		return &apiError{fasthttp.StatusNotFound, codeNotFound, err.Error(), nil}
-	case errors.Is(err, kernel.ErrConflict), errors.Is(err, session.ErrConflict):
-		return &apiError{fasthttp.StatusConflict, codeConflict, err.Error(), nil}
-	case errors.Is(err, auth.ErrForbidden):
-		return &apiError{fasthttp.StatusForbidden, codeForbidden, err.Error(), nil}
-	case errors.Is(err, kernel.ErrStorageFull):
-		return &apiError{fasthttp.StatusInsufficientStorage, codeStorageFull, err.Error(), nil}
-	case errors.Is(err, kernel.ErrUnavailable), errors.Is(err, session.ErrClosed):
-		return &apiError{fasthttp.StatusServiceUnavailable, codeUnavailable, err.Error(), nil}
 	}
-	return &apiError{fasthttp.StatusInternalServerError, codeInternal, "internal error", nil}
+	status, code, known := protocol.Status(err)
+	if !known {
+		return &apiError{status, codeInternal, "internal error", nil}
+	}
+	return &apiError{status, code, err.Error(), nil}
 }
 
 func notFound(what, id string) error {

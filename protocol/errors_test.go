@@ -1,0 +1,39 @@
+package protocol_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
+	"github.com/gatehouse-dev/gatehouse/session"
+)
+
+func TestStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+		code   string
+		known  bool
+	}{
+		{kernel.ErrValidation, 400, "VALIDATION_ERROR", true},
+		{fmt.Errorf("turn: %w", session.ErrInvalid), 400, "VALIDATION_ERROR", true},
+		{kernel.ErrNotFound, 404, "NOT_FOUND", true},
+		{auth.ErrHidden, 404, "NOT_FOUND", true},
+		{session.ErrCursorExpired, 410, "CURSOR_EXPIRED", true},
+		{session.ErrArchived, 409, "CONFLICT", true},
+		{kernel.ErrConflict, 409, "CONFLICT", true},
+		{auth.ErrForbidden, 403, "FORBIDDEN", true},
+		{kernel.ErrStorageFull, 507, "STORAGE_FULL", true},
+		{errors.Join(kernel.ErrStorageFull, kernel.ErrUnavailable), 507, "STORAGE_FULL", true},
+		{session.ErrClosed, 503, "SERVICE_UNAVAILABLE", true},
+		{errors.New("disk on fire"), 500, "INTERNAL_ERROR", false},
+	} {
+		status, code, known := protocol.Status(tc.err)
+		if status != tc.status || code != tc.code || known != tc.known {
+			t.Errorf("Status(%v) = %d %s %v, want %d %s %v", tc.err, status, code, known, tc.status, tc.code, tc.known)
+		}
+	}
+}
