@@ -23,18 +23,9 @@ type agentSet struct {
 }
 
 type agentConsumer struct {
+	connection
 	id     string
-	online bool
-	gen    uint64            // bumped by each connection, so a stale disconnect is ignored
 	leases map[string]string // execution id -> lease id
-	grace  *time.Timer
-}
-
-func (c *agentConsumer) stopGrace() {
-	if c.grace != nil {
-		c.grace.Stop()
-		c.grace = nil
-	}
 }
 
 func (as *agentSet) removePending(id string) {
@@ -115,21 +106,10 @@ func (k *Kernel) AgentConnected(agentID, consumerID string) (disconnected func()
 	k.mu.Lock()
 	as := k.agentSetLocked(agentID)
 	c := as.consumer(consumerID)
-	c.stopGrace()
-	c.online = true
-	c.gen++
-	gen := c.gen
+	gen := c.connect()
 	k.mu.Unlock()
 	k.assignPending(agentID)
-	return func() {
-		k.mu.Lock()
-		defer k.mu.Unlock()
-		if c.gen != gen || k.closed {
-			return
-		}
-		c.online = false
-		c.grace = time.AfterFunc(k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
-	}
+	return k.disconnected(&c.connection, gen, k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
 }
 
 // agentLost runs when a consumer stayed away past the grace period: its
@@ -141,7 +121,7 @@ func (k *Kernel) agentLost(agentID, consumerID string, gen uint64) {
 	if as != nil {
 		c = as.consumers[consumerID]
 	}
-	if c == nil || c.gen != gen || c.online || k.closed {
+	if c == nil || !c.lostSince(gen) || k.closed {
 		k.mu.Unlock()
 		return
 	}

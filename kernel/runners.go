@@ -18,20 +18,11 @@ type runnerSet struct {
 }
 
 type runnerConsumer struct {
+	connection
 	runnerID string
 	id       string
 	caps     map[string]bool
-	online   bool
-	gen      uint64
 	job      *job // the job it holds; one at a time
-	grace    *time.Timer
-}
-
-func (c *runnerConsumer) stopGrace() {
-	if c.grace != nil {
-		c.grace.Stop()
-		c.grace = nil
-	}
 }
 
 // job is a remote step waiting for, or held by, a runner.
@@ -76,22 +67,11 @@ func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (di
 		rs.consumers[consumerID] = c
 		k.runnerOrder = nil
 	}
-	c.stopGrace()
 	c.caps = capSet(caps)
-	c.online = true
-	c.gen++
-	gen := c.gen
+	gen := c.connect()
 	k.mu.Unlock()
 	k.dispatch()
-	return func() {
-		k.mu.Lock()
-		defer k.mu.Unlock()
-		if c.gen != gen || k.closed {
-			return
-		}
-		c.online = false
-		c.grace = time.AfterFunc(k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
-	}
+	return k.disconnected(&c.connection, gen, k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
 }
 
 func capSet(caps []string) map[string]bool {
@@ -113,7 +93,7 @@ func (k *Kernel) runnerLost(runnerID, consumerID string, gen uint64) {
 	if rs != nil {
 		c = rs.consumers[consumerID]
 	}
-	if c == nil || c.gen != gen || c.online || k.closed {
+	if c == nil || !c.lostSince(gen) || k.closed {
 		k.mu.Unlock()
 		return
 	}
