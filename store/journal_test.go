@@ -171,6 +171,14 @@ func TestJournalTornTail(t *testing.T) {
 	}
 }
 
+// recycledFiles counts the files j keeps for reuse; the segment being
+// prepared in the background takes from them under j.mu.
+func recycledFiles(j *journal) int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.recycled)
+}
+
 // TestJournalReleaseAndRecycle: segments go once Badger's tables hold
 // their versions, oldest first, and never the one being written; released
 // files are reused, and what they held before never comes back.
@@ -196,11 +204,11 @@ func TestJournalReleaseAndRecycle(t *testing.T) {
 	if err != nil || n == 0 || j.pending() != before-n {
 		t.Fatalf("release(30) = %d, %v; pending %d -> %d", n, err, before, j.pending())
 	}
-	if len(j.recycled) == 0 {
+	if recycledFiles(j) == 0 {
 		t.Fatal("released segments were not kept for reuse")
 	}
 	appendN(61, 120) // rotates into the recycled files
-	if free, _ := filepath.Glob(filepath.Join(dir, "*"+recycleExt)); len(free) == len(j.recycled)+n {
+	if free, _ := filepath.Glob(filepath.Join(dir, "*"+recycleExt)); len(free) == recycledFiles(j)+n {
 		t.Fatal("no recycled file was reused")
 	}
 	if err := j.close(false); err != nil {
