@@ -69,58 +69,75 @@ func (s *Server) serveMetrics(c *call) {
 	}
 }
 
-// kernelSeries is one series of kernelCollector, read from one snapshot.
-type kernelSeries struct {
+// SnapshotCollector exports series read from one snapshot per scrape: a
+// snapshot may take locks and walk state (the kernel's takes its lock and
+// walks every consumer), which per series would be repeated a score of
+// times. The node registers one for the store beside the gateway's.
+type SnapshotCollector[S any] struct {
+	snapshot func() S
+	series   []snapshotSeries[S]
+}
+
+type snapshotSeries[S any] struct {
 	desc  *prometheus.Desc
 	kind  prometheus.ValueType
-	value func(kernel.Stats) float64
+	value func(S) float64
 }
 
-// kernelCollector exports the kernel's figures. It takes one snapshot per
-// scrape: each snapshot takes the kernel lock and walks every consumer,
-// which per series would be repeated a score of times.
-type kernelCollector struct {
-	k      Kernel
-	series []kernelSeries
+// NewSnapshotCollector returns a collector with no series yet, reading
+// snapshot once per scrape.
+func NewSnapshotCollector[S any](snapshot func() S) *SnapshotCollector[S] {
+	return &SnapshotCollector[S]{snapshot: snapshot}
 }
 
-func newKernelCollector(k Kernel) *kernelCollector {
-	c := &kernelCollector{k: k}
-	add := func(name, help string, kind prometheus.ValueType, v func(kernel.Stats) float64) {
-		c.series = append(c.series, kernelSeries{prometheus.NewDesc(name, help, nil, nil), kind, v})
-	}
-	gauge, counter := prometheus.GaugeValue, prometheus.CounterValue
-	add("gatehouse_executions_live", "Executions not yet terminal.", gauge, func(s kernel.Stats) float64 { return float64(s.Live) })
-	add("gatehouse_jobs_queued", "Remote jobs waiting for a runner.", gauge, func(s kernel.Stats) float64 { return float64(s.QueuedJobs) })
-	add("gatehouse_agents_online", "Agent consumers with a live connection.", gauge, func(s kernel.Stats) float64 { return float64(s.AgentsOnline) })
-	add("gatehouse_runners_online", "Runner consumers with a live connection.", gauge, func(s kernel.Stats) float64 { return float64(s.RunnersOnline) })
-	add("gatehouse_runners_busy", "Runner consumers holding a job.", gauge, func(s kernel.Stats) float64 { return float64(s.RunnersBusy) })
-	add("gatehouse_executions_created_total", "Executions created.", counter, func(s kernel.Stats) float64 { return float64(s.Created) })
-	add("gatehouse_executions_completed_total", "Executions completed.", counter, func(s kernel.Stats) float64 { return float64(s.Completed) })
-	add("gatehouse_executions_failed_total", "Executions failed.", counter, func(s kernel.Stats) float64 { return float64(s.Failed) })
-	add("gatehouse_executions_cancelled_total", "Executions cancelled.", counter, func(s kernel.Stats) float64 { return float64(s.Cancelled) })
-	add("gatehouse_intents_total", "Intents handled.", counter, func(s kernel.Stats) float64 { return float64(s.Intents) })
-	add("gatehouse_intents_denied_total", "Tool intents denied by policy.", counter, func(s kernel.Stats) float64 { return float64(s.Denied) })
-	add("gatehouse_steps_total", "Steps created.", counter, func(s kernel.Stats) float64 { return float64(s.Steps) })
-	add("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", counter, func(s kernel.Stats) float64 { return float64(s.Jobs) })
-	add("gatehouse_job_retries_total", "Remote job attempts retried.", counter, func(s kernel.Stats) float64 { return float64(s.Retries) })
-	add("gatehouse_events_total", "Events written.", counter, func(s kernel.Stats) float64 { return float64(s.Events) })
-	return c
+// Gauge adds a gauge read from the snapshot.
+func (c *SnapshotCollector[S]) Gauge(name, help string, v func(S) float64) {
+	c.add(name, help, prometheus.GaugeValue, v)
+}
+
+// Counter adds a counter read from the snapshot.
+func (c *SnapshotCollector[S]) Counter(name, help string, v func(S) float64) {
+	c.add(name, help, prometheus.CounterValue, v)
+}
+
+func (c *SnapshotCollector[S]) add(name, help string, kind prometheus.ValueType, v func(S) float64) {
+	c.series = append(c.series, snapshotSeries[S]{prometheus.NewDesc(name, help, nil, nil), kind, v})
 }
 
 // Describe implements prometheus.Collector.
-func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *SnapshotCollector[S]) Describe(ch chan<- *prometheus.Desc) {
 	for _, s := range c.series {
 		ch <- s.desc
 	}
 }
 
 // Collect implements prometheus.Collector.
-func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
-	ks := c.k.Stats()
+func (c *SnapshotCollector[S]) Collect(ch chan<- prometheus.Metric) {
+	snap := c.snapshot()
 	for _, s := range c.series {
-		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(ks))
+		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(snap))
 	}
+}
+
+// newKernelCollector exports the kernel's figures.
+func newKernelCollector(k Kernel) *SnapshotCollector[kernel.Stats] {
+	c := NewSnapshotCollector(k.Stats)
+	c.Gauge("gatehouse_executions_live", "Executions not yet terminal.", func(s kernel.Stats) float64 { return float64(s.Live) })
+	c.Gauge("gatehouse_jobs_queued", "Remote jobs waiting for a runner.", func(s kernel.Stats) float64 { return float64(s.QueuedJobs) })
+	c.Gauge("gatehouse_agents_online", "Agent consumers with a live connection.", func(s kernel.Stats) float64 { return float64(s.AgentsOnline) })
+	c.Gauge("gatehouse_runners_online", "Runner consumers with a live connection.", func(s kernel.Stats) float64 { return float64(s.RunnersOnline) })
+	c.Gauge("gatehouse_runners_busy", "Runner consumers holding a job.", func(s kernel.Stats) float64 { return float64(s.RunnersBusy) })
+	c.Counter("gatehouse_executions_created_total", "Executions created.", func(s kernel.Stats) float64 { return float64(s.Created) })
+	c.Counter("gatehouse_executions_completed_total", "Executions completed.", func(s kernel.Stats) float64 { return float64(s.Completed) })
+	c.Counter("gatehouse_executions_failed_total", "Executions failed.", func(s kernel.Stats) float64 { return float64(s.Failed) })
+	c.Counter("gatehouse_executions_cancelled_total", "Executions cancelled.", func(s kernel.Stats) float64 { return float64(s.Cancelled) })
+	c.Counter("gatehouse_intents_total", "Intents handled.", func(s kernel.Stats) float64 { return float64(s.Intents) })
+	c.Counter("gatehouse_intents_denied_total", "Tool intents denied by policy.", func(s kernel.Stats) float64 { return float64(s.Denied) })
+	c.Counter("gatehouse_steps_total", "Steps created.", func(s kernel.Stats) float64 { return float64(s.Steps) })
+	c.Counter("gatehouse_jobs_dispatched_total", "Remote jobs sent to runners.", func(s kernel.Stats) float64 { return float64(s.Jobs) })
+	c.Counter("gatehouse_job_retries_total", "Remote job attempts retried.", func(s kernel.Stats) float64 { return float64(s.Retries) })
+	c.Counter("gatehouse_events_total", "Events written.", func(s kernel.Stats) float64 { return float64(s.Events) })
+	return c
 }
 
 // hubCollector exports the peer hub's figures from one snapshot per scrape.
