@@ -28,12 +28,14 @@ const (
 	tailsMaxBytes = 32 << 20
 )
 
-// remember appends the events a commit made durable to id's tail, and
-// wakes its watchers: both under k.watchMu, so that a reader woken finds
-// them. ended says the execution is over: its tail goes when nobody
-// watches it. The caller holds the execution's lock, so commits of one
-// execution arrive in sequence order.
-func (k *Kernel) remember(id string, entries []tailEntry, ended bool) {
+// keepTail appends the events a commit made durable to id's tail. The
+// commit calls it before anything that refers to those events can be read
+// (the sessions' log items name an execution's sequences), and the
+// execution's lock orders the commits of one execution.
+func (k *Kernel) keepTail(id string, entries []tailEntry) {
+	if len(entries) == 0 {
+		return
+	}
 	k.watchMu.Lock()
 	defer k.watchMu.Unlock()
 	tl := k.tails[id]
@@ -62,10 +64,19 @@ func (k *Kernel) remember(id string, entries []tailEntry, ended bool) {
 			tl.entries = append(tl.entries[:0], tl.entries[drop:]...)
 		}
 	}
-	tl.ended = ended
+}
+
+// notify wakes id's watchers once its new events are in the tail. ended
+// says the execution is over: its tail goes when nobody watches it.
+func (k *Kernel) notify(id string, ended bool) {
+	k.watchMu.Lock()
+	defer k.watchMu.Unlock()
 	ws := k.watchers[id]
-	if ended && len(ws) == 0 {
-		k.forgetTail(id)
+	if tl := k.tails[id]; tl != nil {
+		tl.ended = ended
+		if ended && len(ws) == 0 {
+			k.forgetTail(id)
+		}
 	}
 	for w := range ws {
 		select {

@@ -223,6 +223,13 @@ func (t *tx) commitWith(ctx context.Context, other *tx) error {
 	}
 	filed := t.k.stageSessions(batch, txs)
 	err := t.k.store.Write(ctx, batch)
+	if err == nil {
+		// Into the tails before the sessions show the items that refer to
+		// these events: a reader of a session resolves them there.
+		for _, x := range txs {
+			t.k.keepTail(x.ex.ID, x.events)
+		}
+	}
 	filed(err == nil)
 	if err != nil {
 		for _, x := range txs {
@@ -306,7 +313,7 @@ func (t *tx) finish() {
 	}
 	if len(t.facts) > 0 {
 		t.ex.row.Store(t.ex.summary())
-		t.k.remember(t.ex.ID, t.events, t.ex.Status.Terminal())
+		t.k.notify(t.ex.ID, t.ex.Status.Terminal())
 		t.k.counters.events.Add(uint64(len(t.facts)))
 	}
 }
