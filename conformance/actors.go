@@ -185,7 +185,13 @@ func (t *tc) create(body map[string]any) obj {
 
 // cancelQuietly cancels an execution, ignoring every outcome: it is cleanup.
 func (t *tc) cancelQuietly(ctx context.Context, id string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.o.URL+"/v0/executions/"+id+"/cancel", nil)
+	t.quietly(ctx, http.MethodPost, "/v0/executions/"+id+"/cancel")
+}
+
+// quietly sends a request without a body and ignores every outcome: cleanup
+// runs after the check has ended, when there is nothing left to fail.
+func (t *tc) quietly(ctx context.Context, method, path string) {
+	req, err := http.NewRequestWithContext(ctx, method, t.o.URL+path, nil)
 	if err != nil {
 		return
 	}
@@ -347,6 +353,35 @@ func (r *run) push(typ, stepID string) obj {
 	return f.json()
 }
 
+// stepFailed checks the single step.failed event of a step in evs.
+func (t *tc) stepFailed(evs []event, step, errText string, retryable bool) {
+	p := t.one(evs, "step.failed", step).payload()
+	t.wantEq("step.failed error", t.wantStr(p, "error", "step.failed"), errText)
+	t.wantJSON("step.failed retryable", p["retryable"], retryable)
+}
+
+// toolResult waits for the tool.result push of a step and checks its status.
+func (r *run) toolResult(step, status string) obj {
+	p := r.push("tool.result", step)
+	r.a.t.wantEq("tool.result status", r.a.t.wantStr(p, "status", "tool.result"), status)
+	return p
+}
+
+// toolFailed waits for the tool.result push of a failed step and checks its
+// error.
+func (r *run) toolFailed(step, errText string) {
+	p := r.toolResult(step, "failed")
+	r.a.t.wantEq("tool.result error", r.a.t.wantStr(p, "error", "tool.result"), errText)
+}
+
+// signalPush waits for a signal.received push about this execution and
+// checks its signal_type.
+func (r *run) signalPush(typ string) obj {
+	p := r.push("signal.received", "")
+	r.a.t.wantEq("signal.received signal_type", r.a.t.wantStr(p, "signal_type", "signal.received push"), typ)
+	return p
+}
+
 // runner is the suite acting as a tool runner.
 type runner struct {
 	t        *tc
@@ -360,18 +395,7 @@ type runner struct {
 func (t *tc) newRunner(caps ...string) *runner {
 	r := &runner{t: t, id: newID("conf-runner-"), consumer: newID("conf-consumer-"), caps: caps}
 	r.connect()
-	t.cleanup(func(ctx context.Context) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodDelete, t.o.URL+"/v0/runners/"+r.id, nil)
-		if err != nil {
-			return
-		}
-		if t.o.Token != "" {
-			req.Header.Set("Authorization", "Bearer "+t.o.Token)
-		}
-		if resp, err := t.o.HTTPClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	})
+	t.cleanup(func(ctx context.Context) { t.quietly(ctx, http.MethodDelete, "/v0/runners/"+r.id) })
 	return r
 }
 
@@ -415,6 +439,16 @@ func (r *runner) result(job obj, success bool, data any, errText string, retryab
 		body["retryable"] = retryable
 	}
 	return r.t.call(http.MethodPost, "/v0/runners/"+url.PathEscape(r.id)+"/results", body, opts...)
+}
+
+// remoteStep starts an execution on a fresh agent whose first step invokes,
+// with args, a fresh remote tool that one fresh runner offers (the tool is
+// the runner's caps[0]). It returns the runner, the execution and the step;
+// the job is left for the caller to wait for.
+func (t *tc) remoteStep(args any) (*runner, *run, string) {
+	rn := t.newRunner(newID("conformance.remote."))
+	r := t.newAgent().start(nil)
+	return rn, r, r.invoke(rn.caps[0], args, true)
 }
 
 // routeMissing reports whether the server has no route for method and path:

@@ -855,35 +855,25 @@ func checkIntentLocalTool(t *tc) {
 	data := map[string]any{"result": "found", "Items": []any{1, "two"}}
 	t.expectOK(r.stepResult(step, true, data, ""))
 	t.wantJSON("step.completed result", t.one(t.events(r.id), "step.completed", step).payload()["result"], data)
-	push := r.push("tool.result", step)
-	t.wantEq("tool.result status", t.wantStr(push, "status", "tool.result"), "succeeded")
-	t.wantJSON("tool.result result", push["result"], data)
+	t.wantJSON("tool.result result", r.toolResult(step, "succeeded")["result"], data)
 
 	step2 := r.invoke(tool, nil, false)
 	t.expectOK(r.stepResult(step2, false, nil, "tool exploded"))
-	sf := t.one(t.events(r.id), "step.failed", step2).payload()
-	t.wantEq("step.failed error", t.wantStr(sf, "error", "step.failed"), "tool exploded")
-	t.wantJSON("step.failed retryable", sf["retryable"], false)
-	push = r.push("tool.result", step2)
-	t.wantEq("tool.result status", t.wantStr(push, "status", "tool.result"), "failed")
-	t.wantEq("tool.result error", t.wantStr(push, "error", "tool.result"), "tool exploded")
+	t.stepFailed(t.events(r.id), step2, "tool exploded", false)
+	r.toolFailed(step2, "tool exploded")
 	r.complete(nil)
 }
 
 func checkIntentRemoteTool(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
 	args := map[string]any{"path": "/tmp/x", "Flags": []any{"a"}}
-	step := r.invoke(tool, args, true)
+	rn, r, step := t.remoteStep(args)
 	job := rn.job(step)
 	jobID := t.wantStr(job, "id", "job.assigned")
 	if jobID == "" {
 		t.fatalf("job.assigned has an empty id")
 	}
 	t.wantEq("job.assigned execution_id", t.wantStr(job, "execution_id", "job.assigned"), r.id)
-	t.wantEq("job.assigned tool_id", t.wantStr(job, "tool_id", "job.assigned"), tool)
+	t.wantEq("job.assigned tool_id", t.wantStr(job, "tool_id", "job.assigned"), rn.caps[0])
 	t.wantJSON("job.assigned arguments", job["arguments"], args)
 	t.wantJSON("job.assigned attempt", job["attempt"], 1)
 	t.wantTime(job, "deadline", "job.assigned")
@@ -908,9 +898,7 @@ func checkIntentRemoteTool(t *tc) {
 	data := map[string]any{"content": "hello"}
 	t.expectOK(rn.result(job, true, data, "", false))
 	t.wantJSON("step.completed result", t.one(t.events(r.id), "step.completed", step).payload()["result"], data)
-	push := r.push("tool.result", step)
-	t.wantEq("tool.result status", t.wantStr(push, "status", "tool.result"), "succeeded")
-	t.wantJSON("tool.result result", push["result"], data)
+	t.wantJSON("tool.result result", r.toolResult(step, "succeeded")["result"], data)
 	r.complete(nil)
 	t.wantStatus(r.id, "completed")
 }
@@ -980,8 +968,7 @@ func checkIntentWait(t *tc) {
 
 	t.signal(r.id, "conf.other", map[string]any{"n": 1})
 	t.wantStatus(r.id, "blocked")
-	other := r.push("signal.received", "")
-	t.wantEq("signal.received signal_type", t.wantStr(other, "signal_type", "signal.received push"), "conf.other")
+	r.signalPush("conf.other")
 
 	t.signal(r.id, "conf.go", map[string]any{"n": 2})
 	t.waitStatus(r.id, "running")
@@ -990,9 +977,7 @@ func checkIntentWait(t *tc) {
 	if len(res) != 1 || !strings.Contains(t.wantStr(res[0].payload(), "reason", "execution.resumed"), "conf.go") {
 		t.fatalf("want one execution.resumed naming conf.go, log: %s", typesOf(evs))
 	}
-	push := r.push("signal.received", "")
-	t.wantEq("signal.received signal_type", t.wantStr(push, "signal_type", "signal.received push"), "conf.go")
-	t.wantJSON("signal.received payload", push["payload"], map[string]any{"n": 2})
+	t.wantJSON("signal.received payload", r.signalPush("conf.go")["payload"], map[string]any{"n": 2})
 	r.complete(nil)
 }
 
@@ -1010,9 +995,7 @@ func checkIntentWaitPresignalled(t *tc) {
 	if len(ofType(evs, "execution.resumed", "")) != 1 {
 		t.fatalf("want execution.resumed for the consumed signal, log: %s", typesOf(evs))
 	}
-	push := r.push("signal.received", "")
-	t.wantEq("re-pushed signal_type", t.wantStr(push, "signal_type", "signal.received push"), "conf.early")
-	t.wantJSON("re-pushed payload", push["payload"], map[string]any{"v": 1})
+	t.wantJSON("re-pushed payload", r.signalPush("conf.early")["payload"], map[string]any{"v": 1})
 	r.complete(nil)
 }
 
@@ -1156,8 +1139,7 @@ func checkPolicyApproval(t *tc) {
 	}
 	ap := r.push("approval.resolved", step)
 	t.wantJSON("approval.resolved approved", ap["approved"], true)
-	sigPush := r.push("signal.received", "")
-	t.wantEq("signal.received after approval", t.wantStr(sigPush, "signal_type", "signal.received push"), "step.approve")
+	r.signalPush("step.approve")
 	t.expectOK(r.stepResult(step, true, map[string]any{"deployed": true}, ""))
 	r.push("tool.result", step)
 	r.complete(nil)
@@ -1168,9 +1150,7 @@ func checkPolicyApprovalDeny(t *tc) {
 	t.signal(r.id, "step.approve", map[string]any{"step_id": step, "approved": false, "reason": "not today"})
 	t.waitStatus(r.id, "running")
 	evs := t.events(r.id)
-	sf := t.one(evs, "step.failed", step).payload()
-	t.wantEq("step.failed error", t.wantStr(sf, "error", "step.failed"), "not today")
-	t.wantJSON("step.failed retryable", sf["retryable"], false)
+	t.stepFailed(evs, step, "not today", false)
 	res := ofType(evs, "execution.resumed", "")
 	if len(res) != 1 || t.wantStr(res[0].payload(), "reason", "execution.resumed") != "approval denied" {
 		t.fatalf(`want one execution.resumed "approval denied", log: %s`, typesOf(evs))
@@ -1224,11 +1204,7 @@ func (t *tc) wantRecorded(r *response, status string, result any) {
 func checkRunnerStreamParams(t *tc) { checkStreamParams(t, "runner") }
 
 func checkRunnerStarted(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	step := r.invoke(tool, nil, true)
+	rn, r, step := t.remoteStep(nil)
 	job := rn.job(step)
 	path := "/v0/runners/steps/" + step + "/started"
 	t.expectError(t.call(http.MethodPost, path, map[string]any{}), http.StatusBadRequest, "VALIDATION_ERROR")
@@ -1246,11 +1222,7 @@ func checkRunnerStarted(t *tc) {
 }
 
 func checkRunnerResults(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	step := r.invoke(tool, nil, true)
+	rn, r, step := t.remoteStep(nil)
 	job := rn.job(step)
 	path := "/v0/runners/" + rn.id + "/results"
 	t.expectError(t.call(http.MethodPost, path, map[string]any{"execution_id": r.id, "step_id": step, "success": true}), http.StatusBadRequest, "VALIDATION_ERROR")
@@ -1269,17 +1241,11 @@ func checkRunnerResults(t *tc) {
 }
 
 func checkRunnerRetry(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	step := r.invoke(tool, map[string]any{"try": true}, true)
+	rn, r, step := t.remoteStep(map[string]any{"try": true})
 	job1 := rn.job(step)
 	t.expectOK(rn.result(job1, false, nil, "flaky", true))
 	evs := t.events(r.id)
-	failed := t.one(evs, "step.failed", step).payload()
-	t.wantJSON("step.failed retryable", failed["retryable"], true)
-	t.wantEq("step.failed error", t.wantStr(failed, "error", "step.failed"), "flaky")
+	t.stepFailed(evs, step, "flaky", true)
 	t.wantJSON("step.retried next_attempt", t.one(evs, "step.retried", step).payload()["next_attempt"], 2)
 	job2 := rn.job(step)
 	t.wantJSON("retried job attempt", job2["attempt"], 2)
@@ -1289,28 +1255,20 @@ func checkRunnerRetry(t *tc) {
 	}
 	t.wantJSON("retried job arguments", job2["arguments"], map[string]any{"try": true})
 	t.expectOK(rn.result(job2, true, map[string]any{"ok": 1}, "", false))
-	push := r.push("tool.result", step)
-	t.wantEq("tool.result status after retry", t.wantStr(push, "status", "tool.result"), "succeeded")
+	r.toolResult(step, "succeeded")
 	r.complete(nil)
 }
 
 func checkRunnerFinalFailure(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	step := r.invoke(tool, nil, true)
+	rn, r, step := t.remoteStep(nil)
 	job := rn.job(step)
 	t.expectOK(rn.result(job, false, nil, "fatal", false))
 	evs := t.events(r.id)
-	sf := t.one(evs, "step.failed", step).payload()
-	t.wantJSON("step.failed retryable", sf["retryable"], false)
+	t.stepFailed(evs, step, "fatal", false)
 	if len(ofType(evs, "step.retried", step)) != 0 {
 		t.fatalf("a non-retryable failure was retried")
 	}
-	push := r.push("tool.result", step)
-	t.wantEq("tool.result status", t.wantStr(push, "status", "tool.result"), "failed")
-	t.wantEq("tool.result error", t.wantStr(push, "error", "tool.result"), "fatal")
+	r.toolFailed(step, "fatal")
 	r.complete(nil)
 }
 
@@ -1335,13 +1293,9 @@ func checkRunnerDelete(t *tc) {
 	if len(r.body) != 0 {
 		t.fatalf("204 with a body: %s", r)
 	}
-	tool := newID("conformance.remote.")
-	held := t.newRunner(tool)
-	a := t.newAgent()
-	run := a.start(nil)
-	step := run.invoke(tool, nil, true)
+	held, run, step := t.remoteStep(nil)
 	first := held.job(step)
-	spare := t.newRunner(tool)
+	spare := t.newRunner(held.caps[0])
 	t.expect(t.call(http.MethodDelete, "/v0/runners/"+held.id, nil), http.StatusNoContent)
 	if !held.s.waitEnd(t, 5*time.Second) {
 		t.fatalf("DELETE /v0/runners/%s left the runner's stream open", held.id)
@@ -1415,12 +1369,8 @@ func checkAgentRoundRobin(t *tc) {
 }
 
 func checkRunnerBusyRelease(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	s1 := r.invoke(tool, map[string]any{"n": 1}, true)
-	s2 := r.invoke(tool, map[string]any{"n": 2}, true)
+	rn, r, s1 := t.remoteStep(map[string]any{"n": 1})
+	s2 := r.invoke(rn.caps[0], map[string]any{"n": 2}, true)
 	first := rn.s.next(t, "the first job", func(f frame) bool { return f.event == "job.assigned" }).json()
 	rn.s.absent(t, 500*time.Millisecond, "a second job while the runner is busy", func(f frame) bool { return f.event == "job.assigned" })
 	t.expectOK(rn.result(first, true, nil, "", false))

@@ -145,11 +145,7 @@ func checkIdempotentIntent(t *tc) {
 }
 
 func checkIdempotentResults(t *tc) {
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	step := r.invoke(tool, nil, true)
+	rn, r, step := t.remoteStep(nil)
 	job := rn.job(step)
 	data := map[string]any{"v": 1}
 	key := newID("res-")
@@ -171,7 +167,7 @@ func checkIdempotentResults(t *tc) {
 	if got := len(t.events(r.id)); got != n {
 		t.fatalf("a retried keyed step-result wrote %d new events", got-n)
 	}
-	a.s.absent(t, 500*time.Millisecond, "a second tool.result push after retried results", func(f frame) bool {
+	r.a.s.absent(t, 500*time.Millisecond, "a second tool.result push after retried results", func(f frame) bool {
 		return f.event == "tool.result"
 	})
 	r.complete(nil)

@@ -237,11 +237,8 @@ func checkHumanPause(t *tc) {
 
 func checkLifecycleRestart(t *tc) {
 	t.needRestart()
-	tool := newID("conformance.remote.")
-	rn := t.newRunner(tool)
-	a := t.newAgent()
-	r := a.start(nil)
-	step := r.invoke(tool, map[string]any{"n": 1}, true)
+	rn, r, step := t.remoteStep(map[string]any{"n": 1})
+	a := r.a
 	t.expectOK(rn.result(rn.job(step), false, nil, "flaky", true))
 	second := rn.job(step)
 	t.wantJSON("attempt of the retry", second["attempt"], 2)
