@@ -23,13 +23,9 @@ import (
 func BenchmarkAAPTurns(b *testing.B) {
 	const sessions = 32
 	c := startChild(b, freeAddr(b), b.TempDir())
-	ctx, cancel := context.WithCancel(context.Background())
-	agentDone := make(chan struct{})
-	go func() {
-		defer close(agentDone)
+	background(b, func(ctx context.Context) {
 		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
-	}()
-	defer func() { cancel(); <-agentDone }()
+	})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * sessions}, Timeout: 60 * time.Second}
 	// turn runs one turn and returns the delays to turn_start and to the
 	// first text_delta, and the session id.
@@ -80,13 +76,10 @@ func BenchmarkAAPTurns(b *testing.B) {
 		}
 		return start, first, id, nil
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, _, _, err := turn(""); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			b.Fatal(err)
-		}
-	}
+	warm(b, func() error {
+		_, _, _, err := turn("")
+		return err
+	})
 	rs := spread(b, sessions, 2, func() func() ([]time.Duration, error) {
 		id := "" // the session the worker's turns run in
 		return func() ([]time.Duration, error) {

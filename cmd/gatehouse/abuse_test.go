@@ -65,8 +65,7 @@ func BenchmarkSlowClientsRSS(b *testing.B) {
 					nc.Close()
 				}
 				b.ReportMetric(float64(peak-before)/1024, "MB_rss_growth")
-				_ = c.cmd.Process.Kill()
-				_ = c.cmd.Wait()
+				c.stop()
 			}
 		})
 	}

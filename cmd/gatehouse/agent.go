@@ -43,41 +43,34 @@ func agentInfo(name string) map[string]any {
 // to "use <tool>" it calls that tool of the client's.
 func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("agent", stderr)
-	var url, token, name, consumerID, logLevel, caFile string
-	fs.StringVar(&url, "url", defaultURL(), "gateway base URL (http:// or https://)")
-	caFileFlag(fs, &caFile)
-	fs.StringVar(&token, "token", "", "bearer token (an agent JWT scoped to --name, or the static token)")
+	var pf peerFlags
+	var name string
+	pf.add(fs, "bearer token (an agent JWT scoped to --name, or the static token)", "this process's connection id (default: the name and the host name)")
 	fs.StringVar(&name, "name", "example", "agent id, and the AAP agent name")
-	fs.StringVar(&consumerID, "consumer-id", "", "this process's connection id (default: the name and the host name)")
-	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if consumerID == "" {
+	if pf.consumerID == "" {
 		host, _ := os.Hostname()
-		consumerID = name + "-" + hostConsumerID(host)
+		pf.consumerID = name + "-" + hostConsumerID(host)
 	}
-	log, err := newLogger(stderr, logLevel, "text")
+	log, err := pf.logger(stderr)
 	if err != nil {
 		return err
 	}
-	tc, err := clientTLS(caFile)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log, TLSConfig: tc})
+	c, err := pf.client("agent", log)
 	if err != nil {
 		return err
 	}
 	if err := c.DeclareAgent(ctx, agentInfo(name)); err != nil {
 		return fmt.Errorf("agent: declare: %w", explainTLS(err))
 	}
-	fmt.Fprintf(stdout, "agent %s (consumer %s) declared and serving on %s\n", name, consumerID, url)
-	log.Info("agent started", slog.String("agent_id", name), slog.String("consumer_id", consumerID))
-	err = c.RunAgent(ctx, &client.Agent{AgentID: name, ConsumerID: consumerID, Handle: func(ctx context.Context, t *client.Task) (any, error) {
+	fmt.Fprintf(stdout, "agent %s (consumer %s) declared and serving on %s\n", name, pf.consumerID, pf.url)
+	log.Info("agent started", slog.String("agent_id", name), slog.String("consumer_id", pf.consumerID))
+	err = c.RunAgent(ctx, &client.Agent{AgentID: name, ConsumerID: pf.consumerID, Handle: func(ctx context.Context, t *client.Task) (any, error) {
 		return exampleTurn(ctx, c, name, t)
 	}})
 	if errors.Is(err, context.Canceled) {

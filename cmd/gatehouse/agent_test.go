@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/client/sse"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -79,29 +79,17 @@ func (c *aapClient) stream(method, path string, body any) []aapEvent {
 func readAAP(t *testing.T, r io.Reader) []aapEvent {
 	t.Helper()
 	var out []aapEvent
-	var cur aapEvent
-	br := bufio.NewReader(r)
+	sr := sse.NewReader(r, 1<<20)
 	for {
-		line, err := br.ReadString('\n')
+		ev, err := sr.Next()
 		if err != nil {
 			return out
 		}
-		line = strings.TrimRight(line, "\n")
-		switch {
-		case line == "":
-			if cur.name != "" {
-				out = append(out, cur)
-			}
-			cur = aapEvent{}
-		case strings.HasPrefix(line, "event: "):
-			cur.name = line[7:]
-		case strings.HasPrefix(line, "id: "):
-			cur.id = line[4:]
-		case strings.HasPrefix(line, "data: "):
-			if err := json.Unmarshal([]byte(line[6:]), &cur.data); err != nil {
-				t.Fatalf("data of %s is not one JSON object: %q", cur.name, line)
-			}
+		e := aapEvent{name: ev.Type, id: ev.ID}
+		if err := json.Unmarshal(ev.Data, &e.data); err != nil {
+			t.Fatalf("data of %s is not one JSON object: %q", e.name, ev.Data)
 		}
+		out = append(out, e)
 	}
 }
 
@@ -111,6 +99,18 @@ func names(evs []aapEvent) string {
 		n = append(n, e.name)
 	}
 	return strings.Join(n, " ")
+}
+
+// askEcho opens a session whose first turn asks for gatehouse.echo, an
+// untrusted server tool: the turn stops with tool_use, the call open, its
+// tool_call the event before the stop. It returns the turn's events and the
+// session id.
+func (c *aapClient) askEcho() ([]aapEvent, string) {
+	c.t.Helper()
+	agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
+	evs := c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": "delta", "messages": []any{userMsg("echo ping")}})
+	wantOneStop(c.t, evs, "tool_use")
+	return evs, evs[0].data["sessionId"].(string)
 }
 
 // wantOneStop checks the AAP rule: exactly one turn_stop, the last event.
@@ -234,11 +234,7 @@ func TestAAPTurnsInEveryMode(t *testing.T) {
 
 func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
 	_, c := aapWorld(t)
-	agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
-	// An untrusted server tool: the turn stops with tool_use, the call open.
-	evs := c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": "delta", "messages": []any{userMsg("echo ping")}})
-	wantOneStop(t, evs, "tool_use")
-	id := evs[0].data["sessionId"].(string)
+	evs, id := c.askEcho()
 	call := evs[len(evs)-2]
 	if call.name != "tool_call" || call.data["name"] != "gatehouse.echo" {
 		t.Fatalf("before the stop: %s", names(evs))
@@ -261,8 +257,8 @@ func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
 	}
 	wantOneStop(t, evs, "end_turn")
 	// A trusted tool runs inline: tool_call, tool_result, and on.
-	agent["tools"] = []any{map[string]any{"name": "gatehouse.echo", "trust": true}}
-	evs = c.stream("POST", "/session/"+id, map[string]any{"agent": map[string]any{"tools": agent["tools"]}, "stream": "delta", "messages": []any{userMsg("echo trusted")}})
+	trusted := []any{map[string]any{"name": "gatehouse.echo", "trust": true}}
+	evs = c.stream("POST", "/session/"+id, map[string]any{"agent": map[string]any{"tools": trusted}, "stream": "delta", "messages": []any{userMsg("echo trusted")}})
 	if !strings.Contains(names(evs), "tool_call tool_result") {
 		t.Fatalf("trusted: %s", names(evs))
 	}
@@ -350,10 +346,7 @@ func TestAAPStreamResumesAfterLastEventID(t *testing.T) {
 // call waiting.
 func TestAAPPermissionAnsweredByAChannel(t *testing.T) {
 	s, c := aapWorld(t)
-	agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
-	evs := c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": "delta", "messages": []any{userMsg("echo ping")}})
-	wantOneStop(t, evs, "tool_use")
-	id := evs[0].data["sessionId"].(string)
+	evs, id := c.askEcho()
 	callID := evs[len(evs)-2].data["toolCallId"].(string)
 	v0 := &aapClient{t: t, base: s.URL + "/v0"}
 	var action string

@@ -27,37 +27,64 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// child is a gatehouse server process.
+// child is a gatehouse server process, serving folder dir on addr.
 type child struct {
-	cmd  *exec.Cmd
-	base string
-	logs *bytes.Buffer
+	cmd       *exec.Cmd
+	addr, dir string
+	base      string
+	logs      *bytes.Buffer
 }
 
+// startChild starts a server process on addr and folder dir and returns
+// once it is ready.
 func startChild(t testing.TB, addr, dir string) *child {
 	t.Helper()
+	c := newChild(addr, dir)
+	c.start(t)
+	return c
+}
+
+// newChild prepares a server process on addr and folder dir, with the
+// further serve flags; the process is this test binary acting as the
+// gatehouse binary.
+func newChild(addr, dir string, flags ...string) *child {
 	logs := &bytes.Buffer{}
-	cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", dir, "--log-level", "warn")
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--addr", addr, "--data", dir, "--log-level", "warn"}, flags...)...)
 	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
 	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
+	return &child{cmd: cmd, addr: addr, dir: dir, base: "http://" + addr, logs: logs}
+}
+
+// start starts the process, which stops when the test ends, and returns
+// once it answers /v0/ready.
+func (c *child) start(t testing.TB) {
+	t.Helper()
+	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, base: "http://" + addr, logs: logs}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(c.stop)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, err := http.Get(c.base + "/v0/ready")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return c
+				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server did not become ready: %v\n%s", err, logs)
+			t.Fatalf("server did not become ready: %v\n%s", err, c.logs)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop kills the process, unless it has already been waited for, and
+// waits for it.
+func (c *child) stop() {
+	if c.cmd.ProcessState == nil {
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
 	}
 }
 
@@ -103,9 +130,7 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	c := startChild(t, addr, dir)
+	c := startChild(t, freeAddr(t), t.TempDir())
 
 	type acked struct {
 		id      string
@@ -114,7 +139,7 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 	var mu sync.Mutex
 	var all []*acked
 	client := &http.Client{Timeout: 5 * time.Second}
-	killDuringLoad(t, c, 8, func(ctx context.Context, w, i int) bool {
+	c = killDuringLoad(t, c, 8, func(ctx context.Context, w, i int) bool {
 		status, ex, err := post(ctx, client, c.base+"/v0/executions", map[string]any{"agent_id": fmt.Sprintf("crash-%d", w), "input": i})
 		if err != nil || status != 201 {
 			return false
@@ -135,7 +160,6 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 		return true
 	}, func() int { mu.Lock(); defer mu.Unlock(); return len(all) }, 40, 20)
 
-	c = startChild(t, addr, dir)
 	for _, a := range all {
 		resp, err := client.Get(c.base + "/v0/executions/" + a.id + "/events?limit=1000")
 		if err != nil {
@@ -175,13 +199,11 @@ func TestPowerCutKeepsMemoryNotes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	c := startChild(t, addr, dir)
+	c := startChild(t, freeAddr(t), t.TempDir())
 	var mu sync.Mutex
 	acked := map[string]string{} // line -> session
 	client := &http.Client{Timeout: 10 * time.Second}
-	killDuringLoad(t, c, 4, func(ctx context.Context, w, i int) bool {
+	c = killDuringLoad(t, c, 4, func(ctx context.Context, w, i int) bool {
 		line := fmt.Sprintf("w%d-line%d", w, i)
 		status, out, err := post(ctx, client, c.base+"/runtime/v1/tools/memory_append", map[string]any{
 			"input": map[string]any{"path": "/crash/log.md", "content": line}, "wait": true})
@@ -193,7 +215,6 @@ func TestPowerCutKeepsMemoryNotes(t *testing.T) {
 		mu.Unlock()
 		return true
 	}, func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }, 20, 5)
-	c = startChild(t, addr, dir)
 	status, out, err := post(context.Background(), client, c.base+"/runtime/v1/tools/memory_read", map[string]any{
 		"input": map[string]any{"path": "/crash/log.md"}, "wait": true})
 	if err != nil || status != 200 || out["status"] != "completed" {
@@ -225,9 +246,7 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	c := startChild(t, addr, dir)
+	c := startChild(t, freeAddr(t), t.TempDir())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -249,7 +268,7 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 	}
 	var mu sync.Mutex
 	acked := map[string]string{} // session -> the user's words
-	killDuringLoad(t, c, 4, func(ctx context.Context, w, i int) bool {
+	c = killDuringLoad(t, c, 4, func(ctx context.Context, w, i int) bool {
 		words := fmt.Sprintf("hello %d-%d", w, i)
 		status, out, err := send(ctx, client, http.MethodPut, c.base+"/aap/v1/session", map[string]any{
 			"agent": map[string]any{"name": "example"}, "messages": []any{map[string]any{"role": "user", "content": words}}})
@@ -261,7 +280,6 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 		mu.Unlock()
 		return true
 	}, func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }, 6, 3)
-	c = startChild(t, addr, dir)
 	for id, words := range acked {
 		resp, err := client.Get(c.base + "/aap/v1/session/" + id + "?history=full")
 		if err != nil {
@@ -290,8 +308,9 @@ func TestPowerCutKeepsSessions(t *testing.T) {
 // false or the kill; the kill comes once acked reports want acknowledged
 // writes (or after 20 s, so that a busy machine still loads the server
 // first). After the writers have stopped, fewer than atLeast acknowledged
-// writes fail the test: the load never reached the server.
-func killDuringLoad(t *testing.T, c *child, workers int, write func(ctx context.Context, w, i int) bool, acked func() int, want, atLeast int) {
+// writes fail the test: the load never reached the server. It returns a
+// server started again on c's folder and address.
+func killDuringLoad(t *testing.T, c *child, workers int, write func(ctx context.Context, w, i int) bool, acked func() int, want, atLeast int) *child {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -313,4 +332,5 @@ func killDuringLoad(t *testing.T, c *child, workers int, write func(ctx context.
 	if n := acked(); n < atLeast {
 		t.Fatalf("only %d writes acknowledged before the kill; the test did not load the server", n)
 	}
+	return startChild(t, c.addr, c.dir)
 }

@@ -78,25 +78,22 @@ func builtinInfo() map[string]client.ToolInfo {
 func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("runner", stderr)
 	host, _ := os.Hostname()
-	var url, token, runnerID, consumerID, tools, accounts, logLevel, caFile string
-	fs.StringVar(&url, "url", defaultURL(), "gateway base URL (http:// or https://)")
-	caFileFlag(fs, &caFile)
-	fs.StringVar(&token, "token", "", "bearer token (a runner JWT scoped to --runner-id, or the static token)")
+	var pf peerFlags
+	var runnerID, tools, accounts string
+	pf.add(fs, "bearer token (a runner JWT scoped to --runner-id, or the static token)", "this process's connection id, kept across reconnects and restarts so the gateway hands it back its job; give each process of one --runner-id on one host its own (default: the host name)")
 	fs.StringVar(&runnerID, "runner-id", "runner-"+host, "runner id")
-	fs.StringVar(&consumerID, "consumer-id", "", "this process's connection id, kept across reconnects and restarts so the gateway hands it back its job; give each process of one --runner-id on one host its own (default: the host name)")
 	fs.StringVar(&tools, "tools", "", "comma-separated built-in tools to serve (default: all)")
 	fs.StringVar(&accounts, "accounts", "", "comma-separated connected account ids to serve every tool on as well (the Runtime API's connectedAccountId)")
-	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if consumerID == "" {
-		consumerID = hostConsumerID(host)
+	if pf.consumerID == "" {
+		pf.consumerID = hostConsumerID(host)
 	}
-	log, err := newLogger(stderr, logLevel, "text")
+	log, err := pf.logger(stderr)
 	if err != nil {
 		return err
 	}
@@ -105,18 +102,14 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if tools == "" {
 		served = all
 	}
-	for _, name := range list(tools) {
+	for _, name := range splitList(tools) {
 		f, ok := all[name]
 		if !ok {
 			return fmt.Errorf("runner: unknown tool %q; built-in: %s", name, strings.Join(slices.Sorted(maps.Keys(all)), ", "))
 		}
 		served[name] = f
 	}
-	tc, err := clientTLS(caFile)
-	if err != nil {
-		return fmt.Errorf("runner: %w", err)
-	}
-	c, err := client.New(client.Options{BaseURL: url, Token: token, Logger: log, TLSConfig: tc})
+	c, err := pf.client("runner", log)
 	if err != nil {
 		return err
 	}
@@ -124,16 +117,16 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, name := range slices.Sorted(maps.Keys(served)) {
 		ti := builtinInfo()[name]
 		ti.Name = name
-		for _, acc := range list(accounts) {
+		for _, acc := range splitList(accounts) {
 			served[name+"@"+acc] = served[name]
 			ti.Accounts = append(ti.Accounts, client.Account{ConnectedAccountID: acc, IntegrationID: "gatehouse", Backend: "builtin"})
 		}
 		info = append(info, ti)
 	}
 	names := slices.Sorted(maps.Keys(served))
-	fmt.Fprintf(stdout, "runner %s (consumer %s) serving %s from %s\n", runnerID, consumerID, strings.Join(names, ", "), url)
-	log.Info("runner started", slog.String("runner_id", runnerID), slog.String("consumer_id", consumerID), slog.Any("tools", names))
-	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: consumerID, Tools: served, Info: info})
+	fmt.Fprintf(stdout, "runner %s (consumer %s) serving %s from %s\n", runnerID, pf.consumerID, strings.Join(names, ", "), pf.url)
+	log.Info("runner started", slog.String("runner_id", runnerID), slog.String("consumer_id", pf.consumerID), slog.Any("tools", names))
+	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: pf.consumerID, Tools: served, Info: info})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

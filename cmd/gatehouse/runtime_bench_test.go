@@ -28,15 +28,11 @@ func BenchmarkRuntimeInvocations(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runnerDone := make(chan struct{})
-	go func() {
-		defer close(runnerDone)
+	background(b, func(ctx context.Context) {
 		_ = cl.RunRunner(ctx, &client.Runner{RunnerID: "bench-runner", Tools: map[string]client.ToolFunc{
 			"bench.echo": func(_ context.Context, args json.RawMessage) (any, error) { return args, nil },
 		}})
-	}()
-	defer func() { cancel(); <-runnerDone }()
+	})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * callers}, Timeout: 30 * time.Second}
 	invoke := func() (time.Duration, error) {
 		start := time.Now()
@@ -64,13 +60,10 @@ func BenchmarkRuntimeInvocations(b *testing.B) {
 		return 0, fmt.Errorf("stream of %s ended without done", out.ExecutionID)
 	}
 	// The runner is connected once an invocation of its tool is accepted.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := invoke(); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			b.Fatal(err)
-		}
-	}
+	warm(b, func() error {
+		_, err := invoke()
+		return err
+	})
 	r := spread(b, callers, 1, func() func() ([]time.Duration, error) {
 		return func() ([]time.Duration, error) {
 			d, err := invoke()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"testing"
@@ -50,6 +51,32 @@ func spread(b *testing.B, workers, series int, newOp func() func() ([]time.Durat
 		slices.Sort(r.latencies)
 	}
 	return results
+}
+
+// background runs peer (an agent or a runner the benchmark loads) until
+// the benchmark ends, and waits for it to return before the server stops.
+func background(b *testing.B, peer func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		peer(ctx)
+	}()
+	b.Cleanup(func() { cancel(); <-done })
+}
+
+// warm calls op until it first succeeds, which it does once the peers it
+// needs are connected, and fails the benchmark if that takes over 20 s.
+func warm(b *testing.B, op func() error) {
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := op()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatal(err)
+		}
+	}
 }
 
 // millis is a latency in milliseconds, for ReportMetric.

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
@@ -43,7 +42,7 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	c := auth.Claims{
-		Subject: sub, Role: auth.Role(role), Agents: list(agents), Runners: list(runners), Sessions: list(sessions),
+		Subject: sub, Role: auth.Role(role), Agents: splitList(agents), Runners: splitList(runners), Sessions: splitList(sessions),
 		Tenant: tenant, TTL: ttl, Issuer: iss, Audience: aud, KeyID: kid,
 	}
 	var tok string
@@ -64,16 +63,6 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintln(stdout, tok)
 	return nil
-}
-
-func list(s string) []string {
-	var out []string
-	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 func readEd25519(path string) (ed25519.PrivateKey, error) {

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
@@ -124,11 +123,9 @@ func ensureFiles(b *testing.B, n uint64) {
 
 // memChild is a gatehouse server process that collects garbage on SIGUSR1.
 type memChild struct {
-	cmd  *exec.Cmd
-	base string
-	ack  string
-	gcs  int
-	logs *bytes.Buffer
+	*child
+	ack string // the file the child writes the count of its GCs to
+	gcs int
 }
 
 // memSample is a child's memory after a forced GC: bytes, and a goroutine
@@ -140,41 +137,10 @@ type memSample struct {
 func startMemChild(b *testing.B, flags ...string) *memChild {
 	b.Helper()
 	dir := b.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	c := &memChild{base: "http://" + addr, ack: dir + "/gc-ack", logs: &bytes.Buffer{}}
-	c.cmd = exec.Command(os.Args[0], append([]string{"serve", "--addr", addr, "--data", dir + "/data", "--log-level", "warn"}, flags...)...)
-	c.cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1", gcAckEnv+"="+c.ack)
-	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
-	if err := c.cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(c.stop)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(c.base + "/v0/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return c
-			}
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("server did not become ready: %v\n%s", err, c.logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (c *memChild) stop() {
-	if c.cmd.ProcessState == nil {
-		_ = c.cmd.Process.Kill()
-		_ = c.cmd.Wait()
-	}
+	c := &memChild{child: newChild(freeAddr(b), dir+"/data", flags...), ack: dir + "/gc-ack"}
+	c.cmd.Env = append(c.cmd.Env, gcAckEnv+"="+c.ack)
+	c.start(b)
+	return c
 }
 
 // measure makes the child collect garbage and return memory to the OS, then
