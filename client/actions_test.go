@@ -9,6 +9,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -60,7 +61,7 @@ func TestActions(t *testing.T) {
 			},
 		})
 	})
-	peers := waitFor(t, "the agent listed online", func() (*client.PeerPage, bool) {
+	peers := eventually.Value(t, "the agent listed online", func() (*client.PeerPage, bool) {
 		p, err := c.ListPeers(ctx, client.PeerListOptions{Role: "agent"})
 		return p, err == nil && len(p.Peers) == 1 && p.Peers[0].State == "online"
 	})
@@ -72,7 +73,7 @@ func TestActions(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The bridge lists a prompt once the intent's answer has gone out.
-	page = waitFor(t, "the prompt listed as pending", func() (*client.ActionPage, bool) {
+	page = eventually.Value(t, "the prompt listed as pending", func() (*client.ActionPage, bool) {
 		p, err := c.ListActions(ctx, client.ActionListOptions{State: client.ActionPending, Limit: 10})
 		return p, err == nil && len(p.Actions) == 1
 	})
@@ -136,21 +137,5 @@ func TestActions(t *testing.T) {
 	}
 	if _, err := c.ListActions(ctx, client.ActionListOptions{State: "sleeping"}); !errors.Is(err, client.ErrValidation) {
 		t.Fatalf("bad state filter: %v", err)
-	}
-}
-
-// waitFor polls f until it reports done, failing the test after 10s.
-func waitFor[T any](t *testing.T, what string, f func() (T, bool)) T {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		v, ok := f()
-		if ok {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 )
@@ -353,20 +354,16 @@ func TestWait(t *testing.T) {
 // waitStatus polls until execution id has status want.
 func waitStatus(t *testing.T, c *client.Client, id string, want client.Status) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually.Check(t, func() error {
 		ex, err := c.GetExecution(t.Context(), id)
 		if err != nil {
 			t.Fatalf("get: %v", err)
 		}
-		if ex.Status == want {
-			return
+		if ex.Status != want {
+			return fmt.Errorf("execution %s is %s, want %s", id, ex.Status, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("execution %s is %s, want %s", id, ex.Status, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestRunnerSurvivesRestart restarts the gateway, on the same folder and

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
@@ -68,23 +69,12 @@ func TestChannelsRaceOnOnePrompt(t *testing.T) {
 		t.Fatalf("channel log: %v", seen)
 	}
 	phone.close()
-	waitFor(t, func() bool {
+	eventually.True(t, "the phone's disconnect logged", func() bool {
 		evs := a.json("GET", "/v0/channels/events?limit=100", nil, 200)["events"].([]any)
 		return evs[len(evs)-1].(obj)["type"] == channel.TypeDisconnected
 	})
 	if got := a.json("GET", "/v0/channels", nil, 200)["channels"].([]any); len(got) != 2 {
 		t.Fatalf("channels: %v", got)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -155,7 +145,7 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 	a.fail("PUT", "/v0/channels/webhook", obj{"url": "http://169.254.169.254/latest/meta-data/", "secret": secret}, 400, "VALIDATION_ERROR")
 	ag := a.agent("bot-agent", "c1")
 	_, _, _, action := pendingAction(t, a, ag, "deploy.bot")
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })
+	eventually.True(t, "the prompt delivered to the bot", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })
 	mu.Lock()
 	first := got[0]
 	mu.Unlock()
@@ -163,7 +153,7 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 		t.Fatalf("bot payload: %+v", first)
 	}
 	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once", "channel_id": "webhook", "native_peer_id": "bot"}, 200)
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	eventually.True(t, "the resolution delivered to the bot", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
 	mu.Lock()
 	if got[1].Type != "permission.resolved" {
 		t.Fatalf("bot retraction: %+v", got[1])

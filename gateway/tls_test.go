@@ -12,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -72,7 +73,7 @@ func TestTLSStreamsSurviveCertificateSwap(t *testing.T) {
 
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
 	addr := strings.TrimPrefix(s.URL, "https://")
-	wsEventually(t, "new handshakes get the new certificate", func() bool {
+	eventually.True(t, "new handshakes get the new certificate", func() bool {
 		conn, err := tls.Dial("tcp", addr, ca.ClientConfig())
 		if err != nil {
 			t.Fatalf("handshake after the swap: %v", err)

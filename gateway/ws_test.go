@@ -22,6 +22,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -338,17 +339,6 @@ func (w *wsClient) quiet(d time.Duration) {
 	}
 }
 
-func wsEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestWSAgentAndRunnerFlow(t *testing.T) {
 	for _, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
@@ -417,7 +407,7 @@ func TestWSAgentAndRunnerFlow(t *testing.T) {
 			// reconnect.
 			agentKey := peer.Key{Role: kernel.RoleAgent, ID: "ws-agent", Consumer: "c1"}
 			runnerKey := peer.Key{Role: kernel.RoleRunner, ID: "ws-runner", Consumer: "r1"}
-			wsEventually(t, "outboxes drained", func() bool {
+			eventually.True(t, "outboxes drained", func() bool {
 				return s.Node.Hub.Pending(agentKey) == 0 && s.Node.Hub.Pending(runnerKey) == 0
 			})
 			ag.quiet(50 * time.Millisecond)
@@ -807,7 +797,7 @@ func TestWSResumeFromCursor(t *testing.T) {
 		t.Fatalf("late resume: %v", f.obj)
 	}
 	_ = ag.c.CloseNow()
-	wsEventually(t, "all acknowledged", func() bool {
+	eventually.True(t, "all acknowledged", func() bool {
 		return s.Node.Hub.Pending(peer.Key{Role: kernel.RoleAgent, ID: "res-agent", Consumer: "c1"}) == 0
 	})
 
@@ -994,7 +984,7 @@ func TestWSCutsProcessEachJobOnce(t *testing.T) {
 				t.Fatalf("only %d cuts; the test did not exercise reconnects", cuts)
 			}
 			key := peer.Key{Role: kernel.RoleRunner, ID: "cut-ws-runner", Consumer: "rc"}
-			wsEventually(t, "runner outbox drained", func() bool { return s.Node.Hub.Pending(key) == 0 })
+			eventually.True(t, "runner outbox drained", func() bool { return s.Node.Hub.Pending(key) == 0 })
 			t.Logf("%d jobs, %d cuts, %d connections", n, cuts, reconnects)
 		})
 	}
@@ -1076,7 +1066,7 @@ func TestWSSlowConsumer(t *testing.T) {
 	// Once a write has been stuck past the timeout the server gives up on
 	// the consumer, which /v0/peers shows at once; the close frame waits
 	// for the client to read.
-	wsEventually(t, "the server to give up on the consumer", func() bool {
+	eventually.True(t, "the server to give up on the consumer", func() bool {
 		for _, p := range a.json("GET", "/v0/peers?role=agent", nil, 200)["peers"].([]any) {
 			if p.(obj)["consumer_id"] == "c1" && p.(obj)["state"] == "offline" {
 				return true

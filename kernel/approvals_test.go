@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -341,7 +342,7 @@ func TestCancelAndTimeoutWithdrawThePrompt(t *testing.T) {
 			t.Fatalf("last event of %s: %+v %v", id, last, err)
 		}
 	}
-	eventually(t, "the prompt withdrawn", func() bool { d, ok := book.decision(action); return ok && d.Outcome == OutcomeCancelled })
+	eventually.True(t, "the prompt withdrawn", func() bool { d, ok := book.decision(action); return ok && d.Outcome == OutcomeCancelled })
 }
 
 // mustSeq returns the sequence of execution id's last event.
@@ -361,7 +362,7 @@ func TestApprovalAfterTheAgentWasLost(t *testing.T) {
 	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	ask := x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "ask.send"})
 	gone()
-	eventually(t, "the lease released", func() bool {
+	eventually.True(t, "the lease released", func() bool {
 		types := eventTypes(t, r.k, x.id)
 		return types[len(types)-1] == event.AgentTimeout
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -36,18 +37,14 @@ func TestVanishedConsumersAreForgotten(t *testing.T) {
 	if _, _, err := k.Create(context.Background(), CreateRequest{AgentID: "awaited"}, Meta{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually.Check(t, func() error {
 		k.mu.Lock()
 		agents, runners := len(k.agents), len(k.runners)
 		_, awaited := k.agents["awaited"]
 		k.mu.Unlock()
-		if agents == 1 && runners == 0 && awaited {
-			break
+		if agents != 1 || runners != 0 || !awaited {
+			return fmt.Errorf("%d agent ids and %d runner ids remembered after the grace period, want only the awaited agent", agents, runners)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d agent ids and %d runner ids remembered after the grace period, want only the awaited agent", agents, runners)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 )
 
@@ -33,7 +34,7 @@ func TestRestartKeepsEveryState(t *testing.T) {
 	held := r.direct("fetch")
 	heldStep := liveStep(t, r.k, held, dispatched)
 	queued := r.direct("rare")
-	eventually(t, "a job queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
+	eventually.True(t, "a job queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
 	before := map[string]View{}
 	for _, id := range []string{pending.ID, working.id, asking.id, waiting.id, held, queued} {
 		before[id], _ = r.k.Get(ctx, id)

@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -100,16 +100,12 @@ func TestReplayRebuildsLiveState(t *testing.T) {
 	}
 	after.Run()
 	remote := intent(Intent{Type: IntentInvokeTool, ToolID: "remote.tool", Remote: true})
-	var jobID string
-	for deadline := time.Now().Add(5 * time.Second); jobID == ""; {
+	jobID := eventually.Value(t, "the remote step dispatched", func() (string, bool) {
 		ex.mu.Lock()
-		jobID = ex.Steps[remote.StepID].JobID
-		ex.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatal("remote step never dispatched")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer ex.mu.Unlock()
+		id := ex.Steps[remote.StepID].JobID
+		return id, id != ""
+	})
 	after, err = k.RunnerResult(ctx, "rn", RunnerResultRequest{JobID: jobID, ExecutionID: v.ID, StepID: remote.StepID, Error: "flaky", Retryable: true}, Meta{})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
@@ -242,7 +243,7 @@ func TestCapabilitiesAndTools(t *testing.T) {
 	away := r.k.RunnerConnected("away", "c1", []string{"a", "z"})
 	away()
 	id := r.direct("b")
-	eventually(t, "queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
+	eventually.True(t, "queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
 
 	r.k.UpdateCapabilities("nobody", []string{"b"})
 	r.k.UpdateCapabilities("rn", []string{"a", "b"})
@@ -276,7 +277,7 @@ func TestRunnerTakesItsNextJobWithItsResult(t *testing.T) {
 		if tool == "fetch" {
 			ids = append(ids, id)
 		}
-		eventually(t, "queued", func() bool { return r.k.Stats().QueuedJobs == i+1 })
+		eventually.True(t, "queued", func() bool { return r.k.Stats().QueuedJobs == i+1 })
 	}
 	var j jobMsg
 	for i, id := range ids {

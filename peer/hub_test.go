@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -275,13 +276,7 @@ func TestDeliveredBecomesAcknowledgedAfterRewind(t *testing.T) {
 	c, _ := h.Attach(k, nil)
 	next(t, c)
 	c.Delivered(1)
-	deadline := time.Now().Add(5 * time.Second)
-	for h.Pending(k) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("a delivered entry was never acknowledged")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.True(t, "the delivered entry acknowledged", func() bool { return h.Pending(k) == 0 })
 	zero := uint64(0)
 	c, _ = h.Attach(k, &zero)
 	none(t, c)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 // logBuffer collects log lines from concurrent writers.
@@ -57,18 +58,6 @@ func serial(t *testing.T, k *tlscert.KeyPair) int64 {
 		t.Fatalf("GetCertificate: %v, %v", c, err)
 	}
 	return c.Leaf.SerialNumber.Int64()
-}
-
-// eventually calls cond until it holds, failing after a generous deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func TestLoadKeyPairRefuses(t *testing.T) {
@@ -120,7 +109,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	}
 
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
-	eventually(t, "new certificate served", func() bool { return serial(t, k) == 2 })
+	eventually.True(t, "new certificate served", func() bool { return serial(t, k) == 2 })
 	if n := logs.count("TLS certificate reloaded"); n != 1 {
 		t.Fatalf("%d reload lines, want 1", n)
 	}
@@ -129,7 +118,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	certPEM, _ := ca.Issue(t, 3, "127.0.0.1")
 	tlscerttest.Replace(t, certFile, certPEM)
 	const refused = "TLS certificate files changed but cannot be used"
-	eventually(t, "bad pair logged", func() bool { serial(t, k); return logs.count(refused) > 0 })
+	eventually.True(t, "bad pair logged", func() bool { serial(t, k); return logs.count(refused) > 0 })
 	// Many handshakes later, each past the interval, the old certificate is
 	// still served and the bad pair was logged once.
 	for range 50 {
@@ -147,14 +136,14 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	if err := os.Remove(keyFile); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "missing key logged", func() bool { serial(t, k); return logs.count(refused) == 2 })
+	eventually.True(t, "missing key logged", func() bool { serial(t, k); return logs.count(refused) == 2 })
 	if got := serial(t, k); got != 2 {
 		t.Fatalf("serial %d with the key missing, want 2", got)
 	}
 
 	// A good pair again.
 	ca.WritePair(t, certFile, keyFile, 4, "127.0.0.1")
-	eventually(t, "good pair served", func() bool { return serial(t, k) == 4 })
+	eventually.True(t, "good pair served", func() bool { return serial(t, k) == 4 })
 	if n := logs.count(refused); n != 2 {
 		t.Fatalf("refusals logged %d times, want 2", n)
 	}
