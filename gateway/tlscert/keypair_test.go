@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -44,10 +43,26 @@ func (l *logBuffer) String() string {
 
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
-// pairFiles returns the paths of a certificate and key in a fresh folder.
-func pairFiles(t *testing.T) (string, string) {
-	dir := t.TempDir()
-	return filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+// handshakes serves TLS handshakes with cfg on 127.0.0.1 until the test
+// ends, and returns the address: what a test of the certificate a
+// configuration serves dials.
+func handshakes(t *testing.T, cfg *tls.Config) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // serial returns the serial number of the certificate a handshake gets now.
@@ -77,7 +92,7 @@ func TestLoadKeyPairRefuses(t *testing.T) {
 		{"empty key", certPEM, []byte{}, tlscert.ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			certFile, keyFile := pairFiles(t)
+			certFile, keyFile := tlscerttest.Files(t)
 			if tc.cert != nil {
 				tlscerttest.Replace(t, certFile, tc.cert)
 			}
@@ -97,13 +112,8 @@ func TestLoadKeyPairRefuses(t *testing.T) {
 // the previous certificate stays.
 func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	certFile, keyFile := pairFiles(t)
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
 	var logs logBuffer
-	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: time.Millisecond, Logger: logs.logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: time.Millisecond, Logger: logs.logger()}, "127.0.0.1")
 	if got := serial(t, k); got != 1 || k.Leaf().SerialNumber.Int64() != 1 {
 		t.Fatalf("serial %d, want 1", got)
 	}
@@ -153,12 +163,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 // looks at the files, so a change waits for the next check.
 func TestKeyPairChecksAtMostOncePerInterval(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	certFile, keyFile := pairFiles(t)
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
-	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: time.Hour}, "127.0.0.1")
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
 	for range 100 {
 		if got := serial(t, k); got != 1 {
@@ -171,30 +176,11 @@ func TestKeyPairChecksAtMostOncePerInterval(t *testing.T) {
 // gets HTTP/1.1, the only protocol the gateway's server speaks.
 func TestKeyPairTLSConfigOffersHTTP1Only(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	certFile, keyFile := pairFiles(t)
-	ca.WritePair(t, certFile, keyFile, 7, "127.0.0.1")
-	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", k.TLSConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).Handshake()
-			c.Close()
-		}
-	}()
+	k, _, _ := ca.KeyPair(t, 7, tlscert.Options{}, "127.0.0.1")
+	addr := handshakes(t, k.TLSConfig())
 	cfg := ca.ClientConfig()
 	cfg.NextProtos = []string{"h2", "http/1.1"}
-	c, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+	c, err := tls.Dial("tcp", addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,8 +197,7 @@ func TestKeyPairTLSConfigOffersHTTP1Only(t *testing.T) {
 // stats), the most a check costs when nothing changed.
 func BenchmarkGetCertificate(b *testing.B) {
 	ca := tlscerttest.NewCA(b)
-	dir := b.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	certFile, keyFile := tlscerttest.Files(b)
 	ca.WritePair(b, certFile, keyFile, 1, "127.0.0.1")
 	hello := &tls.ClientHelloInfo{ServerName: "127.0.0.1"}
 	load := func(b *testing.B, interval time.Duration) *tlscert.KeyPair {
