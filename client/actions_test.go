@@ -10,30 +10,17 @@ import (
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
-
-const askPolicy = `
-rules:
-  - id: ask
-    priority: 1
-    when: {tool_id: "deploy*"}
-    then: {decision: require_approval, reason: "deploys need a human"}
-default:
-  decision: allow
-`
 
 // TestActions lists, reads and answers a real permission prompt: an agent
 // invokes a tool the policy holds for approval, the client finds the
 // prompt, answers it (the agent's tool then runs), and a second answer
 // gets the recorded outcome.
 func TestActions(t *testing.T) {
-	pol, err := policy.Parse([]byte(askPolicy), "ask.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, policytest.AskDeploys)
 	const token = "actions-secret"
 	s := nodetest.Start(t, node.Options{Policy: pol, Auth: auth.Options{StaticToken: token}})
 	c, err := client.New(client.Options{BaseURL: s.URL, Token: token, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})

@@ -15,7 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 )
 
 // TestAgentAndRunner runs executions end to end: the agent calls a local
@@ -135,7 +135,7 @@ func TestAgentAndRunner(t *testing.T) {
 // TestPolicyDenied checks that a policy denial reaches the agent as a
 // *PolicyError naming the rule, and that an allowed call still runs.
 func TestPolicyDenied(t *testing.T) {
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: no-danger
     priority: 1
@@ -144,10 +144,7 @@ rules:
 default:
   decision: allow
   reason: ok
-`), "test.yaml")
-	if err != nil {
-		t.Fatalf("policy: %v", err)
-	}
+`)
 	g := startGateway(t, gwOptions{Policy: pol})
 	c := g.newClient(t, client.Options{})
 	background(t, func(ctx context.Context) error {
@@ -432,7 +429,7 @@ func TestRunnerSurvivesRestart(t *testing.T) {
 // TestApproval covers a tool call held for a human decision: approved, it
 // runs; denied, the agent gets a *PolicyError marked as an approval.
 func TestApproval(t *testing.T) {
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: ask-first
     priority: 1
@@ -440,10 +437,7 @@ rules:
     then: {decision: require_approval, reason: "money moves"}
 default:
   decision: allow
-`), "test.yaml")
-	if err != nil {
-		t.Fatalf("policy: %v", err)
-	}
+`)
 	for _, approve := range []bool{true, false} {
 		t.Run(fmt.Sprintf("approved=%v", approve), func(t *testing.T) {
 			g := startGateway(t, gwOptions{Policy: pol})

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -36,10 +36,7 @@ type matrixRow struct {
 // and checks the answer against the access rule. A route added without a
 // row here fails the test: decide who may use it first.
 func TestAccessMatrix(t *testing.T) {
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, bridgePolicy)
 	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
 		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
 	}})

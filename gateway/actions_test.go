@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -30,10 +30,7 @@ default:
 
 func bridgeServer(t *testing.T, c node.Options) *api {
 	t.Helper()
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, bridgePolicy)
 	c.Policy = pol
 	s := start(t, c)
 	return newAPI(t, s)
@@ -205,10 +202,7 @@ func TestCancelRetractsThePrompt(t *testing.T) {
 }
 
 func TestPendingPromptsSurviveRestart(t *testing.T) {
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, bridgePolicy)
 	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	ag := a.agent("rs-bridge", "c1")

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -230,7 +230,7 @@ func TestPolicyDenyDefaultAndRules(t *testing.T) {
 		t.Fatalf("intent.denied: %v", last)
 	}
 
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: limit
     priority: 1
@@ -243,10 +243,7 @@ rules:
     then: {decision: deny, reason: "prod is read-only"}
 default:
   decision: allow
-`), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	s2 := start(t, node.Options{Policy: pol})
 	b := newAPI(t, s2)
 	ag2 := b.agent("pol2", "c1")
@@ -264,21 +261,8 @@ default:
 	}
 }
 
-const approvalPolicy = `
-rules:
-  - id: ask
-    priority: 1
-    when: {tool_id: "deploy*"}
-    then: {decision: require_approval, reason: "deploys need a human"}
-default:
-  decision: allow
-`
-
 func TestApprovalThroughSignal(t *testing.T) {
-	pol, err := policy.Parse([]byte(approvalPolicy), "approval.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, policytest.AskDeploys)
 	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	ag := a.agent("appr", "c1")
@@ -551,17 +535,14 @@ func TestDeleteRunnerEndsStreamAndRequeues(t *testing.T) {
 }
 
 func TestStepDeadlineAndExecutionTimeout(t *testing.T) {
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: quick
     priority: 1
     when: {tool_id: "quick"}
     then: {decision: allow, timeout_ms: 150}
 default: {decision: allow}
-`), "t.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	ko := testKernel()
 	ko.ExecutionTimeout = 1500 * time.Millisecond
 	s := start(t, node.Options{Policy: pol, Kernel: ko})

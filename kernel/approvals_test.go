@@ -11,7 +11,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -191,7 +191,7 @@ func TestApprovalBySignal(t *testing.T) {
 }
 
 func TestApprovalExpiry(t *testing.T) {
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: hurry-deny
     priority: 1
     when: {tool_id: "ask.deny"}
@@ -201,10 +201,7 @@ func TestApprovalExpiry(t *testing.T) {
     when: {tool_id: "ask.allow"}
     then: {decision: require_approval, expires_in: 30ms, on_expiry: allow}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	book := newApprovalBook()
 	r := newRig(t, func(o *Options) { o.Policy, o.Approvals = pol, book })
 	ctx := context.Background()

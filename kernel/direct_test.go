@@ -9,14 +9,14 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 )
 
 // askPolicy asks a person before any tool named ask.*, denies deny.* and
 // allows the rest.
 func askPolicy(t *testing.T) Policy {
 	t.Helper()
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: ask
     priority: 1
     when: {tool_id: "ask.*"}
@@ -26,10 +26,7 @@ func askPolicy(t *testing.T) Policy {
     when: {tool_id: "deny.*"}
     then: {decision: deny, reason: not here}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	return pol
 }
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -68,10 +68,7 @@ func (a hubAdapter) Forget(p Peer) { a.h.Forget(pk(p)) }
 // transition, then checks that folding its log from the store (what a
 // restart does) gives the same state as the live fold.
 func TestReplayRebuildsLiveState(t *testing.T) {
-	pol, err := policy.Parse([]byte("rules:\n  - id: ask\n    priority: 1\n    when: {tool_id: \"ask.*\"}\n    then: {decision: require_approval}\ndefault: {decision: allow}\n"), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, "rules:\n  - id: ask\n    priority: 1\n    when: {tool_id: \"ask.*\"}\n    then: {decision: require_approval}\ndefault: {decision: allow}\n")
 	k := newKernel(t, pol)
 	ctx := context.Background()
 	defer k.AgentConnected("ag", "c1")()

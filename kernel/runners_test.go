@@ -9,7 +9,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
 
@@ -302,16 +302,13 @@ func TestRunnerTakesItsNextJobWithItsResult(t *testing.T) {
 }
 
 func TestStepTimeoutFreesTheRunner(t *testing.T) {
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: quick
     priority: 1
     when: {tool_id: "slow"}
     then: {decision: allow, timeout_ms: 30}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	r := newRig(t, func(o *Options) { o.Policy = pol })
 	defer r.k.AgentConnected("ag", "c1")()
 	rn := r.inbox(RoleRunner, "rn", "c1")
@@ -331,7 +328,7 @@ default: {decision: allow}
 	if j2.StepID != fast.StepID {
 		t.Fatalf("next job: %+v", j2)
 	}
-	_, err = r.k.RunnerResult(context.Background(), "rn", RunnerResultRequest{JobID: j1.ID, ExecutionID: x.id, StepID: slow.StepID, Success: true}, Meta{})
+	_, err := r.k.RunnerResult(context.Background(), "rn", RunnerResultRequest{JobID: j1.ID, ExecutionID: x.id, StepID: slow.StepID, Success: true}, Meta{})
 	wantErr(t, err, ErrConflict)
 	j2.result(t, r.k, "rn", RunnerResultRequest{Success: true})
 	x.box.next(event.PushToolResult, &got)

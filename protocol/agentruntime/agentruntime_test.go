@@ -16,7 +16,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
@@ -185,10 +185,7 @@ default: {decision: allow}
 // person, streams text and ends, and a second turn queued behind it.
 func scenario(t *testing.T) (*nodetest.Server, *client) {
 	t.Helper()
-	pol, err := policy.Parse([]byte(askPolicy), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, askPolicy)
 	s := nodetest.Start(t, node.Options{Policy: pol, Kernel: kernel.Options{AgentGrace: time.Minute}})
 	c := &client{t: t, base: s.URL}
 	agent := c.sse("/v0/agents/stream?agent_id=ar-agent&consumer_id=c1")

@@ -14,7 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
@@ -359,10 +359,7 @@ default: {decision: allow}
 // TestPermissionPromptWaits: a capability that policy makes ask a person
 // shows run_status waiting until the prompt is answered, then runs.
 func TestPermissionPromptWaits(t *testing.T) {
-	pol, err := policy.Parse([]byte(askPolicy), "ask.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, askPolicy)
 	s, api, _ := world(t, node.Options{Policy: pol})
 	got := api.json("POST", "/tools/linkedin_search_people", obj{"input": obj{"query": "cto"}, "connectedAccountId": "acc_1"}, 202)
 	id := got["executionId"].(string)
