@@ -29,29 +29,11 @@ type rt struct {
 
 func (c *rt) do(method, path string, body any, hdr ...string) (int, []byte) {
 	c.t.Helper()
-	var r io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		r = strings.NewReader(b)
-	default:
-		data, _ := json.Marshal(b)
-		r = bytes.NewReader(data)
-	}
-	req, _ := http.NewRequestWithContext(c.t.Context(), method, c.base+"/runtime/v1"+path, r)
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		hdr = append([]string{"Content-Type", "application/json"}, hdr...)
 	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, data
+	status, data, _ := nodetest.Do(c.t, nil, method, c.base+"/runtime/v1"+path, body, hdr...)
+	return status, data
 }
 
 func (c *rt) json(method, path string, body any, want int, hdr ...string) obj {
