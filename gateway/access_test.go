@@ -37,9 +37,7 @@ type matrixRow struct {
 // row here fails the test: decide who may use it first.
 func TestAccessMatrix(t *testing.T) {
 	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
 	claims := map[string]auth.Claims{
 		"admin":         {Subject: "ops", Role: auth.RoleAdmin},
 		"tenant-admin":  {Subject: "ops-acme", Role: auth.RoleAdmin, Tenant: "acme"},

@@ -220,9 +220,7 @@ func TestPendingPromptsSurviveRestart(t *testing.T) {
 }
 
 func TestWhoMayAnswer(t *testing.T) {
-	a := bridgeServer(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	a := bridgeServer(t, node.Options{Auth: jwtOptions()})
 	alice := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})
 	a.token = alice
 	agentTok := mint(t, auth.Claims{Subject: "bot", Role: auth.RoleAgent, Agents: []string{"who-agent"}})

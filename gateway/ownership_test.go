@@ -15,14 +15,8 @@ import (
 func jwtBridgeServer(t *testing.T) func(auth.Claims) *api {
 	t.Helper()
 	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	return func(c auth.Claims) *api {
-		a := newAPI(t, s)
-		a.token = mint(t, c)
-		return a
-	}
+	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
+	return func(c auth.Claims) *api { return newAPIAs(t, s, c) }
 }
 
 // sameMissing checks that the answer about a hidden resource is the answer

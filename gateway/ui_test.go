@@ -227,9 +227,7 @@ func (b *browser) waitText(sel, want string) {
 func TestUIApprovesInChromium(t *testing.T) {
 	br := newBrowser(t)
 	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
 	a := newAPI(t, s)
 	alice := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})
 	aliceWeb := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleChannel})

@@ -508,13 +508,9 @@ func TestWSRepliesEqualHTTPAnswers(t *testing.T) {
 }
 
 func TestWSScopesAndHandshakeRefusals(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	admin := newAPI(t, s)
-	admin.token = mint(t, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
-	agentA := newAPI(t, s)
-	agentA.token = mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
+	s := start(t, node.Options{Auth: jwtOptions()})
+	admin := newAPIAs(t, s, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
+	agentA := newAPIAs(t, s, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
 
 	// Refusals come before the upgrade, as JSON.
 	newAPI(t, s).wsRefused("/v0/agents/ws?agent_id=scoped-a&consumer_id=c", 401, "UNAUTHORIZED")
@@ -558,11 +554,8 @@ func TestWSScopesAndHandshakeRefusals(t *testing.T) {
 }
 
 func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	a := newAPI(t, s)
-	a.token = mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"exp-a"}, TTL: 2 * time.Second})
+	s := start(t, node.Options{Auth: jwtOptions()})
+	a := newAPIAs(t, s, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"exp-a"}, TTL: 2 * time.Second})
 	ag := a.dialWS("/v0/agents/ws?agent_id=exp-a&consumer_id=c1", gateway.SubprotocolMsgpack)
 	ag.expect("hello")
 	if reason := ag.expectClose(gateway.CloseTokenExpired); reason != "token expired" {
@@ -573,9 +566,7 @@ func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
 // TestWSTokenRefresh: a refresh frame moves a socket to a new token of the
 // same caller, and the socket outlives the token that opened it.
 func TestWSTokenRefresh(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Auth: jwtOptions()})
 	adminClaims := auth.Claims{Subject: "ops", Role: auth.RoleAdmin}
 	agentClaims := auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"fresh-a"}}
 	short := func(c auth.Claims) *api {
@@ -584,8 +575,7 @@ func TestWSTokenRefresh(t *testing.T) {
 		a.token = mint(t, c)
 		return a
 	}
-	admin := newAPI(t, s)
-	admin.token = mint(t, adminClaims)
+	admin := newAPIAs(t, s, adminClaims)
 	id := admin.create("other-agent", nil)["id"].(string)
 
 	// An agent socket and an execution socket, opened with tokens that
@@ -622,9 +612,7 @@ func TestWSTokenRefresh(t *testing.T) {
 // narrower scope, or no valid token gets the HTTP error, and the socket still
 // closes when the token that opened it expires.
 func TestWSTokenRefreshRefused(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Auth: jwtOptions()})
 	a := newAPI(t, s)
 	// exp counts whole seconds: the token expires 1 to 2 s from minted.
 	minted := time.Now()
