@@ -303,6 +303,17 @@ func (a *api) runner(id, consumer string, caps ...string) *sseStream {
 	return a.openSSE(fmt.Sprintf("/v0/runners/stream?runner_id=%s&consumer_id=%s&capabilities=%s", id, consumer, strings.Join(caps, ",")))
 }
 
+// running starts a server with an agent agentID connected and one
+// execution assigned to it: the start of most flow tests. It returns the
+// client, the agent, and the execution's id and lease.
+func running(t *testing.T, agentID string) (a *api, ag *agent, id, lease string) {
+	t.Helper()
+	a = newAPI(t, start(t, node.Options{}))
+	ag = a.agent(agentID, "c1")
+	id, lease = a.assigned(ag, nil)
+	return a, ag, id, lease
+}
+
 // assigned creates an execution for a connected agent and returns its id
 // and lease (session_id).
 func (a *api) assigned(ag *agent, input any) (string, string) {
