@@ -9,17 +9,14 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 // TestVanishedConsumersAreForgotten: agent and runner ids that connect once
 // and vanish leave nothing behind in the kernel once their grace period has
 // passed; an agent id with an execution waiting for it is kept.
 func TestVanishedConsumersAreForgotten(t *testing.T) {
-	st, err := store.Open(store.Options{InMemory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storetest.Open(t, store.Options{InMemory: true})
 	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func newKernel(t *testing.T, pol Policy) *Kernel {
@@ -30,10 +31,7 @@ func openKernel(t *testing.T, dir string, pol Policy) (*Kernel, func()) {
 // openStoreAndHubIn opens a store on dir and a peer hub on it.
 func openStoreAndHubIn(t *testing.T, dir string) (*store.Store, *peer.Hub) {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func countRecords(t *testing.T, st *store.Store) int {
@@ -28,11 +29,7 @@ func countRecords(t *testing.T, st *store.Store) int {
 // retention, in memory and in the store, so a restart loads none of them.
 func TestVanishedConsumersAreCollected(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(store.Options{Dir: dir, Sync: store.SyncNone})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storetest.Open(t, store.Options{Dir: dir, Sync: store.SyncNone})
 	const n = 10000
 	h, err := NewHub(context.Background(), Options{Store: st, ConsumerRetention: 200 * time.Millisecond})
 	if err != nil {

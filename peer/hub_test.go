@@ -10,6 +10,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func newHub(t *testing.T, st *store.Store, o Options) *Hub {
@@ -182,10 +183,7 @@ func TestSettleAndForget(t *testing.T) {
 // hub is reopened on the same Badger folder; acknowledged ones do not.
 func TestOutboxSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	h, err := NewHub(context.Background(), Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -211,15 +209,8 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	apply()
 	c.Detach()
 	h.Close()
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
 
-	st, err = store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st = storetest.Reopen(t, st, store.Options{Dir: dir})
 	h = newHub(t, st, Options{})
 	c, _ = h.Attach(k, nil)
 	var got []uint64

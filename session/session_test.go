@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 // world is a real store, peer hub, kernel and session registry on one data
@@ -43,10 +44,8 @@ func (a hubAdapter) Forget(p kernel.Peer) { a.h.Forget(pk(p)) }
 func open(t *testing.T, dir string, o session.Options) *world {
 	t.Helper()
 	w := &world{t: t, dir: dir}
+	w.st = storetest.Open(t, store.Options{Dir: dir})
 	var err error
-	if w.st, err = store.Open(store.Options{Dir: dir}); err != nil {
-		t.Fatal(err)
-	}
 	if w.hub, err = peer.NewHub(context.Background(), peer.Options{Store: w.st}); err != nil {
 		t.Fatal(err)
 	}
