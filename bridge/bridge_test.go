@@ -8,6 +8,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func TestParseDecision(t *testing.T) {
@@ -40,10 +41,7 @@ func (n *notes) Retract(r Record) { n.retracts = append(n.retracts, r.State) }
 // and settled is recorded, audited and reloaded from the same folder.
 func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	n := &notes{}
 	b, err := New(context.Background(), Options{Store: st, Notifier: n})
 	if err != nil {
@@ -83,15 +81,8 @@ func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 	if len(n.prompts) != 2 || len(n.retracts) != 1 || n.retracts[0] != StateApproved {
 		t.Fatalf("notifications: %+v", n)
 	}
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
 
-	st, err = store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st = storetest.Reopen(t, st, store.Options{Dir: dir})
 	b, err = New(context.Background(), Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -128,10 +119,7 @@ func TestRecordLifecycleSurvivesReopen(t *testing.T) {
 // bridge starts again; a forwarded one is not sent again.
 func TestUnforwardedPromptIsForwardedAtStart(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	b, err := New(context.Background(), Options{Store: st, Notifier: &notes{}})
 	if err != nil {
 		t.Fatal(err)
@@ -147,14 +135,7 @@ func TestUnforwardedPromptIsForwardedAtStart(t *testing.T) {
 			publish() // the crash comes before the second prompt's fan-out
 		}
 	}
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
-	st, err = store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st = storetest.Reopen(t, st, store.Options{Dir: dir})
 	n := &notes{}
 	if _, err := New(context.Background(), Options{Store: st, Notifier: n}); err != nil {
 		t.Fatal(err)

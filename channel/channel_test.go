@@ -13,6 +13,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 // node is a store, a hub and a registry on one data folder, as the gateway
@@ -25,20 +26,15 @@ type node struct {
 
 func open(t *testing.T, dir string, o Options) *node {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
 	if err != nil {
-		_ = st.Close()
 		t.Fatal(err)
 	}
 	o.Store, o.Hub = st, hub
 	reg, err := New(context.Background(), o)
 	if err != nil {
 		hub.Close()
-		_ = st.Close()
 		t.Fatal(err)
 	}
 	n := &node{st: st, hub: hub, reg: reg}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 // TestGoneChannelsExpire: native channels neither connected nor seen for
@@ -33,9 +35,9 @@ func TestGoneChannelsExpire(t *testing.T) {
 		}
 		n.reg.Prompt(pending("alice", fmt.Sprintf("act-%d", i)))
 		n.reg.Connected(Key(ch.ChannelID, ch.PeerID))()
-		waitFor(t, "room for another tab", func() bool { return len(n.reg.List("alice")) < o.MaxChannels })
+		eventually.True(t, "room for another tab", func() bool { return len(n.reg.List("alice")) < o.MaxChannels })
 	}
-	waitFor(t, "the tabs expired", func() bool { return len(n.reg.List("alice")) == 2 })
+	eventually.True(t, "the tabs expired", func() bool { return len(n.reg.List("alice")) == 2 })
 	for _, ch := range n.reg.List("alice") {
 		if ch.PeerID != "online" && ch.Kind != KindWebhook {
 			t.Fatalf("kept %+v", ch)
@@ -57,17 +59,5 @@ func TestGoneChannelsExpire(t *testing.T) {
 	}
 	if _, fresh := connect(t, n.reg, "alice", "web", "tab-0"); !fresh {
 		t.Fatal("an expired channel that came back was not registered afresh")
-	}
-}
-
-// waitFor polls cond until it holds, failing after a generous deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 const testSecret = "0123456789abcdef-test-secret"
@@ -133,13 +136,12 @@ var fastRetry = Options{RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Mil
 // waitAcked waits until the webhook outbox holds nothing unacknowledged.
 func waitAcked(t *testing.T, n *node, ch Channel) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for n.hub.Pending(Key(ch.ChannelID, ch.PeerID)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("webhook outbox still holds %d deliveries", n.hub.Pending(Key(ch.ChannelID, ch.PeerID)))
+	eventually.Check(t, func() error {
+		if p := n.hub.Pending(Key(ch.ChannelID, ch.PeerID)); p != 0 {
+			return fmt.Errorf("webhook outbox still holds %d deliveries", p)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestWebhookRetriesInOrder(t *testing.T) {

@@ -9,30 +9,18 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
-
-const askPolicy = `
-rules:
-  - id: ask
-    priority: 1
-    when: {tool_id: "deploy*"}
-    then: {decision: require_approval, reason: "deploys need a human"}
-default:
-  decision: allow
-`
 
 // TestActions lists, reads and answers a real permission prompt: an agent
 // invokes a tool the policy holds for approval, the client finds the
 // prompt, answers it (the agent's tool then runs), and a second answer
 // gets the recorded outcome.
 func TestActions(t *testing.T) {
-	pol, err := policy.Parse([]byte(askPolicy), "ask.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, policytest.AskDeploys)
 	const token = "actions-secret"
 	s := nodetest.Start(t, node.Options{Policy: pol, Auth: auth.Options{StaticToken: token}})
 	c, err := client.New(client.Options{BaseURL: s.URL, Token: token, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
@@ -60,7 +48,7 @@ func TestActions(t *testing.T) {
 			},
 		})
 	})
-	peers := waitFor(t, "the agent listed online", func() (*client.PeerPage, bool) {
+	peers := eventually.Value(t, "the agent listed online", func() (*client.PeerPage, bool) {
 		p, err := c.ListPeers(ctx, client.PeerListOptions{Role: "agent"})
 		return p, err == nil && len(p.Peers) == 1 && p.Peers[0].State == "online"
 	})
@@ -72,7 +60,7 @@ func TestActions(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The bridge lists a prompt once the intent's answer has gone out.
-	page = waitFor(t, "the prompt listed as pending", func() (*client.ActionPage, bool) {
+	page = eventually.Value(t, "the prompt listed as pending", func() (*client.ActionPage, bool) {
 		p, err := c.ListActions(ctx, client.ActionListOptions{State: client.ActionPending, Limit: 10})
 		return p, err == nil && len(p.Actions) == 1
 	})
@@ -136,21 +124,5 @@ func TestActions(t *testing.T) {
 	}
 	if _, err := c.ListActions(ctx, client.ActionListOptions{State: "sleeping"}); !errors.Is(err, client.ErrValidation) {
 		t.Fatalf("bad state filter: %v", err)
-	}
-}
-
-// waitFor polls f until it reports done, failing the test after 10s.
-func waitFor[T any](t *testing.T, what string, f func() (T, bool)) T {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		v, ok := f()
-		if ok {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

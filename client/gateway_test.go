@@ -2,12 +2,14 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/node"
@@ -114,17 +116,12 @@ func background(t *testing.T, f func(ctx context.Context) error) {
 // connection.
 func (g *testGateway) waitOnline(t *testing.T, agents, runners int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := g.s.Node.Kernel.Stats()
-		if s.AgentsOnline >= agents && s.RunnersOnline >= runners {
-			return
+	eventually.Check(t, func() error {
+		if s := g.s.Node.Kernel.Stats(); s.AgentsOnline < agents || s.RunnersOnline < runners {
+			return fmt.Errorf("online: %d agents, %d runners; want %d and %d", s.AgentsOnline, s.RunnersOnline, agents, runners)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("online: %d agents, %d runners; want %d and %d", s.AgentsOnline, s.RunnersOnline, agents, runners)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // waitFinished follows execution id until it ends and returns its state.

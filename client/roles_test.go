@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 )
 
 // TestAgentAndRunner runs executions end to end: the agent calls a local
@@ -134,7 +135,7 @@ func TestAgentAndRunner(t *testing.T) {
 // TestPolicyDenied checks that a policy denial reaches the agent as a
 // *PolicyError naming the rule, and that an allowed call still runs.
 func TestPolicyDenied(t *testing.T) {
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: no-danger
     priority: 1
@@ -143,10 +144,7 @@ rules:
 default:
   decision: allow
   reason: ok
-`), "test.yaml")
-	if err != nil {
-		t.Fatalf("policy: %v", err)
-	}
+`)
 	g := startGateway(t, gwOptions{Policy: pol})
 	c := g.newClient(t, client.Options{})
 	background(t, func(ctx context.Context) error {
@@ -353,20 +351,16 @@ func TestWait(t *testing.T) {
 // waitStatus polls until execution id has status want.
 func waitStatus(t *testing.T, c *client.Client, id string, want client.Status) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually.Check(t, func() error {
 		ex, err := c.GetExecution(t.Context(), id)
 		if err != nil {
 			t.Fatalf("get: %v", err)
 		}
-		if ex.Status == want {
-			return
+		if ex.Status != want {
+			return fmt.Errorf("execution %s is %s, want %s", id, ex.Status, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("execution %s is %s, want %s", id, ex.Status, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestRunnerSurvivesRestart restarts the gateway, on the same folder and
@@ -435,7 +429,7 @@ func TestRunnerSurvivesRestart(t *testing.T) {
 // TestApproval covers a tool call held for a human decision: approved, it
 // runs; denied, the agent gets a *PolicyError marked as an approval.
 func TestApproval(t *testing.T) {
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: ask-first
     priority: 1
@@ -443,10 +437,7 @@ rules:
     then: {decision: require_approval, reason: "money moves"}
 default:
   decision: allow
-`), "test.yaml")
-	if err != nil {
-		t.Fatalf("policy: %v", err)
-	}
+`)
 	for _, approve := range []bool{true, false} {
 		t.Run(fmt.Sprintf("approved=%v", approve), func(t *testing.T) {
 			g := startGateway(t, gwOptions{Policy: pol})

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,13 +20,7 @@ import (
 // streams fail at once with the certificate error instead of retrying.
 func TestTLSConfigTrustsThePrivateCA(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
-	kp, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kp, _, _ := ca.KeyPair(t, 1, tlscert.Options{}, "127.0.0.1")
 	s := nodetest.Start(t, node.Options{TLS: kp.TLSConfig()})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

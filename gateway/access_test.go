@@ -11,7 +11,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -36,13 +36,8 @@ type matrixRow struct {
 // and checks the answer against the access rule. A route added without a
 // row here fails the test: decide who may use it first.
 func TestAccessMatrix(t *testing.T) {
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	pol := policytest.Parse(t, bridgePolicy)
+	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
 	claims := map[string]auth.Claims{
 		"admin":         {Subject: "ops", Role: auth.RoleAdmin},
 		"tenant-admin":  {Subject: "ops-acme", Role: auth.RoleAdmin, Tenant: "acme"},

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -30,10 +30,7 @@ default:
 
 func bridgeServer(t *testing.T, c node.Options) *api {
 	t.Helper()
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, bridgePolicy)
 	c.Policy = pol
 	s := start(t, c)
 	return newAPI(t, s)
@@ -205,10 +202,7 @@ func TestCancelRetractsThePrompt(t *testing.T) {
 }
 
 func TestPendingPromptsSurviveRestart(t *testing.T) {
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, bridgePolicy)
 	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	ag := a.agent("rs-bridge", "c1")
@@ -226,9 +220,7 @@ func TestPendingPromptsSurviveRestart(t *testing.T) {
 }
 
 func TestWhoMayAnswer(t *testing.T) {
-	a := bridgeServer(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	a := bridgeServer(t, node.Options{Auth: jwtOptions()})
 	alice := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})
 	a.token = alice
 	agentTok := mint(t, auth.Claims{Subject: "bot", Role: auth.RoleAgent, Agents: []string{"who-agent"}})

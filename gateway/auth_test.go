@@ -6,6 +6,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 const (
@@ -27,16 +28,25 @@ func mint(t *testing.T, c auth.Claims) string {
 	return tok
 }
 
+// jwtOptions are the authentication options that accept the tokens mint
+// makes.
+func jwtOptions() auth.Options {
+	return auth.Options{HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud}
+}
+
+// newAPIAs is a client of s that presents a token minted for c.
+func newAPIAs(t *testing.T, s *nodetest.Server, c auth.Claims) *api {
+	t.Helper()
+	a := newAPI(t, s)
+	a.token = mint(t, c)
+	return a
+}
+
 func TestJWTScopes(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	admin := newAPI(t, s)
-	admin.token = mint(t, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
-	agentA := newAPI(t, s)
-	agentA.token = mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
-	runner1 := newAPI(t, s)
-	runner1.token = mint(t, auth.Claims{Subject: "r1", Role: auth.RoleRunner, Runners: []string{"scoped-r1"}})
+	s := start(t, node.Options{Auth: jwtOptions()})
+	admin := newAPIAs(t, s, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
+	agentA := newAPIAs(t, s, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
+	runner1 := newAPIAs(t, s, auth.Claims{Subject: "r1", Role: auth.RoleRunner, Runners: []string{"scoped-r1"}})
 
 	// Each role opens only its own streams.
 	ag := agentA.agent("scoped-a", "c1")
@@ -66,8 +76,7 @@ func TestJWTScopes(t *testing.T) {
 	other := admin.create("scoped-b", nil)["id"].(string)
 	agentA.fail("POST", "/v0/agents/intent", obj{"execution_id": other, "session_id": "x", "intent": obj{"type": "complete"}}, 404, "NOT_FOUND")
 	runner1.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
-	client := newAPI(t, s)
-	client.token = mint(t, auth.Claims{Subject: "dashboard", Role: auth.RoleClient})
+	client := newAPIAs(t, s, auth.Claims{Subject: "dashboard", Role: auth.RoleClient})
 	client.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 403, "FORBIDDEN")
 	client.fail("POST", "/v0/agents/step-result", obj{"execution_id": id, "session_id": lease, "step_id": step, "success": true}, 403, "FORBIDDEN")
 	// A client sees the executions it created, not the admin's.
@@ -109,11 +118,10 @@ func mintExpired(t *testing.T) string {
 }
 
 func TestStreamEndsWhenTokenExpires(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud, Leeway: time.Millisecond,
-	}})
-	a := newAPI(t, s)
-	a.token = mint(t, auth.Claims{Subject: "short", Role: auth.RoleAgent, Agents: []string{"brief"}, TTL: 1500 * time.Millisecond})
+	o := jwtOptions()
+	o.Leeway = time.Millisecond
+	s := start(t, node.Options{Auth: o})
+	a := newAPIAs(t, s, auth.Claims{Subject: "short", Role: auth.RoleAgent, Agents: []string{"brief"}, TTL: 1500 * time.Millisecond})
 	st := a.openSSE("/v0/agents/stream?agent_id=brief&consumer_id=c")
 	if f := st.next(); f.Event != "stream.expired" {
 		t.Fatalf("frame %s, want stream.expired", f.Event)

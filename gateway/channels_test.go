@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -68,7 +69,7 @@ func TestChannelsRaceOnOnePrompt(t *testing.T) {
 		t.Fatalf("channel log: %v", seen)
 	}
 	phone.close()
-	waitFor(t, func() bool {
+	eventually.True(t, "the phone's disconnect logged", func() bool {
 		evs := a.json("GET", "/v0/channels/events?limit=100", nil, 200)["events"].([]any)
 		return evs[len(evs)-1].(obj)["type"] == channel.TypeDisconnected
 	})
@@ -77,25 +78,11 @@ func TestChannelsRaceOnOnePrompt(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestOfflineChannelGetsPromptOnConnect: a new device receives the prompts
 // raised before it existed; a known device that was offline receives them
 // from its outbox on reconnect, also after a restart.
 func TestOfflineChannelGetsPromptOnConnect(t *testing.T) {
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, bridgePolicy)
 	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	tablet := a.channel("tablet", "u1")
@@ -155,7 +142,7 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 	a.fail("PUT", "/v0/channels/webhook", obj{"url": "http://169.254.169.254/latest/meta-data/", "secret": secret}, 400, "VALIDATION_ERROR")
 	ag := a.agent("bot-agent", "c1")
 	_, _, _, action := pendingAction(t, a, ag, "deploy.bot")
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })
+	eventually.True(t, "the prompt delivered to the bot", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })
 	mu.Lock()
 	first := got[0]
 	mu.Unlock()
@@ -163,7 +150,7 @@ func TestWebhookChannelEndToEnd(t *testing.T) {
 		t.Fatalf("bot payload: %+v", first)
 	}
 	a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once", "channel_id": "webhook", "native_peer_id": "bot"}, 200)
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	eventually.True(t, "the resolution delivered to the bot", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
 	mu.Lock()
 	if got[1].Type != "permission.resolved" {
 		t.Fatalf("bot retraction: %+v", got[1])

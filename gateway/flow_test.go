@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -90,10 +90,7 @@ func TestLocalToolFlowAndExecutionStream(t *testing.T) {
 }
 
 func TestLiveStreamFollowsExecution(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("live-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, _, id, lease := running(t, "live-agent")
 	st := a.openSSE("/v0/executions/" + id + "/stream?after_sequence=1")
 	st.expect("execution.started")
 	a.intent(id, lease, obj{"type": "complete"}, 200)
@@ -146,10 +143,7 @@ func TestRemoteToolFlowFreesRunnerWithoutConsumerID(t *testing.T) {
 }
 
 func TestJobWaitsForCapableRunnerAndCapabilityUpdate(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("q-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, _, id, lease := running(t, "q-agent")
 	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "late.tool", "remote": true}, 200)["step_id"]
 	other := a.runner("r-other", "x", "something.else")
 	other.quiet(100 * time.Millisecond)
@@ -212,10 +206,7 @@ func TestRunnerRetryThenFinalFailure(t *testing.T) {
 }
 
 func TestPolicyDenyDefaultAndRules(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("pol-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, _, id, lease := running(t, "pol-agent")
 	res := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "shell", "arguments": obj{"cmd": "rm -rf /"}, "idempotency_key": "k1"}, 200)
 	if res["accepted"] != false || res["error"] != "policy denied: Shell commands denied by default (rule: default-deny-shell)" {
 		t.Fatalf("deny: %v", res)
@@ -230,7 +221,7 @@ func TestPolicyDenyDefaultAndRules(t *testing.T) {
 		t.Fatalf("intent.denied: %v", last)
 	}
 
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: limit
     priority: 1
@@ -243,10 +234,7 @@ rules:
     then: {decision: deny, reason: "prod is read-only"}
 default:
   decision: allow
-`), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	s2 := start(t, node.Options{Policy: pol})
 	b := newAPI(t, s2)
 	ag2 := b.agent("pol2", "c1")
@@ -264,21 +252,8 @@ default:
 	}
 }
 
-const approvalPolicy = `
-rules:
-  - id: ask
-    priority: 1
-    when: {tool_id: "deploy*"}
-    then: {decision: require_approval, reason: "deploys need a human"}
-default:
-  decision: allow
-`
-
 func TestApprovalThroughSignal(t *testing.T) {
-	pol, err := policy.Parse([]byte(approvalPolicy), "approval.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, policytest.AskDeploys)
 	s := start(t, node.Options{Policy: pol})
 	a := newAPI(t, s)
 	ag := a.agent("appr", "c1")
@@ -345,10 +320,7 @@ func TestApprovalThroughSignal(t *testing.T) {
 }
 
 func TestSignalsAndWait(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("wait-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, ag, id, lease := running(t, "wait-agent")
 	a.intent(id, lease, obj{"type": "wait", "signal_type": "go"}, 200)
 	a.waitStatus(id, "blocked")
 	out := a.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 409, "CONFLICT")
@@ -414,10 +386,7 @@ func TestCancelInEveryState(t *testing.T) {
 }
 
 func TestCompleteWithActiveStepsIsRefusedCleanly(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("active-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, _, id, lease := running(t, "active-agent")
 	a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "t"}, 200)
 	before := len(a.events(id))
 	a.fail("POST", "/v0/agents/intent", obj{"execution_id": id, "session_id": lease, "intent": obj{"type": "complete"}}, 409, "CONFLICT")
@@ -427,10 +396,7 @@ func TestCompleteWithActiveStepsIsRefusedCleanly(t *testing.T) {
 }
 
 func TestIdempotentIntentsAndResults(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("idem-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, ag, id, lease := running(t, "idem-agent")
 	in := obj{"type": "invoke_tool", "tool_id": "t", "arguments": obj{"a": 1}, "idempotency_key": id + ":t:0001"}
 	first := a.intent(id, lease, in, 200)
 	again := a.intent(id, lease, in, 200)
@@ -468,10 +434,7 @@ func TestIdempotentIntentsAndResults(t *testing.T) {
 }
 
 func TestAgentDisconnectGraceAndReassignment(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("dc-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, ag, id, lease := running(t, "dc-agent")
 	a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "t", "arguments": 1}, 200)
 
 	// A reconnect with the same consumer id within the grace period keeps
@@ -551,17 +514,14 @@ func TestDeleteRunnerEndsStreamAndRequeues(t *testing.T) {
 }
 
 func TestStepDeadlineAndExecutionTimeout(t *testing.T) {
-	pol, err := policy.Parse([]byte(`
+	pol := policytest.Parse(t, `
 rules:
   - id: quick
     priority: 1
     when: {tool_id: "quick"}
     then: {decision: allow, timeout_ms: 150}
 default: {decision: allow}
-`), "t.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	ko := testKernel()
 	ko.ExecutionTimeout = 1500 * time.Millisecond
 	s := start(t, node.Options{Policy: pol, Kernel: ko})
@@ -661,10 +621,7 @@ func TestStepLimit(t *testing.T) {
 }
 
 func TestIdempotencyKeyHeaderIsRecordedOnResults(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("hdr-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, _, id, lease := running(t, "hdr-agent")
 	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "t"}, 200)["step_id"]
 	a.json("POST", "/v0/agents/step-result", obj{"execution_id": id, "session_id": lease, "step_id": step, "success": true}, 200, "Idempotency-Key", "res-1")
 	evs := a.events(id)
@@ -677,10 +634,7 @@ func TestIdempotencyKeyHeaderIsRecordedOnResults(t *testing.T) {
 // stays blocked when its agent is lost; when the signal comes it goes back
 // to pending and the next agent consumer takes it over, with its history.
 func TestBlockedExecutionOutlivesItsAgent(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("lone-agent", "c1")
-	id, lease := a.assigned(ag, nil)
+	a, ag, id, lease := running(t, "lone-agent")
 	a.intent(id, lease, obj{"type": "wait", "signal_type": "go"}, 200)
 	a.waitStatus(id, "blocked")
 	ag.close()

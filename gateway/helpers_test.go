@@ -53,44 +53,10 @@ func newAPI(t *testing.T, s *nodetest.Server) *api { return &api{t: t, base: s.U
 // do sends a request and returns the status and raw body.
 func (a *api) do(method, path string, body any, hdr ...string) (int, []byte, http.Header) {
 	a.t.Helper()
-	var r io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		r = strings.NewReader(b)
-	case []byte:
-		r = bytes.NewReader(b)
-	default:
-		data, err := json.Marshal(b)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		r = bytes.NewReader(data)
-	}
-	req, err := http.NewRequestWithContext(a.t.Context(), method, a.base+path, r)
-	if err != nil {
-		a.t.Fatal(err)
-	}
 	if a.token != "" {
-		req.Header.Set("Authorization", "Bearer "+a.token)
+		hdr = append([]string{"Authorization", "Bearer " + a.token}, hdr...)
 	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		if strings.EqualFold(hdr[i], "Host") {
-			req.Host = hdr[i+1]
-			continue
-		}
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := a.client().Do(req)
-	if err != nil {
-		a.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		a.t.Fatalf("%s %s: read: %v", method, path, err)
-	}
-	return resp.StatusCode, data, resp.Header
+	return nodetest.Do(a.t, a.hc, method, a.base+path, body, hdr...)
 }
 
 // json sends a request, checks the status and decodes the JSON answer.
@@ -335,6 +301,17 @@ func (a *api) agent(id, consumer string) *agent {
 func (a *api) runner(id, consumer string, caps ...string) *sseStream {
 	a.t.Helper()
 	return a.openSSE(fmt.Sprintf("/v0/runners/stream?runner_id=%s&consumer_id=%s&capabilities=%s", id, consumer, strings.Join(caps, ",")))
+}
+
+// running starts a server with an agent agentID connected and one
+// execution assigned to it: the start of most flow tests. It returns the
+// client, the agent, and the execution's id and lease.
+func running(t *testing.T, agentID string) (a *api, ag *agent, id, lease string) {
+	t.Helper()
+	a = newAPI(t, start(t, node.Options{}))
+	ag = a.agent(agentID, "c1")
+	id, lease = a.assigned(ag, nil)
+	return a, ag, id, lease
 }
 
 // assigned creates an execution for a connected agent and returns its id

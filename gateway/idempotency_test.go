@@ -12,9 +12,7 @@ import (
 // also after a restart on the same data folder; the key with another body
 // is 409; another principal's key of the same name is another key.
 func TestIdempotentCreateAcrossRestart(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Auth: jwtOptions()})
 	alice, bob := newAPI(t, s), newAPI(t, s)
 	alice.token = mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})
 	bob.token = mint(t, auth.Claims{Subject: "bob", Role: auth.RoleClient})

@@ -6,7 +6,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -14,18 +14,9 @@ import (
 // deploy* tools.
 func jwtBridgeServer(t *testing.T) func(auth.Claims) *api {
 	t.Helper()
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	return func(c auth.Claims) *api {
-		a := newAPI(t, s)
-		a.token = mint(t, c)
-		return a
-	}
+	pol := policytest.Parse(t, bridgePolicy)
+	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
+	return func(c auth.Claims) *api { return newAPIAs(t, s, c) }
 }
 
 // sameMissing checks that the answer about a hidden resource is the answer

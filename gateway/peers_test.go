@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -45,13 +46,12 @@ func TestVanishedPeersAreCollected(t *testing.T) {
 		a.openSSE(fmt.Sprintf("/v0/channels/stream?channel_id=web&peer_id=tab-%d", i)).close()
 	}
 	want := float64(agents + runners + tabs)
-	deadline := time.Now().Add(30 * time.Second)
-	for a.metric("gatehouse_peer_consumers_collected_total") < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%v of %v consumers collected within 30s", a.metric("gatehouse_peer_consumers_collected_total"), want)
+	eventually.Check(t, func() error {
+		if got := a.metric("gatehouse_peer_consumers_collected_total"); got < want {
+			return fmt.Errorf("%v of %v consumers collected", got, want)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	// Left: the built-in memory runner, always connected.
 	if got := a.json("GET", "/v0/peers", nil, 200)["peers"].([]any); len(got) != 1 || got[0].(obj)["id"] != "gatehouse.memory" {
 		t.Fatalf("%d peers listed after collection: %v", len(got), got)
@@ -60,16 +60,12 @@ func TestVanishedPeersAreCollected(t *testing.T) {
 		t.Fatalf("gatehouse_peer_consumers %v", got)
 	}
 	// The channel registry expires registrations on its own clock.
-	for {
-		got := a.json("GET", "/v0/channels", nil, 200)["channels"].([]any)
-		if len(got) == 0 {
-			break
+	eventually.Check(t, func() error {
+		if got := a.json("GET", "/v0/channels", nil, 200)["channels"].([]any); len(got) != 0 {
+			return fmt.Errorf("%d channels left registered", len(got))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d channels left registered", len(got))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if st := s.Node.Kernel.Stats(); st.AgentsOnline != 0 || st.RunnersOnline != 1 {
 		t.Fatalf("kernel still counts consumers: %+v", st)
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -17,10 +17,7 @@ import (
 // was acknowledged is lost, and clients that reconnect with their consumer
 // ids pick up where they were.
 func TestRestartInTheMiddleOfWork(t *testing.T) {
-	pol, err := policy.Parse([]byte(approvalPolicy), "approval.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, policytest.AskDeploys)
 	ko := testKernel()
 	ko.AgentGrace, ko.RunnerGrace = 5*time.Second, 5*time.Second
 	s := start(t, node.Options{Policy: pol, Kernel: ko})

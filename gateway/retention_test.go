@@ -1,9 +1,11 @@
 package gateway_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -15,16 +17,11 @@ func TestRetentionRunsSoonAfterStart(t *testing.T) {
 	for round := range 2 {
 		id := a.create("ret-agent", nil)["id"].(string)
 		a.json("POST", "/v0/executions/"+id+"/cancel", nil, 200)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			status, _, _ := a.do("GET", "/v0/executions/"+id, nil)
-			if status == 404 {
-				break
+		eventually.Check(t, func() error {
+			if status, _, _ := a.do("GET", "/v0/executions/"+id, nil); status != 404 {
+				return fmt.Errorf("round %d: the finished execution was not pruned (%d)", round, status)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: the finished execution was not pruned within 10s (%d)", round, status)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 }

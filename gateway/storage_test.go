@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store/fstest"
@@ -21,18 +23,15 @@ import (
 // as the 507 details name it: "ok", "low" or "full".
 func waitSpace(t *testing.T, st interface{ Space() kernel.Space }, want string) kernel.Space {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		sp := st.Space()
-		if sp.State.String() == want {
-			return sp
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("storage state %v, want %v (room %d KiB, low water %d KiB, reserve %d KiB)",
+	var sp kernel.Space
+	eventually.Check(t, func() error {
+		if sp = st.Space(); sp.State.String() != want {
+			return fmt.Errorf("storage state %v, want %v (room %d KiB, low water %d KiB, reserve %d KiB)",
 				sp.State, want, sp.Room()>>10, sp.LowWater>>10, sp.Reserve>>10)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return sp
 }
 
 // TestStorageFullRefusesNewWorkAndResumes runs a gateway on a real 64 MiB
@@ -87,17 +86,17 @@ func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
 	if err := os.Remove(filepath.Join(mnt, "ballast")); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually.Check(t, func() error {
 		status, body, _ := a.do("POST", "/v0/executions", obj{"agent_id": "edge", "input": obj{"task": "after"}})
-		if status == 201 {
-			break
+		switch status {
+		case 201:
+			return nil
+		case 507:
+			return fmt.Errorf("after space came back: still %d %s", status, body)
 		}
-		if status != 507 || time.Now().After(deadline) {
-			t.Fatalf("after space came back: %d %s", status, body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		t.Fatalf("after space came back: %d %s", status, body)
+		return nil
+	})
 	a.json("GET", "/v0/ready", nil, 200)
 }
 

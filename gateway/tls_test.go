@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -39,13 +39,7 @@ func peerSerial(t *testing.T, st *tls.ConnectionState) int64 {
 // execution.
 func TestTLSStreamsSurviveCertificateSwap(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
-	kp, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kp, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: 10 * time.Millisecond}, "127.0.0.1")
 	s := start(t, node.Options{TLS: kp.TLSConfig()})
 	if !strings.HasPrefix(s.URL, "https://") {
 		t.Fatalf("URL %s, want https", s.URL)
@@ -72,7 +66,7 @@ func TestTLSStreamsSurviveCertificateSwap(t *testing.T) {
 
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
 	addr := strings.TrimPrefix(s.URL, "https://")
-	wsEventually(t, "new handshakes get the new certificate", func() bool {
+	eventually.True(t, "new handshakes get the new certificate", func() bool {
 		conn, err := tls.Dial("tcp", addr, ca.ClientConfig())
 		if err != nil {
 			t.Fatalf("handshake after the swap: %v", err)
@@ -120,13 +114,7 @@ func TestTLSStreamsSurviveCertificateSwap(t *testing.T) {
 // no answer, not a hang.
 func TestTLSRefusesUntrustedClientsAndPlainHTTP(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
-	kp, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kp, _, _ := ca.KeyPair(t, 1, tlscert.Options{}, "127.0.0.1")
 	s := start(t, node.Options{TLS: kp.TLSConfig()})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()

@@ -15,7 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -226,13 +226,8 @@ func (b *browser) waitText(sel, want string) {
 // from another channel is retracted from the page.
 func TestUIApprovesInChromium(t *testing.T) {
 	br := newBrowser(t)
-	pol, err := policy.Parse([]byte(bridgePolicy), "bridge.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, node.Options{Policy: pol, Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	pol := policytest.Parse(t, bridgePolicy)
+	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
 	a := newAPI(t, s)
 	alice := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})
 	aliceWeb := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleChannel})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -338,17 +339,6 @@ func (w *wsClient) quiet(d time.Duration) {
 	}
 }
 
-func wsEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestWSAgentAndRunnerFlow(t *testing.T) {
 	for _, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
@@ -417,7 +407,7 @@ func TestWSAgentAndRunnerFlow(t *testing.T) {
 			// reconnect.
 			agentKey := peer.Key{Role: kernel.RoleAgent, ID: "ws-agent", Consumer: "c1"}
 			runnerKey := peer.Key{Role: kernel.RoleRunner, ID: "ws-runner", Consumer: "r1"}
-			wsEventually(t, "outboxes drained", func() bool {
+			eventually.True(t, "outboxes drained", func() bool {
 				return s.Node.Hub.Pending(agentKey) == 0 && s.Node.Hub.Pending(runnerKey) == 0
 			})
 			ag.quiet(50 * time.Millisecond)
@@ -518,13 +508,9 @@ func TestWSRepliesEqualHTTPAnswers(t *testing.T) {
 }
 
 func TestWSScopesAndHandshakeRefusals(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	admin := newAPI(t, s)
-	admin.token = mint(t, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
-	agentA := newAPI(t, s)
-	agentA.token = mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
+	s := start(t, node.Options{Auth: jwtOptions()})
+	admin := newAPIAs(t, s, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
+	agentA := newAPIAs(t, s, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
 
 	// Refusals come before the upgrade, as JSON.
 	newAPI(t, s).wsRefused("/v0/agents/ws?agent_id=scoped-a&consumer_id=c", 401, "UNAUTHORIZED")
@@ -568,11 +554,8 @@ func TestWSScopesAndHandshakeRefusals(t *testing.T) {
 }
 
 func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
-	a := newAPI(t, s)
-	a.token = mint(t, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"exp-a"}, TTL: 2 * time.Second})
+	s := start(t, node.Options{Auth: jwtOptions()})
+	a := newAPIAs(t, s, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"exp-a"}, TTL: 2 * time.Second})
 	ag := a.dialWS("/v0/agents/ws?agent_id=exp-a&consumer_id=c1", gateway.SubprotocolMsgpack)
 	ag.expect("hello")
 	if reason := ag.expectClose(gateway.CloseTokenExpired); reason != "token expired" {
@@ -583,9 +566,7 @@ func TestWSTokenExpiryEndsTheSocket(t *testing.T) {
 // TestWSTokenRefresh: a refresh frame moves a socket to a new token of the
 // same caller, and the socket outlives the token that opened it.
 func TestWSTokenRefresh(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Auth: jwtOptions()})
 	adminClaims := auth.Claims{Subject: "ops", Role: auth.RoleAdmin}
 	agentClaims := auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"fresh-a"}}
 	short := func(c auth.Claims) *api {
@@ -594,8 +575,7 @@ func TestWSTokenRefresh(t *testing.T) {
 		a.token = mint(t, c)
 		return a
 	}
-	admin := newAPI(t, s)
-	admin.token = mint(t, adminClaims)
+	admin := newAPIAs(t, s, adminClaims)
 	id := admin.create("other-agent", nil)["id"].(string)
 
 	// An agent socket and an execution socket, opened with tokens that
@@ -632,9 +612,7 @@ func TestWSTokenRefresh(t *testing.T) {
 // narrower scope, or no valid token gets the HTTP error, and the socket still
 // closes when the token that opened it expires.
 func TestWSTokenRefreshRefused(t *testing.T) {
-	s := start(t, node.Options{Auth: auth.Options{
-		HMACSecrets: map[string][]byte{"": []byte(testSecret)}, Issuer: testIss, Audience: testAud,
-	}})
+	s := start(t, node.Options{Auth: jwtOptions()})
 	a := newAPI(t, s)
 	// exp counts whole seconds: the token expires 1 to 2 s from minted.
 	minted := time.Now()
@@ -807,7 +785,7 @@ func TestWSResumeFromCursor(t *testing.T) {
 		t.Fatalf("late resume: %v", f.obj)
 	}
 	_ = ag.c.CloseNow()
-	wsEventually(t, "all acknowledged", func() bool {
+	eventually.True(t, "all acknowledged", func() bool {
 		return s.Node.Hub.Pending(peer.Key{Role: kernel.RoleAgent, ID: "res-agent", Consumer: "c1"}) == 0
 	})
 
@@ -994,7 +972,7 @@ func TestWSCutsProcessEachJobOnce(t *testing.T) {
 				t.Fatalf("only %d cuts; the test did not exercise reconnects", cuts)
 			}
 			key := peer.Key{Role: kernel.RoleRunner, ID: "cut-ws-runner", Consumer: "rc"}
-			wsEventually(t, "runner outbox drained", func() bool { return s.Node.Hub.Pending(key) == 0 })
+			eventually.True(t, "runner outbox drained", func() bool { return s.Node.Hub.Pending(key) == 0 })
 			t.Logf("%d jobs, %d cuts, %d connections", n, cuts, reconnects)
 		})
 	}
@@ -1076,7 +1054,7 @@ func TestWSSlowConsumer(t *testing.T) {
 	// Once a write has been stuck past the timeout the server gives up on
 	// the consumer, which /v0/peers shows at once; the close frame waits
 	// for the client to read.
-	wsEventually(t, "the server to give up on the consumer", func() bool {
+	eventually.True(t, "the server to give up on the consumer", func() bool {
 		for _, p := range a.json("GET", "/v0/peers?role=agent", nil, 200)["peers"].([]any) {
 			if p.(obj)["consumer_id"] == "c1" && p.(obj)["state"] == "offline" {
 				return true

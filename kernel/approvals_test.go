@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -190,7 +191,7 @@ func TestApprovalBySignal(t *testing.T) {
 }
 
 func TestApprovalExpiry(t *testing.T) {
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: hurry-deny
     priority: 1
     when: {tool_id: "ask.deny"}
@@ -200,10 +201,7 @@ func TestApprovalExpiry(t *testing.T) {
     when: {tool_id: "ask.allow"}
     then: {decision: require_approval, expires_in: 30ms, on_expiry: allow}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	book := newApprovalBook()
 	r := newRig(t, func(o *Options) { o.Policy, o.Approvals = pol, book })
 	ctx := context.Background()
@@ -341,7 +339,7 @@ func TestCancelAndTimeoutWithdrawThePrompt(t *testing.T) {
 			t.Fatalf("last event of %s: %+v %v", id, last, err)
 		}
 	}
-	eventually(t, "the prompt withdrawn", func() bool { d, ok := book.decision(action); return ok && d.Outcome == OutcomeCancelled })
+	eventually.True(t, "the prompt withdrawn", func() bool { d, ok := book.decision(action); return ok && d.Outcome == OutcomeCancelled })
 }
 
 // mustSeq returns the sequence of execution id's last event.
@@ -361,7 +359,7 @@ func TestApprovalAfterTheAgentWasLost(t *testing.T) {
 	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	ask := x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "ask.send"})
 	gone()
-	eventually(t, "the lease released", func() bool {
+	eventually.True(t, "the lease released", func() bool {
 		types := eventTypes(t, r.k, x.id)
 		return types[len(types)-1] == event.AgentTimeout
 	})

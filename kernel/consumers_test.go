@@ -6,19 +6,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 // TestVanishedConsumersAreForgotten: agent and runner ids that connect once
 // and vanish leave nothing behind in the kernel once their grace period has
 // passed; an agent id with an execution waiting for it is kept.
 func TestVanishedConsumersAreForgotten(t *testing.T) {
-	st, err := store.Open(store.Options{InMemory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storetest.Open(t, store.Options{InMemory: true})
 	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -36,18 +34,14 @@ func TestVanishedConsumersAreForgotten(t *testing.T) {
 	if _, _, err := k.Create(context.Background(), CreateRequest{AgentID: "awaited"}, Meta{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually.Check(t, func() error {
 		k.mu.Lock()
 		agents, runners := len(k.agents), len(k.runners)
 		_, awaited := k.agents["awaited"]
 		k.mu.Unlock()
-		if agents == 1 && runners == 0 && awaited {
-			break
+		if agents != 1 || runners != 0 || !awaited {
+			return fmt.Errorf("%d agent ids and %d runner ids remembered after the grace period, want only the awaited agent", agents, runners)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d agent ids and %d runner ids remembered after the grace period, want only the awaited agent", agents, runners)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -4,17 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 )
 
 // askPolicy asks a person before any tool named ask.*, denies deny.* and
 // allows the rest.
 func askPolicy(t *testing.T) Policy {
 	t.Helper()
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: ask
     priority: 1
     when: {tool_id: "ask.*"}
@@ -24,10 +26,7 @@ func askPolicy(t *testing.T) Policy {
     when: {tool_id: "deny.*"}
     then: {decision: deny, reason: not here}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	return pol
 }
 
@@ -35,26 +34,22 @@ default: {decision: allow}
 // and returns a copy of it.
 func liveStep(t *testing.T, k *Kernel, id string, ok func(*Step) bool) Step {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	return eventually.Value(t, "execution "+id+": a step in the expected state", func() (Step, bool) {
 		k.mu.Lock()
 		ex := k.live[id]
 		k.mu.Unlock()
-		if ex != nil {
-			ex.mu.Lock()
-			for _, st := range ex.Steps {
-				if ok(st) {
-					cp := *st
-					ex.mu.Unlock()
-					return cp
-				}
+		if ex == nil {
+			return Step{}, false
+		}
+		ex.mu.Lock()
+		defer ex.mu.Unlock()
+		for _, st := range ex.Steps {
+			if ok(st) {
+				return *st, true
 			}
-			ex.mu.Unlock()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("execution %s: no step reached the expected state", id)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return Step{}, false
+	})
 }
 
 func dispatched(st *Step) bool { return st.JobID != "" }
@@ -62,22 +57,21 @@ func dispatched(st *Step) bool { return st.JobID != "" }
 // settle waits for execution id to end and returns it.
 func settle(t *testing.T, k *Kernel, id string) View {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		v, err := k.Get(context.Background(), id)
-		if err != nil {
+	var v View
+	eventually.Check(t, func() error {
+		var err error
+		if v, err = k.Get(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
-		if v.Status.Terminal() {
-			if k.Live(id) {
-				t.Fatalf("execution %s is %s but still live", id, v.Status)
-			}
-			return v
+		if !v.Status.Terminal() {
+			return fmt.Errorf("execution %s still %s", id, v.Status)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("execution %s still %s", id, v.Status)
-		}
-		time.Sleep(time.Millisecond)
+		return nil
+	})
+	if k.Live(id) {
+		t.Fatalf("execution %s is %s but still live", id, v.Status)
 	}
+	return v
 }
 
 func eventTypes(t *testing.T, k *Kernel, id string) []string {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 func TestCreateRefusesMalformedRequests(t *testing.T) {
@@ -386,7 +387,7 @@ func TestKernelReportsItself(t *testing.T) {
 	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "slow", Remote: true})
 	x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "slow", Remote: true})
-	eventually(t, "one job held and one queued", func() bool { s := r.k.Stats(); return s.QueuedJobs == 1 && s.RunnersBusy == 1 })
+	eventually.True(t, "one job held and one queued", func() bool { s := r.k.Stats(); return s.QueuedJobs == 1 && s.RunnersBusy == 1 })
 	s := r.k.Stats()
 	if s.Live != 1 || s.AgentsOnline != 1 || s.RunnersOnline != 1 || s.Created != 1 || s.Intents != 2 || s.Steps != 2 || s.Jobs != 1 || s.Events == 0 {
 		t.Fatalf("stats: %+v", s)

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 )
 
 // TestRestartKeepsEveryState closes the kernel and its store with
@@ -33,7 +34,7 @@ func TestRestartKeepsEveryState(t *testing.T) {
 	held := r.direct("fetch")
 	heldStep := liveStep(t, r.k, held, dispatched)
 	queued := r.direct("rare")
-	eventually(t, "a job queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
+	eventually.True(t, "a job queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
 	before := map[string]View{}
 	for _, id := range []string{pending.ID, working.id, asking.id, waiting.id, held, queued} {
 		before[id], _ = r.k.Get(ctx, id)
@@ -110,16 +111,13 @@ func TestRestartKeepsEveryState(t *testing.T) {
 // come back within their grace period after a restart lose their work to
 // others, and a prompt whose time ran out expires.
 func TestRestartWithoutThePeersHandsWorkOver(t *testing.T) {
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: brief
     priority: 1
     when: {tool_id: "ask.*"}
     then: {decision: require_approval, expires_in: 200ms}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	short := func(o *Options) {
 		o.Policy, o.AgentGrace, o.RunnerGrace = pol, 20*time.Millisecond, 20*time.Millisecond
 	}

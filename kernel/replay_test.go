@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func newKernel(t *testing.T, pol Policy) *Kernel {
@@ -30,10 +31,7 @@ func openKernel(t *testing.T, dir string, pol Policy) (*Kernel, func()) {
 // openStoreAndHubIn opens a store on dir and a peer hub on it.
 func openStoreAndHubIn(t *testing.T, dir string) (*store.Store, *peer.Hub) {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	hub, err := peer.NewHub(context.Background(), peer.Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -68,10 +66,7 @@ func (a hubAdapter) Forget(p Peer) { a.h.Forget(pk(p)) }
 // transition, then checks that folding its log from the store (what a
 // restart does) gives the same state as the live fold.
 func TestReplayRebuildsLiveState(t *testing.T) {
-	pol, err := policy.Parse([]byte("rules:\n  - id: ask\n    priority: 1\n    when: {tool_id: \"ask.*\"}\n    then: {decision: require_approval}\ndefault: {decision: allow}\n"), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, "rules:\n  - id: ask\n    priority: 1\n    when: {tool_id: \"ask.*\"}\n    then: {decision: require_approval}\ndefault: {decision: allow}\n")
 	k := newKernel(t, pol)
 	ctx := context.Background()
 	defer k.AgentConnected("ag", "c1")()
@@ -100,16 +95,12 @@ func TestReplayRebuildsLiveState(t *testing.T) {
 	}
 	after.Run()
 	remote := intent(Intent{Type: IntentInvokeTool, ToolID: "remote.tool", Remote: true})
-	var jobID string
-	for deadline := time.Now().Add(5 * time.Second); jobID == ""; {
+	jobID := eventually.Value(t, "the remote step dispatched", func() (string, bool) {
 		ex.mu.Lock()
-		jobID = ex.Steps[remote.StepID].JobID
-		ex.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatal("remote step never dispatched")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer ex.mu.Unlock()
+		id := ex.Steps[remote.StepID].JobID
+		return id, id != ""
+	})
 	after, err = k.RunnerResult(ctx, "rn", RunnerResultRequest{JobID: jobID, ExecutionID: v.ID, StepID: remote.StepID, Error: "flaky", Retryable: true}, Meta{})
 	if err != nil {
 		t.Fatal(err)

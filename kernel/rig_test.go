@@ -213,15 +213,3 @@ func wantErr(t *testing.T, err, want error) {
 		}
 	}
 }
-
-// eventually waits until ok holds, failing the test with what after a
-// generous while.
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !ok(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}

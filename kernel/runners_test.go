@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/peer"
 )
 
@@ -242,7 +243,7 @@ func TestCapabilitiesAndTools(t *testing.T) {
 	away := r.k.RunnerConnected("away", "c1", []string{"a", "z"})
 	away()
 	id := r.direct("b")
-	eventually(t, "queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
+	eventually.True(t, "queued", func() bool { return r.k.Stats().QueuedJobs == 1 })
 
 	r.k.UpdateCapabilities("nobody", []string{"b"})
 	r.k.UpdateCapabilities("rn", []string{"a", "b"})
@@ -276,7 +277,7 @@ func TestRunnerTakesItsNextJobWithItsResult(t *testing.T) {
 		if tool == "fetch" {
 			ids = append(ids, id)
 		}
-		eventually(t, "queued", func() bool { return r.k.Stats().QueuedJobs == i+1 })
+		eventually.True(t, "queued", func() bool { return r.k.Stats().QueuedJobs == i+1 })
 	}
 	var j jobMsg
 	for i, id := range ids {
@@ -301,16 +302,13 @@ func TestRunnerTakesItsNextJobWithItsResult(t *testing.T) {
 }
 
 func TestStepTimeoutFreesTheRunner(t *testing.T) {
-	pol, err := policy.Parse([]byte(`rules:
+	pol := policytest.Parse(t, `rules:
   - id: quick
     priority: 1
     when: {tool_id: "slow"}
     then: {decision: allow, timeout_ms: 30}
 default: {decision: allow}
-`), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	r := newRig(t, func(o *Options) { o.Policy = pol })
 	defer r.k.AgentConnected("ag", "c1")()
 	rn := r.inbox(RoleRunner, "rn", "c1")
@@ -330,7 +328,7 @@ default: {decision: allow}
 	if j2.StepID != fast.StepID {
 		t.Fatalf("next job: %+v", j2)
 	}
-	_, err = r.k.RunnerResult(context.Background(), "rn", RunnerResultRequest{JobID: j1.ID, ExecutionID: x.id, StepID: slow.StepID, Success: true}, Meta{})
+	_, err := r.k.RunnerResult(context.Background(), "rn", RunnerResultRequest{JobID: j1.ID, ExecutionID: x.id, StepID: slow.StepID, Success: true}, Meta{})
 	wantErr(t, err, ErrConflict)
 	j2.result(t, r.k, "rn", RunnerResultRequest{Success: true})
 	x.box.next(event.PushToolResult, &got)

@@ -13,18 +13,15 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func open(t testing.TB, dir string, o memory.Options) (*memory.Notes, *store.Store) {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	o.Store = st
 	n, err := memory.Open(o)
 	if err != nil {
-		st.Close()
 		t.Fatal(err)
 	}
 	return n, st

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/coder/websocket/wsjson"
 	"go.uber.org/goleak"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -51,20 +53,15 @@ func closeNode(t *testing.T, n *node.Node) {
 
 // settle waits until no goroutine is running but those of base: a stopped
 // server's last goroutines take a moment to return. It fails the test
-// with the stacks of those that remain after a few seconds.
+// with the stacks of those that remain.
 func settle(t *testing.T, base goleak.Option) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := goleak.Find(base)
-		if err == nil {
-			return
+	eventually.Check(t, func() error {
+		if err := goleak.Find(base); err != nil {
+			return fmt.Errorf("goroutines left running after Close:\n%w", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("goroutines left running after Close:\n%v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // warmUp opens a node, answers one request and closes it, so that what a

@@ -9,20 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
-
-// waitFor polls cond until it holds, failing after a generous deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func countRecords(t *testing.T, st *store.Store) int {
 	t.Helper()
@@ -39,11 +29,7 @@ func countRecords(t *testing.T, st *store.Store) int {
 // retention, in memory and in the store, so a restart loads none of them.
 func TestVanishedConsumersAreCollected(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(store.Options{Dir: dir, Sync: store.SyncNone})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storetest.Open(t, store.Options{Dir: dir, Sync: store.SyncNone})
 	const n = 10000
 	h, err := NewHub(context.Background(), Options{Store: st, ConsumerRetention: 200 * time.Millisecond})
 	if err != nil {
@@ -63,7 +49,7 @@ func TestVanishedConsumersAreCollected(t *testing.T) {
 			h.Forget(k)
 		}
 	}
-	waitFor(t, "every vanished consumer collected", func() bool { return h.Stats().Consumers == 0 })
+	eventually.True(t, "every vanished consumer collected", func() bool { return h.Stats().Consumers == 0 })
 	if s := h.Stats(); s.Collected != n {
 		t.Fatalf("collected %d, want %d", s.Collected, n)
 	}
@@ -89,7 +75,7 @@ func TestCollectionSparesLiveConsumers(t *testing.T) {
 	gone := Key{Role: "runner", ID: "r", Consumer: "gone"}
 	c, _ := h.Attach(gone, nil)
 	c.Detach()
-	waitFor(t, "the consumer that left collected", func() bool { return h.Stats().Collected == 1 })
+	eventually.True(t, "the consumer that left collected", func() bool { return h.Stats().Collected == 1 })
 	time.Sleep(150 * time.Millisecond) // three retentions: the others are not due
 	p, _ := h.Peers(Query{})
 	if len(p) != 2 || p[0].ConsumerID != "online" || p[1].ConsumerID != "waiting" {
@@ -98,7 +84,7 @@ func TestCollectionSparesLiveConsumers(t *testing.T) {
 	w, _ := h.Attach(waiting, nil)
 	w.Ack(next(t, w).Seq)
 	w.Detach()
-	waitFor(t, "the consumer with nothing left collected", func() bool { return h.Stats().Collected == 2 })
+	eventually.True(t, "the consumer with nothing left collected", func() bool { return h.Stats().Collected == 2 })
 	// One that comes back starts afresh; its old cursor is ahead.
 	one := uint64(1)
 	if _, reset := h.Attach(waiting, &one); reset == nil || reset.Reason != ResetCursorAhead {
@@ -119,7 +105,7 @@ func TestConsumersAreKeptForTheRetention(t *testing.T) {
 	deliver(t, h, k, "x")
 	c, _ = h.Attach(k, nil)
 	c.Delivered(next(t, c).Seq)
-	waitFor(t, "a sweep", func() bool { return h.Pending(k) == 0 })
+	eventually.True(t, "a sweep", func() bool { return h.Pending(k) == 0 })
 	time.Sleep(50 * time.Millisecond) // and a few more
 	if p, _ := h.Peers(Query{}); len(p) != 2 || h.Stats().Collected != 0 {
 		t.Fatalf("peers %+v: the consumer that left was collected within its retention", p)

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 func newHub(t *testing.T, st *store.Store, o Options) *Hub {
@@ -181,10 +183,7 @@ func TestSettleAndForget(t *testing.T) {
 // hub is reopened on the same Badger folder; acknowledged ones do not.
 func TestOutboxSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := storetest.Open(t, store.Options{Dir: dir})
 	h, err := NewHub(context.Background(), Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -210,15 +209,8 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	apply()
 	c.Detach()
 	h.Close()
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
 
-	st, err = store.Open(store.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st = storetest.Reopen(t, st, store.Options{Dir: dir})
 	h = newHub(t, st, Options{})
 	c, _ = h.Attach(k, nil)
 	var got []uint64
@@ -275,13 +267,7 @@ func TestDeliveredBecomesAcknowledgedAfterRewind(t *testing.T) {
 	c, _ := h.Attach(k, nil)
 	next(t, c)
 	c.Delivered(1)
-	deadline := time.Now().Add(5 * time.Second)
-	for h.Pending(k) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("a delivered entry was never acknowledged")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.True(t, "the delivered entry acknowledged", func() bool { return h.Pending(k) == 0 })
 	zero := uint64(0)
 	c, _ = h.Attach(k, &zero)
 	none(t, c)

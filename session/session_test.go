@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
 // world is a real store, peer hub, kernel and session registry on one data
@@ -42,10 +44,8 @@ func (a hubAdapter) Forget(p kernel.Peer) { a.h.Forget(pk(p)) }
 func open(t *testing.T, dir string, o session.Options) *world {
 	t.Helper()
 	w := &world{t: t, dir: dir}
+	w.st = storetest.Open(t, store.Options{Dir: dir})
 	var err error
-	if w.st, err = store.Open(store.Options{Dir: dir}); err != nil {
-		t.Fatal(err)
-	}
 	if w.hub, err = peer.NewHub(context.Background(), peer.Options{Store: w.st}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,16 +168,15 @@ func checkSequence(t *testing.T, items []session.Item) {
 
 func (w *world) waitTurn(id, turn string, want session.TurnStatus) session.Turn {
 	w.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		t, err := w.reg.Turn(context.Background(), id, turn)
-		if err == nil && t.Status == want {
-			return t
+	var t session.Turn
+	eventually.Check(w.t, func() error {
+		var err error
+		if t, err = w.reg.Turn(context.Background(), id, turn); err != nil || t.Status != want {
+			return fmt.Errorf("turn %s: %+v %v, want %s", turn, t, err, want)
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("turn %s: %+v %v, want %s", turn, t, err, want)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
+	return t
 }
 
 func TestTurnRunsAsAnExecutionFiledInTheSessionLog(t *testing.T) {
@@ -297,12 +296,12 @@ func TestExecutionAPIOpensASessionImplicitly(t *testing.T) {
 		t.Fatal("assigned another execution")
 	}
 	ag.complete(exec, lease)
-	for deadline := time.Now().Add(10 * time.Second); !strings.HasSuffix(summary(w.items("chat-1")), "turn.completed"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("log: %s", summary(w.items("chat-1")))
+	eventually.Check(t, func() error {
+		if log := summary(w.items("chat-1")); !strings.HasSuffix(log, "turn.completed") {
+			return fmt.Errorf("log: %s", log)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
 	items := w.items("chat-1")
 	checkSequence(t, items)
 	want := "session.created thread.started thread.started turn.submitted turn.started ev1 ev2 ev3 ev4 turn.completed"

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 // copyJournal copies a live store's journal into a fresh data folder, as a
@@ -362,7 +364,7 @@ func TestIdleJournalLetsGo(t *testing.T) {
 		t.Fatal("the test wants several segments")
 	}
 	journal := filepath.Join(dir, "journal")
-	eventually(t, "the idle journal holds one small, empty segment", func() bool {
+	eventually.True(t, "the idle journal holds one small, empty segment", func() bool {
 		files, _ := os.ReadDir(journal)
 		if len(files) != 1 || !strings.HasSuffix(files[0].Name(), segmentExt) {
 			return false

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 // TestLazyWritesReadBack: reads see lazy writes at once, deletes included,
@@ -134,7 +135,7 @@ func TestLazyWritesSurviveACrash(t *testing.T) {
 		return errors.Is(err, os.ErrNotExist)
 	}
 	fill(20000)
-	eventually(t, "Badger writes a table", func() bool { return len(s.db.Tables()) > 0 })
+	eventually.True(t, "Badger writes a table", func() bool { return len(s.db.Tables()) > 0 })
 	if released() {
 		t.Fatal("the lazy writes' segment went while they wait")
 	}
@@ -168,19 +169,8 @@ func TestLazyWritesSurviveACrash(t *testing.T) {
 	check("handed over")
 	// Once Badger's tables hold them, their segment goes.
 	fill(20000)
-	eventually(t, "the lazy writes' segment is released", released)
+	eventually.True(t, "the lazy writes' segment is released", released)
 	check("in a table")
-}
-
-// eventually waits up to 20 s for cond, which Badger's background work
-// makes true.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }
 
 // crashCopy copies the data folder of s, open in from, as a power cut

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
 
@@ -266,7 +267,7 @@ func TestSegmentPrepareFailure(t *testing.T) {
 	for _, p := range ballasts {
 		os.Remove(p)
 	}
-	eventually(t, "writes resume once space is back", func() bool {
+	eventually.True(t, "writes resume once space is back", func() bool {
 		var b Batch
 		b.Append("fill", 1<<40, []byte("after"))
 		return s.Write(context.Background(), &b) == nil

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
 
@@ -343,14 +344,12 @@ func TestFlushedReportsTheLastFlushedSequence(t *testing.T) {
 	// Flushed runs once the flush has returned, which may be after the
 	// client read the frame: wait for it, within a bound.
 	var got []uint64
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	eventually.True(t, "the last frame flushed", func() bool {
 		mu.Lock()
 		got = append(got[:0], flushed...)
 		mu.Unlock()
-		if len(got) >= 2 && got[len(got)-1] == 3 || time.Now().After(deadline) {
-			break
-		}
-	}
+		return len(got) >= 2 && got[len(got)-1] == 3
+	})
 	// A hidden item still counts as flushed: the client had all there was
 	// to see of it.
 	if len(got) < 2 || got[0] != 2 || got[len(got)-1] != 3 {

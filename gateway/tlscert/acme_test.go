@@ -97,24 +97,11 @@ func TestACMEServesCachedCertificate(t *testing.T) {
 	if !slices.Equal(cfg.NextProtos, []string{"http/1.1", "acme-tls/1"}) || cfg.MinVersion != tls.VersionTLS12 {
 		t.Fatalf("NextProtos %v, MinVersion %x", cfg.NextProtos, cfg.MinVersion)
 	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
-		}
-	}()
+	addr := handshakes(t, cfg)
 	dial := func(name string) (*tls.Conn, error) {
 		c := ca.ClientConfig()
 		c.ServerName = name
-		return tls.Dial("tcp", ln.Addr().String(), c)
+		return tls.Dial("tcp", addr, c)
 	}
 	c, err := dial("gatehouse.test")
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 // logBuffer collects log lines from concurrent writers.
@@ -43,10 +43,26 @@ func (l *logBuffer) String() string {
 
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
-// pairFiles returns the paths of a certificate and key in a fresh folder.
-func pairFiles(t *testing.T) (string, string) {
-	dir := t.TempDir()
-	return filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+// handshakes serves TLS handshakes with cfg on 127.0.0.1 until the test
+// ends, and returns the address: what a test of the certificate a
+// configuration serves dials.
+func handshakes(t *testing.T, cfg *tls.Config) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // serial returns the serial number of the certificate a handshake gets now.
@@ -57,18 +73,6 @@ func serial(t *testing.T, k *tlscert.KeyPair) int64 {
 		t.Fatalf("GetCertificate: %v, %v", c, err)
 	}
 	return c.Leaf.SerialNumber.Int64()
-}
-
-// eventually calls cond until it holds, failing after a generous deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func TestLoadKeyPairRefuses(t *testing.T) {
@@ -88,7 +92,7 @@ func TestLoadKeyPairRefuses(t *testing.T) {
 		{"empty key", certPEM, []byte{}, tlscert.ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			certFile, keyFile := pairFiles(t)
+			certFile, keyFile := tlscerttest.Files(t)
 			if tc.cert != nil {
 				tlscerttest.Replace(t, certFile, tc.cert)
 			}
@@ -108,19 +112,14 @@ func TestLoadKeyPairRefuses(t *testing.T) {
 // the previous certificate stays.
 func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	certFile, keyFile := pairFiles(t)
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
 	var logs logBuffer
-	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: time.Millisecond, Logger: logs.logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: time.Millisecond, Logger: logs.logger()}, "127.0.0.1")
 	if got := serial(t, k); got != 1 || k.Leaf().SerialNumber.Int64() != 1 {
 		t.Fatalf("serial %d, want 1", got)
 	}
 
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
-	eventually(t, "new certificate served", func() bool { return serial(t, k) == 2 })
+	eventually.True(t, "new certificate served", func() bool { return serial(t, k) == 2 })
 	if n := logs.count("TLS certificate reloaded"); n != 1 {
 		t.Fatalf("%d reload lines, want 1", n)
 	}
@@ -129,7 +128,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	certPEM, _ := ca.Issue(t, 3, "127.0.0.1")
 	tlscerttest.Replace(t, certFile, certPEM)
 	const refused = "TLS certificate files changed but cannot be used"
-	eventually(t, "bad pair logged", func() bool { serial(t, k); return logs.count(refused) > 0 })
+	eventually.True(t, "bad pair logged", func() bool { serial(t, k); return logs.count(refused) > 0 })
 	// Many handshakes later, each past the interval, the old certificate is
 	// still served and the bad pair was logged once.
 	for range 50 {
@@ -147,14 +146,14 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	if err := os.Remove(keyFile); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "missing key logged", func() bool { serial(t, k); return logs.count(refused) == 2 })
+	eventually.True(t, "missing key logged", func() bool { serial(t, k); return logs.count(refused) == 2 })
 	if got := serial(t, k); got != 2 {
 		t.Fatalf("serial %d with the key missing, want 2", got)
 	}
 
 	// A good pair again.
 	ca.WritePair(t, certFile, keyFile, 4, "127.0.0.1")
-	eventually(t, "good pair served", func() bool { return serial(t, k) == 4 })
+	eventually.True(t, "good pair served", func() bool { return serial(t, k) == 4 })
 	if n := logs.count(refused); n != 2 {
 		t.Fatalf("refusals logged %d times, want 2", n)
 	}
@@ -164,12 +163,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 // looks at the files, so a change waits for the next check.
 func TestKeyPairChecksAtMostOncePerInterval(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	certFile, keyFile := pairFiles(t)
-	ca.WritePair(t, certFile, keyFile, 1, "127.0.0.1")
-	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{Interval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: time.Hour}, "127.0.0.1")
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
 	for range 100 {
 		if got := serial(t, k); got != 1 {
@@ -182,30 +176,11 @@ func TestKeyPairChecksAtMostOncePerInterval(t *testing.T) {
 // gets HTTP/1.1, the only protocol the gateway's server speaks.
 func TestKeyPairTLSConfigOffersHTTP1Only(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	certFile, keyFile := pairFiles(t)
-	ca.WritePair(t, certFile, keyFile, 7, "127.0.0.1")
-	k, err := tlscert.LoadKeyPair(certFile, keyFile, tlscert.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", k.TLSConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).Handshake()
-			c.Close()
-		}
-	}()
+	k, _, _ := ca.KeyPair(t, 7, tlscert.Options{}, "127.0.0.1")
+	addr := handshakes(t, k.TLSConfig())
 	cfg := ca.ClientConfig()
 	cfg.NextProtos = []string{"h2", "http/1.1"}
-	c, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+	c, err := tls.Dial("tcp", addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,8 +197,7 @@ func TestKeyPairTLSConfigOffersHTTP1Only(t *testing.T) {
 // stats), the most a check costs when nothing changed.
 func BenchmarkGetCertificate(b *testing.B) {
 	ca := tlscerttest.NewCA(b)
-	dir := b.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	certFile, keyFile := tlscerttest.Files(b)
 	ca.WritePair(b, certFile, keyFile, 1, "127.0.0.1")
 	hello := &tls.ClientHelloInfo{ServerName: "127.0.0.1"}
 	load := func(b *testing.B, interval time.Duration) *tlscert.KeyPair {

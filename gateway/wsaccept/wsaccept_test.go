@@ -26,6 +26,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/valyala/fasthttp"
 )
 
@@ -224,17 +225,6 @@ func timeout(t *testing.T) context.Context {
 	return ctx
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func recv[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
 	select {
@@ -273,7 +263,7 @@ func TestEchoRoundTrip(t *testing.T) {
 			if err := c.Close(websocket.StatusNormalClosure, ""); err != nil {
 				t.Fatalf("close: %v", err)
 			}
-			waitFor(t, "handler to return", func() bool { return ts.tr.Len() == 0 })
+			eventually.True(t, "handler to return", func() bool { return ts.tr.Len() == 0 })
 		})
 	}
 }
@@ -322,7 +312,7 @@ func TestConcurrentClients(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	waitFor(t, "all handlers to return", func() bool { return ts.tr.Len() == 0 })
+	eventually.True(t, "all handlers to return", func() bool { return ts.tr.Len() == 0 })
 }
 
 func TestSubprotocol(t *testing.T) {
@@ -478,7 +468,7 @@ func TestOrigin(t *testing.T) {
 	if err := recv(t, "Accept error", errs); !errors.Is(err, wsaccept.ErrRejected) {
 		t.Errorf("Accept error %v, want ErrRejected", err)
 	}
-	waitFor(t, "handlers to return", func() bool { return ts.tr.Len() == 0 })
+	eventually.True(t, "handlers to return", func() bool { return ts.tr.Len() == 0 })
 }
 
 // maskedFrame encodes a final client frame with a payload under 126 bytes.
@@ -598,7 +588,7 @@ func TestServerCloseUnblocksRead(t *testing.T) {
 						t.Fatal("client Read returned no error")
 					}
 				}
-				waitFor(t, "handler to return", func() bool { return ts.tr.Len() == 0 })
+				eventually.True(t, "handler to return", func() bool { return ts.tr.Len() == 0 })
 			})
 		}
 	}
@@ -729,7 +719,7 @@ func TestShutdownHonoursDeadline(t *testing.T) {
 		t.Errorf("client error %v, want close 1001", err)
 	}
 	close(release)
-	waitFor(t, "stuck handler to be forgotten", func() bool { return ts.tr.Len() == 0 })
+	eventually.True(t, "stuck handler to be forgotten", func() bool { return ts.tr.Len() == 0 })
 }
 
 func TestReadLimit(t *testing.T) {
@@ -753,7 +743,7 @@ func TestReadLimit(t *testing.T) {
 	if websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
 		t.Fatalf("client error %v, want close 1009", err)
 	}
-	waitFor(t, "handler to return", func() bool { return ts.tr.Len() == 0 })
+	eventually.True(t, "handler to return", func() bool { return ts.tr.Len() == 0 })
 }
 
 func TestNoGoroutineLeak(t *testing.T) {

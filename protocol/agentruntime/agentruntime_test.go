@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,7 +15,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
@@ -62,25 +61,11 @@ type client struct {
 
 func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) {
 	c.t.Helper()
-	var r io.Reader
 	if body != nil {
-		data, _ := json.Marshal(body)
-		r = bytes.NewReader(data)
+		hdr = append([]string{"Content-Type", "application/json"}, hdr...)
 	}
-	req, _ := http.NewRequestWithContext(c.t.Context(), method, c.base+path, r)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, data
+	status, data, _ := nodetest.Do(c.t, nil, method, c.base+path, body, hdr...)
+	return status, data
 }
 
 func (c *client) json(method, path string, body any, want int) obj {
@@ -185,10 +170,7 @@ default: {decision: allow}
 // person, streams text and ends, and a second turn queued behind it.
 func scenario(t *testing.T) (*nodetest.Server, *client) {
 	t.Helper()
-	pol, err := policy.Parse([]byte(askPolicy), "p.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, askPolicy)
 	s := nodetest.Start(t, node.Options{Policy: pol, Kernel: kernel.Options{AgentGrace: time.Minute}})
 	c := &client{t: t, base: s.URL}
 	agent := c.sse("/v0/agents/stream?agent_id=ar-agent&consumer_id=c1")

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,7 +13,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
@@ -27,29 +29,11 @@ type rt struct {
 
 func (c *rt) do(method, path string, body any, hdr ...string) (int, []byte) {
 	c.t.Helper()
-	var r io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		r = strings.NewReader(b)
-	default:
-		data, _ := json.Marshal(b)
-		r = bytes.NewReader(data)
-	}
-	req, _ := http.NewRequestWithContext(c.t.Context(), method, c.base+"/runtime/v1"+path, r)
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		hdr = append([]string{"Content-Type", "application/json"}, hdr...)
 	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, data
+	status, data, _ := nodetest.Do(c.t, nil, method, c.base+"/runtime/v1"+path, body, hdr...)
+	return status, data
 }
 
 func (c *rt) json(method, path string, body any, want int, hdr ...string) obj {
@@ -168,19 +152,16 @@ func world(t *testing.T, c node.Options) (*nodetest.Server, *rt, context.CancelF
 	stop := func() { cancel(); <-done; cl.CloseIdleConnections() }
 	t.Cleanup(stop)
 	// Wait for the runner and its descriptions.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	eventually.Check(t, func() error {
 		caps := api.json("GET", "/capabilities", nil, 200)["capabilities"].([]any)
 		for _, x := range caps {
 			if c := x.(obj); c["name"] == "linkedin_search_people" && c["description"] != "" && len(c["accounts"].([]any)) == 2 {
-				return s, api, stop
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the runner's capabilities never showed: %v", caps)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("the runner's capabilities never showed: %v", caps)
+	})
+	return s, api, stop
 }
 
 // integrations returns the integration capabilities of a listing.
@@ -222,13 +203,9 @@ func TestCapabilitiesComeAndGoWithTheirRunner(t *testing.T) {
 		t.Fatalf("%d integration capabilities, want 2", n)
 	}
 	stop()
-	deadline := time.Now().Add(15 * time.Second)
-	for len(integrations(api.json("GET", "/capabilities", nil, 200))) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("a runner that went away kept its capabilities")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually.True(t, "the capabilities of a runner that went away withdrawn", func() bool {
+		return len(integrations(api.json("GET", "/capabilities", nil, 200))) == 0
+	})
 	api.fail("POST", "/tools/linkedin_search_people", obj{"input": obj{"query": "x"}}, 404, "NOT_FOUND")
 }
 
@@ -364,20 +341,13 @@ default: {decision: allow}
 // TestPermissionPromptWaits: a capability that policy makes ask a person
 // shows run_status waiting until the prompt is answered, then runs.
 func TestPermissionPromptWaits(t *testing.T) {
-	pol, err := policy.Parse([]byte(askPolicy), "ask.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, askPolicy)
 	s, api, _ := world(t, node.Options{Policy: pol})
 	got := api.json("POST", "/tools/linkedin_search_people", obj{"input": obj{"query": "cto"}, "connectedAccountId": "acc_1"}, 202)
 	id := got["executionId"].(string)
-	deadline := time.Now().Add(15 * time.Second)
-	for api.json("GET", "/executions/"+id, nil, 200)["status"] != "waiting" {
-		if time.Now().After(deadline) {
-			t.Fatal("the invocation never waited for its prompt")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually.True(t, "the invocation waiting for its prompt", func() bool {
+		return api.json("GET", "/executions/"+id, nil, 200)["status"] == "waiting"
+	})
 	req, _ := http.NewRequestWithContext(t.Context(), "GET", s.URL+"/v0/actions?status=pending", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

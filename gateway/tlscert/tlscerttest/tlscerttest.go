@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 )
 
 // CA is a certificate authority for one test.
@@ -118,6 +120,29 @@ func (ca *CA) WritePair(tb testing.TB, certFile, keyFile string, serial int64, h
 	certPEM, keyPEM := ca.Issue(tb, serial, hosts...)
 	Replace(tb, keyFile, keyPEM)
 	Replace(tb, certFile, certPEM)
+}
+
+// Files returns the paths of a certificate and its key in a fresh
+// temporary folder, for WritePair or Replace to write.
+func Files(tb testing.TB) (certFile, keyFile string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	return filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+}
+
+// KeyPair writes a certificate for hosts as WritePair does, to fresh Files,
+// and loads them with tlscert.LoadKeyPair and o: the pair a test's TLS
+// server serves, as `gatehouse serve --tls-cert --tls-key` loads it. The
+// files are returned for tests that replace them.
+func (ca *CA) KeyPair(tb testing.TB, serial int64, o tlscert.Options, hosts ...string) (kp *tlscert.KeyPair, certFile, keyFile string) {
+	tb.Helper()
+	certFile, keyFile = Files(tb)
+	ca.WritePair(tb, certFile, keyFile, serial, hosts...)
+	kp, err := tlscert.LoadKeyPair(certFile, keyFile, o)
+	if err != nil {
+		tb.Fatalf("tlscerttest: %v", err)
+	}
+	return kp, certFile, keyFile
 }
 
 // Replace writes data to path through a temporary file and a rename.
