@@ -1,7 +1,7 @@
 // Package sse reads Server-Sent Events bodies (text/event-stream) by the
 // HTML Living Standard's rules, restricted to \n line ends with an optional
 // \r before them, which is what every server of the Gatehouse API writes.
-// It is the SDK's reader, and the bench's.
+// It is the SDK's reader (and so that of `gatehouse bench`, which drives the SDK).
 package sse
 
 import (

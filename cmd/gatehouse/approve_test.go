@@ -14,20 +14,10 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
-
-const approvePolicy = `
-rules:
-  - id: ask
-    priority: 1
-    when: {tool_id: "deploy*"}
-    then: {decision: require_approval, reason: "deploys need a human"}
-default:
-  decision: allow
-`
 
 // apiCall sends one JSON request to the test gateway and decodes the answer.
 func apiCall(t *testing.T, base, token, method, path string, body any, want int) map[string]any {
@@ -106,10 +96,7 @@ func pendingPrompt(t *testing.T, base, token string) string {
 // gateway: it lists the pending prompt, answers it, and a second answer
 // fails printing the recorded outcome.
 func TestApproveListsAndAnswers(t *testing.T) {
-	pol, err := policy.Parse([]byte(approvePolicy), "approve.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.Parse(t, policytest.AskDeploys)
 	const token = "cli-secret"
 	s := nodetest.Start(t, node.Options{Policy: pol, Auth: auth.Options{StaticToken: token}})
 	approve := func(args ...string) (string, error) {
