@@ -319,28 +319,16 @@ func (s *Surface) activeExecution(ctx context.Context, sess *session.Session) st
 // history folds session id's log into its AAP history.
 func (s *Surface) history(ctx context.Context, id string) ([]Message, error) {
 	var h historian
-	var after uint64
-	for {
-		facts, err := s.read(ctx, id, after, 1000)
-		if errors.Is(err, session.ErrCursorExpired) && after == 0 {
-			first, ferr := s.o.Sessions.First(ctx, id)
-			if ferr != nil {
-				return nil, ferr
-			}
-			after = first - 1
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
+	err := s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, 0, func(facts []session.Resolved) (bool, error) {
 		for i := range facts {
 			h.add(&facts[i])
-			after = facts[i].item.Seq
 		}
-		if len(facts) < 1000 {
-			return h.messages(), nil
-		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return h.messages(), nil
 }
 
 // getSession answers GET /session/{id}?history=compacted|full: the agent

@@ -1,7 +1,6 @@
 package aap
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -365,7 +364,7 @@ func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, 
 		return
 	}
 	for i := range facts {
-		if facts[i].item.TurnID == turn {
+		if facts[i].Item.TurnID == turn {
 			h.add(&facts[i])
 		}
 	}
@@ -429,39 +428,8 @@ func (s *Surface) resumeStream(r *protocol.Request) {
 
 // read returns up to limit facts of session id after after, references
 // resolved to their execution events.
-func (s *Surface) read(ctx context.Context, id string, after uint64, limit int) ([]fact, error) {
-	var facts []fact
-	err := s.o.Sessions.Read(ctx, id, after, func(it session.Item) bool {
-		facts = append(facts, fact{item: it})
-		return len(facts) < limit
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i := 0; i < len(facts); {
-		if facts[i].item.Kind != session.KindEvent {
-			i++
-			continue
-		}
-		exec, from := facts[i].item.ExecutionID, facts[i].item.ExecutionSeq
-		j := i
-		for j < len(facts) && facts[j].item.Kind == session.KindEvent && facts[j].item.ExecutionID == exec && facts[j].item.ExecutionSeq == from+uint64(j-i) {
-			j++
-		}
-		k := i
-		err := s.o.Kernel.ReadEventValues(exec, from-1, func(ev *event.Event) bool {
-			cp := *ev
-			cp.Payload = bytes.Clone(ev.Payload)
-			facts[k].event = &cp
-			k++
-			return k < j
-		})
-		if err != nil {
-			return nil, err
-		}
-		i = j
-	}
-	return facts, nil
+func (s *Surface) read(ctx context.Context, id string, after uint64, limit int) ([]session.Resolved, error) {
+	return s.o.Sessions.ReadResolved(ctx, s.o.Kernel, id, after, limit, nil)
 }
 
 // turnSource streams one turn of a session from a position: its facts
@@ -499,8 +467,8 @@ func (src *turnSource) Next(buf []stream.Item) (int, error) {
 		return n, err
 	}
 	for i := range facts {
-		src.last = facts[i].item.Seq
-		if facts[i].item.TurnID != src.turn {
+		src.last = facts[i].Item.Seq
+		if facts[i].Item.TurnID != src.turn {
 			continue
 		}
 		ev, show, end := render(&facts[i], src.mode)
@@ -508,7 +476,7 @@ func (src *turnSource) Next(buf []stream.Item) (int, error) {
 			continue
 		}
 		src.held = append(src.held, ev)
-		buf[n] = stream.Item{Seq: facts[i].item.Seq, Type: ev.name}
+		buf[n] = stream.Item{Seq: facts[i].Item.Seq, Type: ev.name}
 		n++
 		if end {
 			src.done = true

@@ -399,29 +399,21 @@ func (s *Surface) snapshot(ctx context.Context, id string) (json.RawMessage, err
 	s.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for {
-		facts, err := s.read(ctx, id, c.m.snap.Sequence, 1000, nil)
-		if errors.Is(err, session.ErrCursorExpired) && c.m.snap.Sequence == 0 {
-			first, ferr := s.o.Sessions.First(ctx, id)
-			if ferr != nil {
-				return nil, ferr
-			}
-			facts, err = s.read(ctx, id, first-1, 1000, nil)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for i := range facts {
-			e, ok := render(&facts[i])
+	err := s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, c.m.snap.Sequence, func(items []session.Resolved) (bool, error) {
+		for i := range items {
+			f := factOf(id, &items[i])
+			e, ok := render(&f)
 			if !ok {
-				c.m.snap.Sequence = facts[i].item.Seq
+				c.m.snap.Sequence = f.item.Seq
 				continue
 			}
 			c.m.foldEvent(&e)
 		}
-		if len(facts) < 1000 {
-			snap := c.m.snapshot()
-			return json.Marshal(&snap)
-		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	snap := c.m.snapshot()
+	return json.Marshal(&snap)
 }
