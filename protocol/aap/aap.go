@@ -226,23 +226,15 @@ func configOf(sess *session.Session) config {
 	return c
 }
 
-// sessionResource describes a session to the access rule.
-func sessionResource(sess *session.Session) auth.Resource {
-	return auth.Resource{Kind: auth.KindSession, ID: sess.ID, Owner: auth.Owner{Principal: sess.Owner, Tenant: sess.Tenant}, AgentID: sess.AgentID}
-}
-
 // session returns AAP session id if p may act on it; another's, a deleted
 // one and a session that is not AAP's are not found.
 func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, config, error) {
-	if err := p.Can(act, auth.KindSession); err != nil {
-		return session.Session{}, config{}, err
-	}
-	sess, err := s.o.Sessions.Get(ctx, id)
-	if err != nil {
+	sess, err := protocol.Session(ctx, s.o.Sessions, p, act, id)
+	if err != nil && !errors.Is(err, auth.ErrHidden) {
 		return session.Session{}, config{}, err
 	}
 	c := configOf(&sess)
-	if p.Authorize(act, sessionResource(&sess)) != nil || c.Agent == "" || c.Deleted {
+	if err != nil || c.Agent == "" || c.Deleted {
 		return session.Session{}, config{}, errors.Join(session.ErrNotFound, errors.New("unknown session "+id))
 	}
 	return sess, c, nil
@@ -259,7 +251,7 @@ func (s *Surface) listSessions(r *protocol.Request) {
 		After: string(r.Ctx.QueryArgs().Peek("after")),
 		Visible: func(x *session.Session) bool {
 			c := configOf(x)
-			return c.Agent != "" && !c.Deleted && r.Principal.Authorize(auth.ActRead, sessionResource(x)) == nil
+			return c.Agent != "" && !c.Deleted && r.Principal.Authorize(auth.ActRead, protocol.SessionResource(x)) == nil
 		},
 	})
 	if err != nil {

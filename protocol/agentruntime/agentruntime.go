@@ -127,28 +127,14 @@ var errInvalid = errors.New("invalid request")
 
 func invalid(msg string) error { return errors.Join(errInvalid, errors.New(msg)) }
 
-// sessionResource describes a session to the access rule.
-func sessionResource(sess *session.Session) auth.Resource {
-	return auth.Resource{Kind: auth.KindSession, ID: sess.ID, Owner: auth.Owner{Principal: sess.Owner, Tenant: sess.Tenant}, AgentID: sess.AgentID}
-}
-
 // session returns session id if p may act on it; another's is not found,
 // word for word as a missing one.
 func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, error) {
-	if err := p.Can(act, auth.KindSession); err != nil {
-		return session.Session{}, err
+	sess, err := protocol.Session(ctx, s.o.Sessions, p, act, id)
+	if errors.Is(err, auth.ErrHidden) {
+		return session.Session{}, session.ErrNotFound
 	}
-	sess, err := s.o.Sessions.Get(ctx, id)
-	if err != nil {
-		return session.Session{}, err
-	}
-	if err := p.Authorize(act, sessionResource(&sess)); err != nil {
-		if errors.Is(err, auth.ErrHidden) {
-			return session.Session{}, session.ErrNotFound
-		}
-		return session.Session{}, err
-	}
-	return sess, nil
+	return sess, err
 }
 
 // sessionView is a session in a list.
@@ -178,7 +164,9 @@ func (s *Surface) listSessions(r *protocol.Request) {
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
 	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
 		After: string(args.Peek("after")), Limit: limit,
-		Visible: func(x *session.Session) bool { return r.Principal.Authorize(auth.ActRead, sessionResource(x)) == nil },
+		Visible: func(x *session.Session) bool {
+			return r.Principal.Authorize(auth.ActRead, protocol.SessionResource(x)) == nil
+		},
 	})
 	if err != nil {
 		fail(r.Ctx, err)
