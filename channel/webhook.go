@@ -286,17 +286,12 @@ func (r *Registry) send(ctx context.Context, s *sender) {
 	conn, _ := r.hub.Attach(s.key, nil)
 	defer conn.Detach()
 	for {
-		d, ok := conn.Next()
+		d, ok := conn.Wait(ctx)
 		if !ok {
-			select {
-			case <-conn.Ready():
-				continue
-			case <-conn.Done():
+			if ctx.Err() == nil {
 				r.log.Warn("webhook sender lost its outbox", "owner", s.owner, "err", conn.Err())
-				return
-			case <-ctx.Done():
-				return
 			}
+			return
 		}
 		if !r.deliver(ctx, s, d) {
 			return
