@@ -252,22 +252,12 @@ func (s *Surface) getSession(r *protocol.Request) {
 // getThread answers GET /sessions/{id}/threads/{threadId}: the thread read
 // model.
 func (s *Surface) getThread(r *protocol.Request) {
-	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0]); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	snap, err := s.snapshotOf(r.Ctx, r.Params[0])
+	th, err := s.thread(r, r.Params[0], r.Params[1])
 	if err != nil {
 		fail(r.Ctx, err)
 		return
 	}
-	for _, th := range snap.Threads {
-		if th.ThreadID == r.Params[1] {
-			writeJSON(r.Ctx, fasthttp.StatusOK, th)
-			return
-		}
-	}
-	fail(r.Ctx, session.ErrNotFound)
+	writeJSON(r.Ctx, fasthttp.StatusOK, th)
 }
 
 // events answers GET /sessions/{id}/events: with Accept: text/event-stream
