@@ -29,3 +29,16 @@ func Session(ctx context.Context, sessions *session.Registry, p *auth.Principal,
 	}
 	return sess, nil
 }
+
+// ListSessions returns a page of the sessions p may read; req.Visible,
+// when set, narrows them further (to the surface's own sessions, say).
+func ListSessions(ctx context.Context, sessions *session.Registry, p *auth.Principal, req session.ListRequest) (session.ListPage, error) {
+	if err := p.Can(auth.ActRead, auth.KindSession); err != nil {
+		return session.ListPage{}, err
+	}
+	keep := req.Visible
+	req.Visible = func(s *session.Session) bool {
+		return (keep == nil || keep(s)) && p.Authorize(auth.ActRead, SessionResource(s)) == nil
+	}
+	return sessions.List(ctx, req)
+}

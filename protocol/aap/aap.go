@@ -243,15 +243,11 @@ func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Actio
 // listSessions answers GET /sessions?after=: the caller's AAP session
 // ids; next only when there are more.
 func (s *Surface) listSessions(r *protocol.Request) {
-	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
+	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{
 		After: string(r.Ctx.QueryArgs().Peek("after")),
 		Visible: func(x *session.Session) bool {
 			c := configOf(x)
-			return c.Agent != "" && !c.Deleted && r.Principal.Authorize(auth.ActRead, protocol.SessionResource(x)) == nil
+			return c.Agent != "" && !c.Deleted
 		},
 	})
 	if err != nil {

@@ -156,18 +156,9 @@ func viewOf(s *session.Session) sessionView {
 // listSessions answers GET /sessions?after=&limit= (extension): the
 // caller's sessions, in id order; next is absent on the last page.
 func (s *Surface) listSessions(r *protocol.Request) {
-	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
 	args := r.Ctx.QueryArgs()
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
-	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
-		After: string(args.Peek("after")), Limit: limit,
-		Visible: func(x *session.Session) bool {
-			return r.Principal.Authorize(auth.ActRead, protocol.SessionResource(x)) == nil
-		},
-	})
+	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
 		fail(r.Ctx, err)
 		return

@@ -120,17 +120,9 @@ func (s *Surface) getSession(r *protocol.Request) {
 // listSessions answers GET /sessions?after=&limit= (extension): the
 // caller's sessions, in id order; next only when there are more.
 func (s *Surface) listSessions(r *protocol.Request) {
-	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	limit, _ := strconv.Atoi(string(r.Ctx.QueryArgs().Peek("limit")))
-	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
-		After: string(r.Ctx.QueryArgs().Peek("after")), Limit: limit,
-		Visible: func(x *session.Session) bool {
-			return r.Principal.Authorize(auth.ActRead, protocol.SessionResource(x)) == nil
-		},
-	})
+	args := r.Ctx.QueryArgs()
+	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
 		fail(r.Ctx, err)
 		return
