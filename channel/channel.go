@@ -358,42 +358,35 @@ func (r *Registry) expire(cutoff time.Time) {
 }
 
 func (r *Registry) expireOne(k peer.Key, cutoff time.Time) error {
-	r.mu.Lock()
-	cur := r.chans[k]
-	var owner string
-	if cur != nil {
-		owner = cur.Owner
-	}
-	r.mu.Unlock()
-	if cur == nil {
+	seen, ok := r.recordOf(k)
+	if !ok {
 		return nil
 	}
-	done, err := r.enter()
-	if err != nil {
-		return nil
-	}
-	defer done()
 	// The owner's lock orders this against Connect: a channel that
 	// connects now either registered before (and is seen, so it stays)
 	// or registers afresh after.
-	ol := r.lockOwner(owner)
-	defer ol.mu.Unlock()
-	r.mu.Lock()
-	cur = r.chans[k]
-	var rc record
-	if cur != nil {
-		rc = *cur
+	ol, release, err := r.enterOwner(seen.Owner)
+	if err != nil {
+		return nil
 	}
-	r.mu.Unlock()
-	if cur == nil || rc.Owner != owner || rc.Kind != KindNative || !rc.LastSeen.Before(cutoff) || r.hub.Connected(k) {
+	defer release()
+	rc, ok := r.recordOf(k)
+	if !ok || rc.Owner != seen.Owner || rc.Kind != KindNative || !rc.LastSeen.Before(cutoff) || r.hub.Connected(k) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, writeTimeout)
 	defer cancel()
+	return r.drop(ctx, ol, &rc, "expired")
+}
+
+// drop removes registration rc for good: its deletion and its
+// channel.disconnected, for reason, in one commit to its owner's log ol
+// (held by the caller); then its sender stops and its outbox goes.
+func (r *Registry) drop(ctx context.Context, ol *ownerLog, rc *record, reason string) error {
+	k := rc.key()
 	var b store.Batch
 	b.Delete(kindChannel, k.String())
-	f := fact{typ: TypeDisconnected, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: KindNative, Reason: "expired"}}
-	if err := r.commit(ctx, ol, &b, f); err != nil {
+	if err := r.commit(ctx, ol, &b, disconnectedFact(rc, reason)); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -401,8 +394,27 @@ func (r *Registry) expireOne(k peer.Key, cutoff time.Time) error {
 		r.removeLocked(cur)
 	}
 	r.mu.Unlock()
+	r.stopSender(k)
 	r.hub.Forget(k)
 	return nil
+}
+
+// disconnectedFact is channel.disconnected for a registration that goes,
+// for reason.
+func disconnectedFact(rc *record, reason string) fact {
+	return fact{typ: TypeDisconnected, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: rc.Kind,
+		URL: redact(rc.URL), Reason: reason}}
+}
+
+// recordOf returns a copy of channel k's registration; ok is false
+// without one.
+func (r *Registry) recordOf(k peer.Key) (rc record, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur := r.chans[k]; cur != nil {
+		return *cur, true
+	}
+	return record{}, false
 }
 
 // enter registers a call in flight, or fails once the registry is closed.
@@ -414,6 +426,21 @@ func (r *Registry) enter() (func(), error) {
 	}
 	r.ops.Add(1)
 	return r.ops.Done, nil
+}
+
+// enterOwner is how every write to owner's channels starts: it registers
+// the call in flight, as enter does, and locks owner's log. release undoes
+// both.
+func (r *Registry) enterOwner(owner string) (ol *ownerLog, release func(), err error) {
+	done, err := r.enter()
+	if err != nil {
+		return nil, nil, err
+	}
+	ol = r.lockOwner(owner)
+	return ol, func() {
+		ol.mu.Unlock()
+		done()
+	}, nil
 }
 
 // addLocked indexes a registration. The caller holds r.mu.
@@ -517,13 +544,11 @@ func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string)
 	if channelID == WebhookChannel {
 		return Channel{}, false, fmt.Errorf("%w: channel id %q is reserved for webhooks", ErrInvalid, WebhookChannel)
 	}
-	done, err := r.enter()
+	ol, release, err := r.enterOwner(owner)
 	if err != nil {
 		return Channel{}, false, err
 	}
-	defer done()
-	ol := r.lockOwner(owner)
-	defer ol.mu.Unlock()
+	defer release()
 
 	k := Key(channelID, peerID)
 	now := time.Now().UTC()
@@ -617,22 +642,14 @@ func (r *Registry) channelEvent(ctx context.Context, owner, channelID, peerID st
 	if err := checkIDs(owner, channelID, peerID); err != nil {
 		return err
 	}
-	done, err := r.enter()
+	ol, release, err := r.enterOwner(owner)
 	if err != nil {
 		return err
 	}
-	defer done()
-	ol := r.lockOwner(owner)
-	defer ol.mu.Unlock()
+	defer release()
 	k := Key(channelID, peerID)
-	r.mu.Lock()
-	cur := r.chans[k]
-	var rc record
-	if cur != nil {
-		rc = *cur
-	}
-	r.mu.Unlock()
-	if cur == nil || rc.Owner != owner {
+	rc, ok := r.recordOf(k)
+	if !ok || rc.Owner != owner {
 		return fmt.Errorf("%w: %s has no channel %s/%s", ErrNotFound, owner, channelID, peerID)
 	}
 	rc.LastSeen = time.Now().UTC()
@@ -717,13 +734,11 @@ func (r *Registry) forward(ctx context.Context, rec bridge.Record, only *Channel
 	if rec.Owner == "" {
 		return nil
 	}
-	done, err := r.enter()
+	ol, release, err := r.enterOwner(rec.Owner)
 	if err != nil {
 		return err
 	}
-	defer done()
-	ol := r.lockOwner(rec.Owner)
-	defer ol.mu.Unlock()
+	defer release()
 	r.mu.Lock()
 	_, settled := r.settled[rec.ActionID]
 	r.mu.Unlock()
@@ -748,16 +763,14 @@ func (r *Registry) Retract(rec bridge.Record) {
 	if rec.Owner == "" {
 		return
 	}
-	done, err := r.enter()
+	ol, release, err := r.enterOwner(rec.Owner)
 	if err != nil {
 		r.log.Error("retraction not forwarded to channels", "action", rec.ActionID, "err", err)
 		return
 	}
-	defer done()
+	defer release()
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	ol := r.lockOwner(rec.Owner)
-	defer ol.mu.Unlock()
 	r.mu.Lock()
 	if _, ok := r.settled[rec.ActionID]; !ok {
 		if old := r.settledRing[r.settledNext]; old != "" {

@@ -156,13 +156,11 @@ func (r *Registry) SetWebhook(ctx context.Context, owner, rawURL, secret string)
 	if err := r.checkWebhook(rawURL, secret); err != nil {
 		return Channel{}, false, err
 	}
-	done, err := r.enter()
+	ol, release, err := r.enterOwner(owner)
 	if err != nil {
 		return Channel{}, false, err
 	}
-	defer done()
-	ol := r.lockOwner(owner)
-	defer ol.mu.Unlock()
+	defer release()
 
 	now := time.Now().UTC()
 	rc := record{Owner: owner, ChannelID: WebhookChannel, PeerID: webhookPeerID(owner, rawURL), Kind: KindWebhook,
@@ -189,8 +187,7 @@ func (r *Registry) SetWebhook(ctx context.Context, owner, rawURL, secret string)
 	var facts []fact
 	if old != nil && fresh {
 		b.Delete(kindChannel, old.key().String())
-		facts = append(facts, fact{typ: TypeDisconnected, p: payload{ChannelID: old.ChannelID, NativePeerID: old.PeerID,
-			Kind: KindWebhook, URL: redact(old.URL), Reason: "replaced"}})
+		facts = append(facts, disconnectedFact(old, "replaced"))
 	}
 	typ := TypeConnected
 	if !fresh {
@@ -228,13 +225,11 @@ func (r *Registry) RemoveWebhook(ctx context.Context, owner string) error {
 	if err := checkID("owner", owner, MaxPeerID, true); err != nil {
 		return err
 	}
-	done, err := r.enter()
+	ol, release, err := r.enterOwner(owner)
 	if err != nil {
 		return err
 	}
-	defer done()
-	ol := r.lockOwner(owner)
-	defer ol.mu.Unlock()
+	defer release()
 	r.mu.Lock()
 	var old record
 	cur := r.webhookOfLocked(owner)
@@ -245,18 +240,9 @@ func (r *Registry) RemoveWebhook(ctx context.Context, owner string) error {
 	if cur == nil {
 		return fmt.Errorf("%w: %s has no webhook", ErrNotFound, owner)
 	}
-	var b store.Batch
-	b.Delete(kindChannel, old.key().String())
-	f := fact{typ: TypeDisconnected, p: payload{ChannelID: old.ChannelID, NativePeerID: old.PeerID,
-		Kind: KindWebhook, URL: redact(old.URL), Reason: "removed"}}
-	if err := r.commit(ctx, ol, &b, f); err != nil {
+	if err := r.drop(ctx, ol, &old, "removed"); err != nil {
 		return fmt.Errorf("channel: remove webhook of %s: %w", owner, err)
 	}
-	r.mu.Lock()
-	r.removeLocked(&old)
-	r.mu.Unlock()
-	r.stopSender(old.key())
-	r.hub.Forget(old.key())
 	return nil
 }
 
@@ -300,17 +286,12 @@ func (r *Registry) send(ctx context.Context, s *sender) {
 	conn, _ := r.hub.Attach(s.key, nil)
 	defer conn.Detach()
 	for {
-		d, ok := conn.Next()
+		d, ok := conn.Wait(ctx)
 		if !ok {
-			select {
-			case <-conn.Ready():
-				continue
-			case <-conn.Done():
+			if ctx.Err() == nil {
 				r.log.Warn("webhook sender lost its outbox", "owner", s.owner, "err", conn.Err())
-				return
-			case <-ctx.Done():
-				return
 			}
+			return
 		}
 		if !r.deliver(ctx, s, d) {
 			return

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 )
 
@@ -101,14 +100,8 @@ func (c *Client) ListActions(ctx context.Context, o ActionListOptions) (*ActionP
 	if o.State != "" {
 		q.Set("status", string(o.State))
 	}
-	if o.Cursor != "" {
-		q.Set("cursor", o.Cursor)
-	}
-	if o.Limit > 0 {
-		q.Set("limit", strconv.Itoa(o.Limit))
-	}
 	var page ActionPage
-	if err := c.do(ctx, call{method: http.MethodGet, path: "/v0/actions", query: q, retry: true}, &page); err != nil {
+	if err := c.list(ctx, "/v0/actions", q, o.Cursor, o.Limit, &page); err != nil {
 		return nil, err
 	}
 	return &page, nil

@@ -150,6 +150,18 @@ type call struct {
 	retry  bool       // safe to repeat on network errors and 5xx
 }
 
+// list GETs one page of a /v0 list at path, filtered by q, after cursor
+// and of limit entries (the server's default when zero), into out.
+func (c *Client) list(ctx context.Context, path string, q url.Values, cursor string, limit int, out any) error {
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	return c.do(ctx, call{method: http.MethodGet, path: path, query: q, retry: true}, out)
+}
+
 // do performs c and decodes a JSON answer into out (unless out is nil).
 func (c *Client) do(ctx context.Context, cl call, out any) error {
 	var body []byte

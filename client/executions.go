@@ -103,14 +103,8 @@ func (c *Client) ListExecutions(ctx context.Context, o ListOptions) (*ListPage, 
 	for k, v := range o.Labels {
 		q.Add("label", k+":"+v)
 	}
-	if o.Cursor != "" {
-		q.Set("cursor", o.Cursor)
-	}
-	if o.Limit > 0 {
-		q.Set("limit", strconv.Itoa(o.Limit))
-	}
 	var page ListPage
-	if err := c.do(ctx, call{method: http.MethodGet, path: "/v0/executions", query: q, retry: true}, &page); err != nil {
+	if err := c.list(ctx, "/v0/executions", q, o.Cursor, o.Limit, &page); err != nil {
 		return nil, err
 	}
 	return &page, nil

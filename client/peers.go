@@ -2,9 +2,7 @@ package client
 
 import (
 	"context"
-	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 )
 
@@ -50,14 +48,8 @@ func (c *Client) ListPeers(ctx context.Context, o PeerListOptions) (*PeerPage, e
 	if o.Role != "" {
 		q.Set("role", o.Role)
 	}
-	if o.Cursor != "" {
-		q.Set("cursor", o.Cursor)
-	}
-	if o.Limit > 0 {
-		q.Set("limit", strconv.Itoa(o.Limit))
-	}
 	var page PeerPage
-	if err := c.do(ctx, call{method: http.MethodGet, path: "/v0/peers", query: q, retry: true}, &page); err != nil {
+	if err := c.list(ctx, "/v0/peers", q, o.Cursor, o.Limit, &page); err != nil {
 		return nil, err
 	}
 	return &page, nil

@@ -7,6 +7,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/session"
 )
 
@@ -99,10 +100,6 @@ type Sessions interface {
 	Get(ctx context.Context, id string) (session.Session, error)
 }
 
-func sessionResource(s *session.Session) auth.Resource {
-	return auth.Resource{Kind: auth.KindSession, ID: s.ID, Owner: ownerOf(s.Owner, s.Tenant), AgentID: s.AgentID}
-}
-
 // maySessionWork checks that p may file new work in session id: a session
 // that exists must be p's (another's answers as a missing one would); one
 // that does not is made for p.
@@ -117,5 +114,5 @@ func (s *Server) maySessionWork(ctx context.Context, p *auth.Principal, id strin
 	case err != nil:
 		return &gatewayError{kind: kernel.ErrUnavailable, msg: "service unavailable: " + err.Error()}
 	}
-	return allow(p, auth.ActWrite, sessionResource(&sess), notFound("session", id))
+	return allow(p, auth.ActWrite, protocol.SessionResource(&sess), notFound("session", id))
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
@@ -62,10 +61,8 @@ func (as *agentSet) consumer(id string) *agentConsumer {
 func (k *Kernel) bindLeaseLocked(agentID, consumerID, execID, leaseID string) {
 	c := k.agentSetLocked(agentID).consumer(consumerID)
 	c.leases[execID] = leaseID
-	if !c.online && c.grace == nil && !k.closed {
-		gen := c.gen
-		c.grace = time.AfterFunc(k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
-	}
+	gen := c.gen
+	k.awaitLocked(&c.connection, k.opts.AgentGrace, func() { k.agentLost(agentID, consumerID, gen) })
 }
 
 // pickAgentConsumer chooses an online consumer round-robin, in name order.

@@ -47,3 +47,14 @@ func (k *Kernel) disconnected(c *connection, gen uint64, grace time.Duration, lo
 		c.grace = time.AfterFunc(grace, lost)
 	}
 }
+
+// awaitLocked starts the grace period of a consumer that holds work
+// without a connection (a lease bound after it went away, a job it held
+// before a restart), so that it is lost like any other unless it comes
+// back. The caller holds k.mu.
+func (k *Kernel) awaitLocked(c *connection, grace time.Duration, lost func()) {
+	if c.online || c.grace != nil || k.closed {
+		return
+	}
+	c.grace = time.AfterFunc(grace, lost)
+}

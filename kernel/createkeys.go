@@ -110,16 +110,7 @@ func (c *createKeys) load(ctx context.Context, st *store.Store, now time.Time) e
 // those being staged, and returns them for the caller to delete from the
 // store.
 func (c *createKeys) evictLocked(keep int) []createRef {
-	var out []createRef
-	for len(c.at)+c.staged > keep && len(c.order) > 0 {
-		ref := c.order[0]
-		c.order = c.order[1:]
-		if c.at[ref.key] == ref.at {
-			delete(c.at, ref.key)
-			out = append(out, ref)
-		}
-	}
-	return out
+	return c.popLocked(func(createRef) bool { return len(c.at)+c.staged > keep })
 }
 
 // expire forgets the keys older than the window and returns them.
@@ -127,8 +118,15 @@ func (c *createKeys) expire(now time.Time) []createRef {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cutoff := now.Add(-c.window).UnixNano()
+	return c.popLocked(func(oldest createRef) bool { return oldest.at <= cutoff })
+}
+
+// popLocked takes keys off the front of the order, oldest first, while
+// more says so of the oldest, and returns those it forgot: a key used again
+// since it was queued stays, under its newer entry.
+func (c *createKeys) popLocked(more func(oldest createRef) bool) []createRef {
 	var out []createRef
-	for len(c.order) > 0 && c.order[0].at <= cutoff {
+	for len(c.order) > 0 && more(c.order[0]) {
 		ref := c.order[0]
 		c.order = c.order[1:]
 		if c.at[ref.key] == ref.at {

@@ -64,15 +64,11 @@ func (k *Kernel) recover(ctx context.Context) error {
 				k.queue = append(k.queue, &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, account: st.Account, notBefore: st.NotBefore})
 				continue
 			}
-			rs := k.runnerSetLocked(st.RunnerID)
-			c := rs.consumers[st.ConsumerID]
-			if c == nil {
-				c = &runnerConsumer{runnerID: st.RunnerID, id: st.ConsumerID}
-				rs.consumers[c.id] = c
-				k.runnerOrder = nil
-				runnerID, consumerID, gen := c.runnerID, c.id, c.gen
-				c.grace = time.AfterFunc(k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
-			}
+			// A runner that held a job before the restart has its grace
+			// period to come back for it.
+			c := k.runnerConsumerLocked(st.RunnerID, st.ConsumerID)
+			runnerID, consumerID, gen := c.runnerID, c.id, c.gen
+			k.awaitLocked(&c.connection, k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
 			c.job = &job{execID: ex.ID, stepID: st.ID, toolID: st.ToolID, account: st.Account, jobID: st.JobID}
 		}
 	}

@@ -53,13 +53,9 @@ func (k *Kernel) runnerSetLocked(runnerID string) *runnerSet {
 	return rs
 }
 
-// RunnerConnected records a live runner connection with its capabilities
-// (tool ids) and dispatches queued jobs to it. A consumer that reconnects
-// within the grace period keeps the job it held; its outbox sends the job
-// again unless the runner settled it (reported it started or finished).
-// The returned function records the end of the connection.
-func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (disconnected func()) {
-	k.mu.Lock()
+// runnerConsumerLocked returns consumer consumerID of runnerID, known
+// from now on if it was not. The caller holds k.mu.
+func (k *Kernel) runnerConsumerLocked(runnerID, consumerID string) *runnerConsumer {
 	rs := k.runnerSetLocked(runnerID)
 	c := rs.consumers[consumerID]
 	if c == nil {
@@ -67,6 +63,17 @@ func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (di
 		rs.consumers[consumerID] = c
 		k.runnerOrder = nil
 	}
+	return c
+}
+
+// RunnerConnected records a live runner connection with its capabilities
+// (tool ids) and dispatches queued jobs to it. A consumer that reconnects
+// within the grace period keeps the job it held; its outbox sends the job
+// again unless the runner settled it (reported it started or finished).
+// The returned function records the end of the connection.
+func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (disconnected func()) {
+	k.mu.Lock()
+	c := k.runnerConsumerLocked(runnerID, consumerID)
 	c.caps = capSet(caps)
 	gen := c.connect()
 	k.mu.Unlock()

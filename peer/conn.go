@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -167,6 +168,25 @@ func (c *Conn) Next() (Delivery, bool) {
 		}
 	}
 	return Delivery{}, false
+}
+
+// Wait returns the next delivery as Next does, waiting for one to be
+// published: what an in-process consumer serving the outbox on its own
+// goroutine calls. ok is false once the connection ends (Err says why) or
+// ctx does.
+func (c *Conn) Wait(ctx context.Context) (d Delivery, ok bool) {
+	for {
+		if d, ok = c.Next(); ok {
+			return d, true
+		}
+		select {
+		case <-c.signal:
+		case <-c.done:
+			return Delivery{}, false
+		case <-ctx.Done():
+			return Delivery{}, false
+		}
+	}
 }
 
 // Ack acknowledges every delivery up to and including seq: they are never

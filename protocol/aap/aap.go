@@ -226,23 +226,15 @@ func configOf(sess *session.Session) config {
 	return c
 }
 
-// sessionResource describes a session to the access rule.
-func sessionResource(sess *session.Session) auth.Resource {
-	return auth.Resource{Kind: auth.KindSession, ID: sess.ID, Owner: auth.Owner{Principal: sess.Owner, Tenant: sess.Tenant}, AgentID: sess.AgentID}
-}
-
 // session returns AAP session id if p may act on it; another's, a deleted
 // one and a session that is not AAP's are not found.
 func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, config, error) {
-	if err := p.Can(act, auth.KindSession); err != nil {
-		return session.Session{}, config{}, err
-	}
-	sess, err := s.o.Sessions.Get(ctx, id)
-	if err != nil {
+	sess, err := protocol.Session(ctx, s.o.Sessions, p, act, id)
+	if err != nil && !errors.Is(err, auth.ErrHidden) {
 		return session.Session{}, config{}, err
 	}
 	c := configOf(&sess)
-	if p.Authorize(act, sessionResource(&sess)) != nil || c.Agent == "" || c.Deleted {
+	if err != nil || c.Agent == "" || c.Deleted {
 		return session.Session{}, config{}, errors.Join(session.ErrNotFound, errors.New("unknown session "+id))
 	}
 	return sess, c, nil
@@ -251,15 +243,11 @@ func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Actio
 // listSessions answers GET /sessions?after=: the caller's AAP session
 // ids; next only when there are more.
 func (s *Surface) listSessions(r *protocol.Request) {
-	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
+	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{
 		After: string(r.Ctx.QueryArgs().Peek("after")),
 		Visible: func(x *session.Session) bool {
 			c := configOf(x)
-			return c.Agent != "" && !c.Deleted && r.Principal.Authorize(auth.ActRead, sessionResource(x)) == nil
+			return c.Agent != "" && !c.Deleted
 		},
 	})
 	if err != nil {
@@ -319,28 +307,16 @@ func (s *Surface) activeExecution(ctx context.Context, sess *session.Session) st
 // history folds session id's log into its AAP history.
 func (s *Surface) history(ctx context.Context, id string) ([]Message, error) {
 	var h historian
-	var after uint64
-	for {
-		facts, err := s.read(ctx, id, after, 1000)
-		if errors.Is(err, session.ErrCursorExpired) && after == 0 {
-			first, ferr := s.o.Sessions.First(ctx, id)
-			if ferr != nil {
-				return nil, ferr
-			}
-			after = first - 1
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
+	err := s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, 0, func(facts []session.Resolved) (bool, error) {
 		for i := range facts {
 			h.add(&facts[i])
-			after = facts[i].item.Seq
 		}
-		if len(facts) < 1000 {
-			return h.messages(), nil
-		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return h.messages(), nil
 }
 
 // getSession answers GET /session/{id}?history=compacted|full: the agent

@@ -70,8 +70,8 @@ func (h *historian) flushDeltas() {
 	h.deltas, h.deltaKind = nil, nil
 }
 
-func (h *historian) add(f *fact) {
-	it := &f.item
+func (h *historian) add(f *session.Resolved) {
+	it := &f.Item
 	switch it.Kind {
 	case session.KindDelta:
 		if h.deltas == nil {
@@ -117,7 +117,7 @@ func (h *historian) add(f *fact) {
 		}
 		return
 	}
-	e := f.event
+	e := f.Event
 	if e == nil {
 		return
 	}

@@ -2,7 +2,6 @@ package aap
 
 import (
 	"encoding/json"
-	"strconv"
 	"strings"
 
 	"github.com/gatehouse-dev/gatehouse/event"
@@ -26,13 +25,6 @@ const (
 // SignalTools is the signal an AAP agent waits on after asking for the
 // client's tools (a wait intent): the client's answers resume it.
 const SignalTools = "aap.tools"
-
-// fact is one item of a session's log with the execution event it refers
-// to, as the AAP renderer reads it.
-type fact struct {
-	item  session.Item
-	event *event.Event
-}
 
 // sseEvent is one AAP event: its name and data (never with an "event"
 // key, which would override the name for the official client).
@@ -58,8 +50,8 @@ type (
 // has one. A pure function of the fact and the mode: the same fact
 // renders the same bytes on every connection. end reports the turn's
 // last event (turn_stop).
-func render(f *fact, mode string) (ev sseEvent, show, end bool) {
-	it := &f.item
+func render(f *session.Resolved, mode string) (ev sseEvent, show, end bool) {
+	it := &f.Item
 	switch it.Kind {
 	case session.KindDelta:
 		if mode != modeDelta {
@@ -81,7 +73,7 @@ func render(f *fact, mode string) (ev sseEvent, show, end bool) {
 		}
 		return sseEvent{}, false, false
 	}
-	e := f.event
+	e := f.Event
 	if e == nil {
 		return sseEvent{}, false, false
 	}
@@ -141,6 +133,3 @@ func toolContent(typ string, p stepResult) string {
 	}
 	return "Tool failed: " + p.Error
 }
-
-// frameID is the SSE id of a fact: its sequence in the session's log.
-func frameID(f *fact) string { return strconv.FormatUint(f.item.Seq, 10) }

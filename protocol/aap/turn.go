@@ -1,7 +1,6 @@
 package aap
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -127,12 +126,7 @@ func (s *Surface) putSession(r *protocol.Request) {
 		fail(r.Ctx, err)
 		return
 	}
-	from, err := s.o.Sessions.Last(r.Ctx, sess.ID)
-	if err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	turn, err := s.submit(r.Ctx, &sess, c, req.Messages)
+	turn, from, err := s.submit(r.Ctx, &sess, c, req.Messages)
 	if err != nil {
 		fail(r.Ctx, err)
 		return
@@ -140,16 +134,21 @@ func (s *Surface) putSession(r *protocol.Request) {
 	s.answer(r, sess.ID, turn, from, modeOf(req.Stream), true)
 }
 
-// submit submits messages as a new turn of the session's agent.
-func (s *Surface) submit(ctx context.Context, sess *session.Session, c config, messages []json.RawMessage) (string, error) {
+// submit submits messages as a new turn of the session's agent. from is
+// where the turn's stream starts: the log's last sequence before the turn.
+func (s *Surface) submit(ctx context.Context, sess *session.Session, c config, messages []json.RawMessage) (turn string, from uint64, err error) {
+	from, err = s.o.Sessions.Last(ctx, sess.ID)
+	if err != nil {
+		return "", 0, err
+	}
 	var in turnInput
 	in.AAP.SessionID, in.AAP.TurnID, in.AAP.Messages = sess.ID, event.NewID(), messages
 	data, _ := json.Marshal(&in)
 	t, err := s.o.Sessions.Submit(ctx, session.SubmitRequest{SessionID: sess.ID, TurnID: in.AAP.TurnID, Input: data, Ask: askTools(c.ServerTools)})
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return t.ID, nil
+	return t.ID, from, nil
 }
 
 // postSession answers POST /session/{id}: the session's overrides, then
@@ -192,12 +191,7 @@ func (s *Surface) postSession(r *protocol.Request) {
 			fail(r.Ctx, errors.Join(errBusy, errors.New("a turn of session "+sess.ID+" is running or waits for tool answers")))
 			return
 		}
-		from, err := s.o.Sessions.Last(r.Ctx, sess.ID)
-		if err != nil {
-			fail(r.Ctx, err)
-			return
-		}
-		turn, err := s.submit(r.Ctx, &sess, c, req.Messages)
+		turn, from, err := s.submit(r.Ctx, &sess, c, req.Messages)
 		if err != nil {
 			fail(r.Ctx, err)
 			return
@@ -336,6 +330,12 @@ func (s *Surface) answer(r *protocol.Request, id, turn string, from uint64, mode
 		first = append(first, sseEvent{"session_start", map[string]string{"sessionId": id}})
 	}
 	first = append(first, sseEvent{"turn_start", map[string]any{}})
+	s.streamTurn(r, id, turn, from, mode, first)
+}
+
+// streamTurn answers with the SSE stream of a turn (see turnSource), which
+// ends with its turn_stop.
+func (s *Surface) streamTurn(r *protocol.Request, id, turn string, from uint64, mode string, first []sseEvent) {
 	src := s.turnSource(id, turn, from, mode, first)
 	r.Gateway.SSE(r, "aap", renderer, stream.SSEOptions{}, false, func(o *stream.Options) (stream.Source, func()) {
 		o.Final = isStop
@@ -365,7 +365,7 @@ func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, 
 		return
 	}
 	for i := range facts {
-		if facts[i].item.TurnID == turn {
+		if facts[i].Item.TurnID == turn {
 			h.add(&facts[i])
 		}
 	}
@@ -420,48 +420,13 @@ func (s *Surface) resumeStream(r *protocol.Request) {
 		from = t.FirstSeq - 1
 		first = []sseEvent{{"turn_start", map[string]any{}}}
 	}
-	src := s.turnSource(sess.ID, t.ID, from, mode, first)
-	r.Gateway.SSE(r, "aap", renderer, stream.SSEOptions{}, false, func(o *stream.Options) (stream.Source, func()) {
-		o.Final = isStop
-		return src, nil
-	})
+	s.streamTurn(r, sess.ID, t.ID, from, mode, first)
 }
 
 // read returns up to limit facts of session id after after, references
 // resolved to their execution events.
-func (s *Surface) read(ctx context.Context, id string, after uint64, limit int) ([]fact, error) {
-	var facts []fact
-	err := s.o.Sessions.Read(ctx, id, after, func(it session.Item) bool {
-		facts = append(facts, fact{item: it})
-		return len(facts) < limit
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i := 0; i < len(facts); {
-		if facts[i].item.Kind != session.KindEvent {
-			i++
-			continue
-		}
-		exec, from := facts[i].item.ExecutionID, facts[i].item.ExecutionSeq
-		j := i
-		for j < len(facts) && facts[j].item.Kind == session.KindEvent && facts[j].item.ExecutionID == exec && facts[j].item.ExecutionSeq == from+uint64(j-i) {
-			j++
-		}
-		k := i
-		err := s.o.Kernel.ReadEventValues(exec, from-1, func(ev *event.Event) bool {
-			cp := *ev
-			cp.Payload = bytes.Clone(ev.Payload)
-			facts[k].event = &cp
-			k++
-			return k < j
-		})
-		if err != nil {
-			return nil, err
-		}
-		i = j
-	}
-	return facts, nil
+func (s *Surface) read(ctx context.Context, id string, after uint64, limit int) ([]session.Resolved, error) {
+	return s.o.Sessions.ReadResolved(ctx, s.o.Kernel, id, after, limit, nil)
 }
 
 // turnSource streams one turn of a session from a position: its facts
@@ -499,8 +464,8 @@ func (src *turnSource) Next(buf []stream.Item) (int, error) {
 		return n, err
 	}
 	for i := range facts {
-		src.last = facts[i].item.Seq
-		if facts[i].item.TurnID != src.turn {
+		src.last = facts[i].Item.Seq
+		if facts[i].Item.TurnID != src.turn {
 			continue
 		}
 		ev, show, end := render(&facts[i], src.mode)
@@ -508,7 +473,7 @@ func (src *turnSource) Next(buf []stream.Item) (int, error) {
 			continue
 		}
 		src.held = append(src.held, ev)
-		buf[n] = stream.Item{Seq: facts[i].item.Seq, Type: ev.name}
+		buf[n] = stream.Item{Seq: facts[i].Item.Seq, Type: ev.name}
 		n++
 		if end {
 			src.done = true

@@ -127,28 +127,14 @@ var errInvalid = errors.New("invalid request")
 
 func invalid(msg string) error { return errors.Join(errInvalid, errors.New(msg)) }
 
-// sessionResource describes a session to the access rule.
-func sessionResource(sess *session.Session) auth.Resource {
-	return auth.Resource{Kind: auth.KindSession, ID: sess.ID, Owner: auth.Owner{Principal: sess.Owner, Tenant: sess.Tenant}, AgentID: sess.AgentID}
-}
-
 // session returns session id if p may act on it; another's is not found,
 // word for word as a missing one.
 func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, error) {
-	if err := p.Can(act, auth.KindSession); err != nil {
-		return session.Session{}, err
+	sess, err := protocol.Session(ctx, s.o.Sessions, p, act, id)
+	if errors.Is(err, auth.ErrHidden) {
+		return session.Session{}, session.ErrNotFound
 	}
-	sess, err := s.o.Sessions.Get(ctx, id)
-	if err != nil {
-		return session.Session{}, err
-	}
-	if err := p.Authorize(act, sessionResource(&sess)); err != nil {
-		if errors.Is(err, auth.ErrHidden) {
-			return session.Session{}, session.ErrNotFound
-		}
-		return session.Session{}, err
-	}
-	return sess, nil
+	return sess, err
 }
 
 // sessionView is a session in a list.
@@ -170,16 +156,9 @@ func viewOf(s *session.Session) sessionView {
 // listSessions answers GET /sessions?after=&limit= (extension): the
 // caller's sessions, in id order; next is absent on the last page.
 func (s *Surface) listSessions(r *protocol.Request) {
-	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
 	args := r.Ctx.QueryArgs()
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
-	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
-		After: string(args.Peek("after")), Limit: limit,
-		Visible: func(x *session.Session) bool { return r.Principal.Authorize(auth.ActRead, sessionResource(x)) == nil },
-	})
+	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
 		fail(r.Ctx, err)
 		return
@@ -264,22 +243,12 @@ func (s *Surface) getSession(r *protocol.Request) {
 // getThread answers GET /sessions/{id}/threads/{threadId}: the thread read
 // model.
 func (s *Surface) getThread(r *protocol.Request) {
-	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0]); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	snap, err := s.snapshotOf(r.Ctx, r.Params[0])
+	th, err := s.thread(r, r.Params[0], r.Params[1])
 	if err != nil {
 		fail(r.Ctx, err)
 		return
 	}
-	for _, th := range snap.Threads {
-		if th.ThreadID == r.Params[1] {
-			writeJSON(r.Ctx, fasthttp.StatusOK, th)
-			return
-		}
-	}
-	fail(r.Ctx, session.ErrNotFound)
+	writeJSON(r.Ctx, fasthttp.StatusOK, th)
 }
 
 // events answers GET /sessions/{id}/events: with Accept: text/event-stream
@@ -399,29 +368,21 @@ func (s *Surface) snapshot(ctx context.Context, id string) (json.RawMessage, err
 	s.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for {
-		facts, err := s.read(ctx, id, c.m.snap.Sequence, 1000, nil)
-		if errors.Is(err, session.ErrCursorExpired) && c.m.snap.Sequence == 0 {
-			first, ferr := s.o.Sessions.First(ctx, id)
-			if ferr != nil {
-				return nil, ferr
-			}
-			facts, err = s.read(ctx, id, first-1, 1000, nil)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for i := range facts {
-			e, ok := render(&facts[i])
+	err := s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, c.m.snap.Sequence, func(items []session.Resolved) (bool, error) {
+		for i := range items {
+			f := factOf(id, &items[i])
+			e, ok := render(&f)
 			if !ok {
-				c.m.snap.Sequence = facts[i].item.Seq
+				c.m.snap.Sequence = f.item.Seq
 				continue
 			}
 			c.m.foldEvent(&e)
 		}
-		if len(facts) < 1000 {
-			snap := c.m.snapshot()
-			return json.Marshal(&snap)
-		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	snap := c.m.snapshot()
+	return json.Marshal(&snap)
 }

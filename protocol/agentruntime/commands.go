@@ -260,12 +260,21 @@ func (s *Surface) getSessionCommand(r *protocol.Request, in *commandInput) (any,
 }
 
 func (s *Surface) getThreadRead(r *protocol.Request, in *commandInput) (any, error) {
-	snap, err := s.readable(r, in.SessionID)
+	th, err := s.thread(r, in.SessionID, in.ThreadID)
+	if err != nil {
+		return nil, err
+	}
+	return th, nil
+}
+
+// thread returns the read model of thread threadID of session id.
+func (s *Surface) thread(r *protocol.Request, id, threadID string) (*ThreadRead, error) {
+	snap, err := s.readable(r, id)
 	if err != nil {
 		return nil, err
 	}
 	for _, th := range snap.Threads {
-		if th.ThreadID == in.ThreadID {
+		if th.ThreadID == threadID {
 			return th, nil
 		}
 	}

@@ -64,40 +64,28 @@ func (s *Surface) exportSession(ctx context.Context, id, kind string) (*Export, 
 	x := &Export{SchemaVersion: SchemaVersion, Kind: kind, SessionID: id, ExportedAt: timestamp(time.Now()), Events: []json.RawMessage{}}
 	m := newModel(id)
 	h := sha256.New()
-	var after uint64
-	for len(x.Events) < maxExportEvents {
-		facts, err := s.read(ctx, id, after, 1000, nil)
-		if errors.Is(err, session.ErrCursorExpired) && after == 0 {
-			first, ferr := s.o.Sessions.First(ctx, id)
-			if ferr != nil {
-				return nil, ferr
-			}
-			after = first - 1
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		for i := range facts {
-			after = facts[i].item.Seq
-			e, ok := render(&facts[i])
+	err := s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, 0, func(items []session.Resolved) (bool, error) {
+		for i := range items {
+			f := factOf(id, &items[i])
+			e, ok := render(&f)
 			if !ok {
 				continue
 			}
 			data, err := json.Marshal(&e)
 			if err != nil {
-				return nil, err
+				return false, err
 			}
 			if err := m.fold(data); err != nil {
-				return nil, err
+				return false, err
 			}
 			h.Write(data)
 			h.Write([]byte{'\n'})
 			x.Events = append(x.Events, data)
 		}
-		if len(facts) < 1000 {
-			break
-		}
+		return len(x.Events) < maxExportEvents, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	snap := m.snapshot()
 	data, err := json.Marshal(&snap)

@@ -1,14 +1,12 @@
 package agentruntime
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
@@ -63,42 +61,15 @@ const factHistoryGone = "gatehouse.history_gone"
 // read returns up to limit facts of session id after sequence after, each
 // reference resolved to its execution event, appended to into.
 func (s *Surface) read(ctx context.Context, id string, after uint64, limit int, into []fact) ([]fact, error) {
-	start := len(into)
-	err := s.o.Sessions.Read(ctx, id, after, func(it session.Item) bool {
-		into = append(into, fact{sessionID: id, item: it})
-		return len(into)-start < limit
-	})
-	if err != nil {
-		return into, err
+	items, err := s.o.Sessions.ReadResolved(ctx, s.o.Kernel, id, after, limit, nil)
+	for i := range items {
+		into = append(into, factOf(id, &items[i]))
 	}
-	// References to consecutive events of one execution are read in one
-	// scan of its log.
-	batch := into[start:]
-	for i := 0; i < len(batch); {
-		if batch[i].item.Kind != session.KindEvent {
-			i++
-			continue
-		}
-		exec, from := batch[i].item.ExecutionID, batch[i].item.ExecutionSeq
-		j := i
-		for j < len(batch) && batch[j].item.Kind == session.KindEvent && batch[j].item.ExecutionID == exec &&
-			batch[j].item.ExecutionSeq == from+uint64(j-i) {
-			j++
-		}
-		k := i
-		err := s.o.Kernel.ReadEventValues(exec, from-1, func(ev *event.Event) bool {
-			cp := *ev
-			cp.Payload = bytes.Clone(ev.Payload)
-			batch[k].event = &cp
-			k++
-			return k < j
-		})
-		if err != nil {
-			return into, err
-		}
-		i = j
-	}
-	return into, nil
+	return into, err
+}
+
+func factOf(sessionID string, r *session.Resolved) fact {
+	return fact{sessionID: sessionID, item: r.Item, event: r.Event}
 }
 
 // renderer shows facts as SSE frames: the event as data, named by its

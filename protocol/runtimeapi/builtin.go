@@ -59,16 +59,9 @@ func (s *Surface) Close() {
 
 func (s *Surface) serveMemory(ctx context.Context, conn *peer.Conn, log *slog.Logger) {
 	for {
-		d, ok := conn.Next()
+		d, ok := conn.Wait(ctx)
 		if !ok {
-			select {
-			case <-conn.Ready():
-				continue
-			case <-conn.Done():
-				return
-			case <-ctx.Done():
-				return
-			}
+			return
 		}
 		if d.Type != event.PushJobAssigned {
 			conn.Ack(d.Seq)

@@ -2,6 +2,7 @@ package runtimeapi
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -44,24 +45,13 @@ func show(sess *session.Session) Session {
 		Status: string(sess.Status), CreatedAt: sess.Created}
 }
 
-// sessionResource describes a session to the access rule.
-func sessionResource(sess *session.Session) auth.Resource {
-	return auth.Resource{Kind: auth.KindSession, ID: sess.ID, Owner: auth.Owner{Principal: sess.Owner, Tenant: sess.Tenant}, AgentID: sess.AgentID}
-}
-
 // session returns session id if p may act on it; another's is not found.
 func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, error) {
-	if err := p.Can(act, auth.KindSession); err != nil {
-		return session.Session{}, err
-	}
-	sess, err := s.o.Sessions.Get(ctx, id)
-	if err != nil {
+	sess, err := protocol.Session(ctx, s.o.Sessions, p, act, id)
+	if err != nil && !errors.Is(err, auth.ErrForbidden) {
 		return session.Session{}, notFound("session", id)
 	}
-	if p.Authorize(act, sessionResource(&sess)) != nil {
-		return session.Session{}, notFound("session", id)
-	}
-	return sess, nil
+	return sess, err
 }
 
 // createSession answers POST /sessions {title?, id?}: 201 with the session.
@@ -130,15 +120,9 @@ func (s *Surface) getSession(r *protocol.Request) {
 // listSessions answers GET /sessions?after=&limit= (extension): the
 // caller's sessions, in id order; next only when there are more.
 func (s *Surface) listSessions(r *protocol.Request) {
-	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	limit, _ := strconv.Atoi(string(r.Ctx.QueryArgs().Peek("limit")))
-	page, err := s.o.Sessions.List(r.Ctx, session.ListRequest{
-		After: string(r.Ctx.QueryArgs().Peek("after")), Limit: limit,
-		Visible: func(x *session.Session) bool { return r.Principal.Authorize(auth.ActRead, sessionResource(x)) == nil },
-	})
+	args := r.Ctx.QueryArgs()
+	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
 		fail(r.Ctx, err)
 		return
