@@ -68,10 +68,7 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 			defer ended()
 		}
 		tr := stream.NewSSE(w, conn, so)
-		if tr.Open() != nil {
-			src.Close()
-			return
-		}
+		tr.Open()
 		reason, _ := stream.New(src, r, tr, o).Run(context.Background())
 		switch {
 		case reason == stream.Finished || reason == stream.Expired:

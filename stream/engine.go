@@ -103,9 +103,17 @@ func (s *Stream) Run(ctx context.Context) (Reason, error) {
 		expired = t.C
 	}
 	reason, err := func() (Reason, error) {
-		for {
+		for first := true; ; first = false {
 			if reason, err, done := s.drain(); done {
 				return reason, err
+			}
+			// What the transport buffered before the first frame (an SSE
+			// response's headers) leaves now if the first drain had
+			// nothing to flush it with.
+			if first {
+				if err := s.t.Flush(); err != nil {
+					return writeFailure(err), nil
+				}
 			}
 			select {
 			case <-wake:

@@ -52,15 +52,15 @@ func (s *SSE) begin() {
 }
 
 // Open writes what precedes the first frame (the retry advice, else an
-// empty comment) and flushes it: the response's headers only leave with
-// its first bytes, and the client must see the stream open before any
-// event arrives.
-func (s *SSE) Open() error {
+// empty comment) and leaves it buffered: the response's headers only leave
+// with its first bytes, and Run flushes after its first drain, so that
+// they leave with the frames ready at once in one write, or alone when
+// none is; either way the client sees the stream open before it waits.
+func (s *SSE) Open() {
 	if s.o.Retry <= 0 && !s.begun {
 		s.w.WriteString(":\n\n")
 	}
 	s.begin()
-	return s.Flush()
 }
 
 // Write buffers one frame. A frame larger than what the buffer holds is

@@ -174,9 +174,7 @@ func sseServer(t *testing.T, log *memLog, o stream.Options, so stream.SSEOptions
 		ctx.SetConnectionClose()
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 			tr := stream.NewSSE(w, conn, so)
-			if tr.Open() != nil {
-				return
-			}
+			tr.Open()
 			reason, err := stream.New(log.reader(after), render, tr, opts).Run(context.Background())
 			ends <- ended{reason, err}
 		})
