@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/session"
 )
 
@@ -121,23 +121,15 @@ func (s *Server) writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 // handed to the connection: pushes caused by a request must not overtake
 // its response.
 func (s *Server) writeJSONThen(ctx *fasthttp.RequestCtx, status int, v any, after kernel.After) {
-	buf := s.bufs.get()
-	defer s.bufs.put(buf)
-	if err := json.NewEncoder(buf).Encode(v); err != nil {
+	if err := (protocol.JSON{Newline: true, Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}).Write(ctx, status, v); err != nil {
 		s.log.Error("encode response", "err", err)
 		after.Run()
-		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"error":"internal error","code":"INTERNAL_ERROR"}` + "\n")
 		return
 	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
 	if after == nil {
-		ctx.SetBody(buf.Bytes())
 		return
 	}
-	body := append([]byte(nil), buf.Bytes()...)
+	body := append([]byte(nil), ctx.Response.Body()...)
 	ctx.Response.SetBodyStream(&thenReader{r: bytes.NewReader(body), then: after}, len(body))
 }
 

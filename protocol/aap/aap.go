@@ -86,14 +86,9 @@ func (s *Surface) WriteError(ctx *fasthttp.RequestCtx, status int, code, msg str
 	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
 }
 
+// writeJSON answers with v. AAP's bodies end without a newline.
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		status, data = fasthttp.StatusInternalServerError, []byte(`{"error":"internal error","code":"INTERNAL_ERROR"}`)
-	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(data)
+	protocol.JSON{Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}.Write(ctx, status, v)
 }
 
 // Errors of the surface's own checks.

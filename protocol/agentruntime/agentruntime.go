@@ -91,14 +91,9 @@ func (s *Surface) WriteError(ctx *fasthttp.RequestCtx, status int, code, msg str
 	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
 }
 
+// writeJSON answers with v, a newline ending the body.
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		status, data = fasthttp.StatusInternalServerError, []byte(`{"error":"internal error","code":"INTERNAL_ERROR"}`)
-	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(append(data, '\n'))
+	protocol.JSON{Newline: true, Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}.Write(ctx, status, v)
 }
 
 // fail answers err with its status and code: the surface's own errors,
