@@ -13,6 +13,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
 func (s *Server) buildRoutes() *router {
@@ -55,7 +56,7 @@ func (s *Server) ready(c *call) {
 		var serr *kernel.SpaceError
 		if errors.As(err, &serr) {
 			// Said in the log once per change, by the store.
-			c.ctx.Response.Header.Set("Retry-After", storageRetryAfter)
+			c.ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 			s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, errorBody{
 				Error: err.Error(), Code: CodeStorageFull, Details: spaceDetails(serr.Space),
 			})

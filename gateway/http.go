@@ -81,10 +81,6 @@ func statusOf(err error) (int, errorBody) {
 	return fasthttp.StatusInternalServerError, errorBody{"internal error", CodeInternal, nil}
 }
 
-// storageRetryAfter is the Retry-After of a 507: the store reads its free
-// space a few times a second and resumes within one once there is room.
-const storageRetryAfter = "2"
-
 // spaceDetails is the details of a STORAGE_FULL answer.
 func spaceDetails(sp kernel.Space) map[string]any {
 	return map[string]any{
@@ -160,7 +156,7 @@ func (s *Server) writeError(ctx *fasthttp.RequestCtx, err error) {
 	case fasthttp.StatusServiceUnavailable:
 		ctx.Response.Header.Set("Retry-After", "1")
 	case fasthttp.StatusInsufficientStorage:
-		ctx.Response.Header.Set("Retry-After", storageRetryAfter)
+		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 	}
 	s.writeJSON(ctx, status, body)
 }

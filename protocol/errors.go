@@ -10,6 +10,11 @@ import (
 	"github.com/gatehouse-dev/gatehouse/session"
 )
 
+// StorageRetryAfter is the Retry-After of a 507 STORAGE_FULL answer on
+// every wire that sends one: the store reads its free space a few times a
+// second and resumes within one once there is room.
+const StorageRetryAfter = "2"
+
 // Status maps an error of the kernel, the sessions or the access rule to
 // the HTTP status and machine code every surface answers it with, in its
 // own envelope. known is false for any other error: a surface answers

@@ -114,7 +114,7 @@ func fail(ctx *fasthttp.RequestCtx, err error) {
 		msg = "internal error"
 	}
 	if status == fasthttp.StatusInsufficientStorage {
-		ctx.Response.Header.Set("Retry-After", "2")
+		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 	}
 	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
 }
