@@ -62,8 +62,11 @@ func TestStorageFullRefusesNewWorkAndResumes(t *testing.T) {
 	if details["state"] != "low" || details["low_water_bytes"] == nil || details["free_bytes"] == nil {
 		t.Errorf("507 details: %v", refused["details"])
 	}
-	if _, _, hdr := a.do("POST", "/v0/executions", obj{"agent_id": "edge"}); hdr.Get("Retry-After") == "" {
-		t.Error("a 507 without Retry-After")
+	// Every surface refuses new work the same way, with a Retry-After.
+	for _, path := range []string{"/v0/executions", "/runtime/v1/sessions", "/agent-runtime/sessions"} {
+		if status, body, hdr := a.do("POST", path, obj{"agent_id": "edge"}); status != 507 || hdr.Get("Retry-After") == "" {
+			t.Errorf("POST %s when storage is low: %d (Retry-After %q) %s, want 507 with Retry-After", path, status, hdr.Get("Retry-After"), body)
+		}
 	}
 	ready := a.fail("GET", "/v0/ready", nil, 503, "STORAGE_FULL")
 	if !strings.Contains(ready["error"].(string), "storage full") {

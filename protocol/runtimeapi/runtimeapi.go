@@ -161,6 +161,9 @@ func fail(ctx *fasthttp.RequestCtx, err error) {
 	for k, v := range ae.details {
 		details[k] = v
 	}
+	if ae.status == fasthttp.StatusInsufficientStorage {
+		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
+	}
 	writeJSON(ctx, ae.status, map[string]any{"error": ae.msg, "details": details})
 }
 
