@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -13,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 // matrixRow says who may use one route, against resources that belong to
@@ -265,17 +265,15 @@ func openAAPSession(t *testing.T, a *api, agent string) string {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
+	r := ssetest.NewReader(resp.Body)
 	for {
-		line, err := br.ReadString('\n')
+		f, err := r.Next()
 		if err != nil {
 			t.Fatalf("PUT /aap/v1/session: %d: %v", resp.StatusCode, err)
 		}
-		if rest, ok := strings.CutPrefix(line, "data: "); ok {
-			var start struct{ SessionID string }
-			if json.Unmarshal([]byte(rest), &start) == nil && start.SessionID != "" {
-				return start.SessionID
-			}
+		var start struct{ SessionID string }
+		if json.Unmarshal([]byte(f.Data), &start) == nil && start.SessionID != "" {
+			return start.SessionID
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 // obj is a decoded JSON object.
@@ -133,10 +133,8 @@ func (a *api) waitStatus(execID, want string) obj {
 	}
 }
 
-// frame is one SSE message.
-type frame struct {
-	ID, Event, Data string
-}
+// frame is one SSE frame, with the helpers the tests use on it.
+type frame ssetest.Frame
 
 func (f frame) obj(t *testing.T) obj {
 	t.Helper()
@@ -152,8 +150,7 @@ type sseStream struct {
 	t      *testing.T
 	resp   *http.Response
 	cancel context.CancelFunc
-	frames chan frame
-	done   chan error
+	frames <-chan ssetest.Frame
 	raw    *bytes.Buffer // everything read, for framing checks
 }
 
@@ -194,38 +191,10 @@ func (a *api) trySSE(path string, hdr ...string) (*sseStream, int, string) {
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
 		a.t.Fatalf("GET %s: content type %q", path, ct)
 	}
-	s := &sseStream{t: a.t, resp: resp, cancel: cancel, frames: make(chan frame, 4096), done: make(chan error, 1), raw: &bytes.Buffer{}}
-	go s.read()
+	s := &sseStream{t: a.t, resp: resp, cancel: cancel, raw: &bytes.Buffer{}}
+	s.frames = ssetest.Stream(io.TeeReader(resp.Body, s.raw), 4096)
 	a.t.Cleanup(s.close)
 	return s, 200, ""
-}
-
-func (s *sseStream) read() {
-	defer close(s.frames)
-	br := bufio.NewReader(io.TeeReader(s.resp.Body, s.raw))
-	var f frame
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			s.done <- err
-			return
-		}
-		line = strings.TrimRight(line, "\r\n")
-		switch {
-		case line == "":
-			if f.Event != "" || f.Data != "" {
-				s.frames <- f
-			}
-			f = frame{}
-		case strings.HasPrefix(line, ":"), strings.HasPrefix(line, "retry:"):
-		case strings.HasPrefix(line, "id: "):
-			f.ID = line[4:]
-		case strings.HasPrefix(line, "event: "):
-			f.Event = line[7:]
-		case strings.HasPrefix(line, "data: "):
-			f.Data += line[6:]
-		}
-	}
 }
 
 func (s *sseStream) close() {
@@ -241,7 +210,7 @@ func (s *sseStream) next() frame {
 		if !ok {
 			s.t.Fatalf("stream ended while a frame was expected")
 		}
-		return f
+		return frame(f)
 	case <-time.After(10 * time.Second):
 		s.t.Fatalf("no frame within 10s")
 	}

@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 type obj = map[string]any
@@ -151,9 +151,10 @@ func TestFailedOpenReleasesWhatItOpened(t *testing.T) {
 
 // sse reads one SSE response on its own goroutine; frames is closed when
 // the response ends.
-type sse struct{ frames chan sseFrame }
-
-type sseFrame struct{ event, data string }
+type sse struct {
+	frames <-chan ssetest.Frame
+	body   io.Closer
+}
 
 func openSSE(t *testing.T, hc *http.Client, url string) *sse {
 	t.Helper()
@@ -166,30 +167,8 @@ func openSSE(t *testing.T, hc *http.Client, url string) *sse {
 		resp.Body.Close()
 		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, body)
 	}
-	s := &sse{frames: make(chan sseFrame, 64)}
-	go func() {
-		defer close(s.frames)
-		defer resp.Body.Close()
-		br := bufio.NewReader(resp.Body)
-		var f sseFrame
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			line = strings.TrimRight(line, "\r\n")
-			switch {
-			case line == "" && f.event != "":
-				s.frames <- f
-				f = sseFrame{}
-			case strings.HasPrefix(line, "event: "):
-				f.event = line[len("event: "):]
-			case strings.HasPrefix(line, "data: "):
-				f.data += line[len("data: "):]
-			}
-		}
-	}()
-	return s
+	t.Cleanup(func() { resp.Body.Close() })
+	return &sse{frames: ssetest.Stream(resp.Body, 64), body: resp.Body}
 }
 
 // expect skips frames up to one of type event and returns its data.
@@ -201,12 +180,12 @@ func (s *sse) expect(t *testing.T, event string) obj {
 			if !ok {
 				t.Fatalf("stream ended before %s", event)
 			}
-			if f.event != event {
+			if f.Event != event {
 				continue
 			}
 			var o obj
-			if err := json.Unmarshal([]byte(f.data), &o); err != nil {
-				t.Fatalf("frame %s: %v", f.event, err)
+			if err := json.Unmarshal([]byte(f.Data), &o); err != nil {
+				t.Fatalf("frame %s: %v", f.Event, err)
 			}
 			return o
 		case <-time.After(10 * time.Second):
@@ -215,13 +194,14 @@ func (s *sse) expect(t *testing.T, event string) obj {
 	}
 }
 
-// wait waits for the stream's reader to return.
+// wait waits for the server to end the stream, then closes the response.
 func (s *sse) wait(t *testing.T) {
 	t.Helper()
 	for {
 		select {
 		case _, ok := <-s.frames:
 			if !ok {
+				s.body.Close()
 				return
 			}
 		case <-time.After(10 * time.Second):

@@ -20,6 +20,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/stream"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 // memLog is an append-only log read from a cursor: the shape of every
@@ -120,42 +121,6 @@ func serve(t *testing.T, h fasthttp.RequestHandler) string {
 	return "http://" + ln.Addr().String()
 }
 
-type sseEvent struct{ id, event, data string }
-
-// readSSE parses events from r until it ends or n events were read.
-func readSSE(t *testing.T, r *bufio.Reader, n int) ([]sseEvent, error) {
-	t.Helper()
-	var (
-		out []sseEvent
-		cur sseEvent
-	)
-	for n < 0 || len(out) < n {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return out, err
-		}
-		line = strings.TrimRight(line, "\n")
-		switch {
-		case line == "":
-			if cur.event != "" || cur.data != "" {
-				out = append(out, cur)
-			}
-			cur = sseEvent{}
-		case strings.HasPrefix(line, ":"), strings.HasPrefix(line, "retry: "):
-		case strings.HasPrefix(line, "id: "):
-			cur.id = line[4:]
-		case strings.HasPrefix(line, "event: "):
-			cur.event = line[7:]
-		case strings.HasPrefix(line, "data: "):
-			if cur.data != "" {
-				cur.data += "\n"
-			}
-			cur.data += line[6:]
-		}
-	}
-	return out, nil
-}
-
 type ended struct {
 	reason stream.Reason
 	err    error
@@ -215,16 +180,17 @@ func TestSSEReplaysThenTailsThenEnds(t *testing.T) {
 	url, ends := sseServer(t, log, stream.Options{}, stream.SSEOptions{Retry: time.Second})
 	resp := get(t, url+"/?after=1")
 	r := bufio.NewReader(resp.Body)
-	evs, err := readSSE(t, r, 298)
+	sr := ssetest.NewReader(r)
+	evs, err := sr.Frames(298)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if evs[0].id != "3" || evs[0].data != `{"n":3}` || evs[297].id != "300" {
-		t.Fatalf("replay: first %+v last %+v", evs[0], evs[297])
+	if evs[0].ID != "3" || evs[0].Data != `{"n":3}` || evs[297].ID != "300" || sr.Retry() != "1000" {
+		t.Fatalf("replay: first %+v last %+v, retry %q", evs[0], evs[297], sr.Retry())
 	}
 	log.append("live", `{"live":true}`)
-	live, err := readSSE(t, r, 1)
-	if err != nil || live[0].id != "301" || live[0].event != "live" {
+	live, err := sr.Frames(1)
+	if err != nil || live[0].ID != "301" || live[0].Event != "live" {
 		t.Fatalf("live tail: %+v %v", live, err)
 	}
 	log.end()
@@ -243,8 +209,8 @@ func TestSSEFinalItemEndsTheStream(t *testing.T) {
 	log.append("after", "3")
 	final := func(it stream.Item) bool { return it.Type == "done" }
 	url, ends := sseServer(t, log, stream.Options{Final: final}, stream.SSEOptions{})
-	evs, err := readSSE(t, bufio.NewReader(get(t, url).Body), -1)
-	if !errors.Is(err, io.EOF) || len(evs) != 2 || evs[1].event != "done" {
+	evs, err := ssetest.NewReader(get(t, url).Body).Frames(-1)
+	if !errors.Is(err, io.EOF) || len(evs) != 2 || evs[1].Event != "done" {
 		t.Fatalf("events %+v, %v", evs, err)
 	}
 	if e := waitEnd(t, ends); e.reason != stream.Finished {
@@ -281,8 +247,8 @@ func TestSSEMultilineDataKeepsEveryLine(t *testing.T) {
 	log.append("m", "a\nb\r\nc\rd")
 	log.end()
 	url, _ := sseServer(t, log, stream.Options{}, stream.SSEOptions{})
-	evs, _ := readSSE(t, bufio.NewReader(get(t, url).Body), -1)
-	if len(evs) != 1 || evs[0].data != "a\nb\nc\nd" {
+	evs, _ := ssetest.NewReader(get(t, url).Body).Frames(-1)
+	if len(evs) != 1 || evs[0].Data != "a\nb\nc\nd" {
 		t.Fatalf("events %+v", evs)
 	}
 }
@@ -331,12 +297,12 @@ func TestFlushedReportsTheLastFlushedSequence(t *testing.T) {
 	var flushed []uint64
 	o := stream.Options{Flushed: func(seq uint64) { mu.Lock(); flushed = append(flushed, seq); mu.Unlock() }}
 	url, _ := sseServer(t, log, o, stream.SSEOptions{})
-	r := bufio.NewReader(get(t, url).Body)
-	if _, err := readSSE(t, r, 1); err != nil {
+	r := ssetest.NewReader(get(t, url).Body)
+	if _, err := r.Next(); err != nil {
 		t.Fatal(err)
 	}
 	log.append("b", "3")
-	if _, err := readSSE(t, r, 1); err != nil {
+	if _, err := r.Next(); err != nil {
 		t.Fatal(err)
 	}
 	// Flushed runs once the flush has returned, which may be after the

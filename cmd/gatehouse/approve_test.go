@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +16,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 // apiCall sends one JSON request to the test gateway and decodes the answer.
@@ -64,16 +64,15 @@ func pendingPrompt(t *testing.T, base, token string) string {
 	}
 	t.Cleanup(func() { resp.Body.Close() })
 	execID := apiCall(t, base, token, "POST", "/v0/executions", map[string]any{"agent_id": "cli-agent"}, 201)["id"].(string)
-	sc := bufio.NewScanner(resp.Body)
-	assigned := false
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "event: execution.assigned" {
-			assigned = true
+	r := ssetest.NewReader(resp.Body)
+	for {
+		f, err := r.Next()
+		if err != nil {
+			t.Fatalf("no execution.assigned push: %v", err)
 		}
-		if data, ok := strings.CutPrefix(line, "data: "); ok && assigned {
+		if f.Event == "execution.assigned" {
 			var push map[string]any
-			if err := json.Unmarshal([]byte(data), &push); err != nil {
+			if err := json.Unmarshal([]byte(f.Data), &push); err != nil {
 				t.Fatal(err)
 			}
 			// A tool id carrying a terminal escape never gets in: ids with
@@ -88,8 +87,6 @@ func pendingPrompt(t *testing.T, base, token string) string {
 			return execID
 		}
 	}
-	t.Fatalf("no execution.assigned push: %v", sc.Err())
-	return ""
 }
 
 // TestApproveListsAndAnswers runs `gatehouse approve` against a real

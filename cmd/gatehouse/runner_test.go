@@ -72,36 +72,7 @@ func TestRunnerServesBuiltinTools(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	frames := make(chan map[string]any, 16)
-	go func() {
-		buf := make([]byte, 64<<10)
-		var acc strings.Builder
-		for {
-			n, err := resp.Body.Read(buf)
-			acc.Write(buf[:n])
-			for {
-				text := acc.String()
-				i := strings.Index(text, "\n\n")
-				if i < 0 {
-					break
-				}
-				for _, line := range strings.Split(text[:i], "\n") {
-					if data, ok := strings.CutPrefix(line, "data: "); ok {
-						var m map[string]any
-						if json.Unmarshal([]byte(data), &m) == nil {
-							frames <- m
-						}
-					}
-				}
-				acc.Reset()
-				acc.WriteString(text[i+2:])
-			}
-			if err != nil {
-				close(frames)
-				return
-			}
-		}
-	}()
+	frames := sseData(resp.Body)
 	next := func() map[string]any {
 		t.Helper()
 		select {

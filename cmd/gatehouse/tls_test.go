@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 // TestServeRefusesBadTLSFlags: contradictory or incomplete TLS flags stop
@@ -268,18 +268,20 @@ func tlsPost(t *testing.T, hc *http.Client, url string, body any) map[string]any
 	return out
 }
 
-// sseData decodes the data lines of an SSE body as JSON objects.
+// sseData decodes the data of an SSE body's frames as JSON objects.
 func sseData(body io.Reader) <-chan map[string]any {
 	frames := make(chan map[string]any, 16)
 	go func() {
 		defer close(frames)
-		sc := bufio.NewScanner(body)
-		for sc.Scan() {
-			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				var m map[string]any
-				if json.Unmarshal([]byte(data), &m) == nil {
-					frames <- m
-				}
+		r := ssetest.NewReader(body)
+		for {
+			f, err := r.Next()
+			if err != nil {
+				return
+			}
+			var m map[string]any
+			if json.Unmarshal([]byte(f.Data), &m) == nil {
+				frames <- m
 			}
 		}
 	}()

@@ -1,7 +1,6 @@
 package agentruntime_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime"
 	"github.com/gatehouse-dev/gatehouse/protocol/agentruntime/schema"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 type obj = map[string]any
@@ -88,7 +88,7 @@ func (c *client) command(name string, in obj, want int) obj {
 
 // sse reads an event stream in the background.
 type sse struct {
-	events chan [3]string // id, event, data
+	events <-chan ssetest.Frame
 	cancel context.CancelFunc
 }
 
@@ -104,37 +104,11 @@ func (c *client) sse(path string, hdr ...string) *sse {
 		cancel()
 		c.t.Fatalf("GET %s: %v %v", path, err, resp)
 	}
-	s := &sse{events: make(chan [3]string, 1024), cancel: cancel}
 	c.t.Cleanup(func() { cancel(); resp.Body.Close() })
-	go func() {
-		defer close(s.events)
-		br := bufio.NewReader(resp.Body)
-		var cur [3]string
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			line = strings.TrimRight(line, "\n")
-			switch {
-			case line == "":
-				if cur[2] != "" {
-					s.events <- cur
-				}
-				cur = [3]string{}
-			case strings.HasPrefix(line, "id: "):
-				cur[0] = line[4:]
-			case strings.HasPrefix(line, "event: "):
-				cur[1] = line[7:]
-			case strings.HasPrefix(line, "data: "):
-				cur[2] = line[6:]
-			}
-		}
-	}()
-	return s
+	return &sse{events: ssetest.Stream(resp.Body, 1024), cancel: cancel}
 }
 
-func (s *sse) next(t testing.TB) [3]string {
+func (s *sse) next(t testing.TB) ssetest.Frame {
 	t.Helper()
 	select {
 	case e, ok := <-s.events:
@@ -145,14 +119,14 @@ func (s *sse) next(t testing.TB) [3]string {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no event within 10s")
 	}
-	return [3]string{}
+	return ssetest.Frame{}
 }
 
 // until reads events until one of type typ.
-func (s *sse) until(t *testing.T, typ string) [3]string {
+func (s *sse) until(t *testing.T, typ string) ssetest.Frame {
 	t.Helper()
 	for {
-		if e := s.next(t); e[1] == typ {
+		if e := s.next(t); e.Event == typ {
 			return e
 		}
 	}
@@ -186,7 +160,7 @@ func scenario(t *testing.T) (*nodetest.Server, *client) {
 	// The first turn's start is filed when the agent takes it; wait for that
 	// so the log's order is the one asserted below.
 	var assigned obj
-	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned")[2]), &assigned)
+	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned").Data), &assigned)
 	if second := c.command("submit_turn", obj{"session_id": "s1", "turn_id": "t2", "input": "next"}, 200); second["status"] != "queued" {
 		t.Fatalf("second turn: %v", second)
 	}
@@ -196,7 +170,7 @@ func scenario(t *testing.T) (*nodetest.Server, *client) {
 	}
 	step := intent(obj{"type": "invoke_tool", "tool_id": "echo", "arguments": obj{"x": 1}, "remote": true})["step_id"]
 	var job obj
-	_ = json.Unmarshal([]byte(runner.until(t, "job.assigned")[2]), &job)
+	_ = json.Unmarshal([]byte(runner.until(t, "job.assigned").Data), &job)
 	c.json("POST", "/v0/runners/ar-runner/results", obj{"job_id": job["id"], "execution_id": exec, "step_id": step, "success": true, "data": obj{"y": 2}}, 200)
 	agent.until(t, "tool.result")
 	asked := intent(obj{"type": "invoke_tool", "tool_id": "ask.human", "arguments": obj{"why": "sure?"}})["step_id"]
@@ -220,7 +194,7 @@ func scenario(t *testing.T) (*nodetest.Server, *client) {
 	intent(obj{"type": "output", "output": obj{"kind": "text", "text": "The answer is 42."}})
 	intent(obj{"type": "complete", "output": obj{"answer": 42}})
 	// The queued turn starts; it stays running.
-	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned")[2]), &assigned)
+	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned").Data), &assigned)
 	return s, c
 }
 
@@ -284,12 +258,12 @@ func TestStreamReplaysTailsAndResumes(t *testing.T) {
 	st := c.sse("/agent-runtime/sessions/s1/events", "Accept", "text/event-stream")
 	for i, want := range page.Events {
 		got := st.next(t)
-		if got[2] != string(want) {
-			t.Fatalf("event %d: the stream says\n%s\nthe page says\n%s", i, got[2], want)
+		if got.Data != string(want) {
+			t.Fatalf("event %d: the stream says\n%s\nthe page says\n%s", i, got.Data, want)
 		}
 	}
 	resumed := c.sse("/agent-runtime/sessions/s1/events", "Accept", "text/event-stream", "Last-Event-ID", "10")
-	if got := resumed.next(t); !strings.Contains(got[2], `"sequence":11,`) || got[0] != "11" {
+	if got := resumed.next(t); !strings.Contains(got.Data, `"sequence":11,`) || got.ID != "11" {
 		t.Fatalf("resumed after 10 with %v", got)
 	}
 	// The WebSocket twin: the same events, one per text message.
@@ -307,7 +281,7 @@ func TestStreamReplaysTailsAndResumes(t *testing.T) {
 	}
 	// The live tail: a new turn's submission reaches both.
 	c.command("submit_turn", obj{"session_id": "s1", "turn_id": "t3", "input": "later"}, 200)
-	if e := st.next(t); e[1] != "turn.submitted" {
+	if e := st.next(t); e.Event != "turn.submitted" {
 		t.Fatalf("live event %v", e)
 	}
 }
@@ -396,7 +370,7 @@ func TestInputRequestIsAnAction(t *testing.T) {
 	c.json("POST", "/agent-runtime/sessions", obj{"sessionId": "f1", "agentId": "form-agent"}, 201)
 	c.command("submit_turn", obj{"session_id": "f1", "turn_id": "t1", "input": "book a flight"}, 200)
 	var assigned obj
-	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned")[2]), &assigned)
+	_ = json.Unmarshal([]byte(agent.until(t, "execution.assigned").Data), &assigned)
 	exec, lease := assigned["execution_id"].(string), assigned["session_id"]
 	c.json("POST", "/v0/agents/intent", obj{"execution_id": exec, "session_id": lease, "intent": obj{"type": "wait", "signal_type": "traveller"}}, 200)
 	action := agentruntime.InputActionID(exec, "traveller")
@@ -407,7 +381,7 @@ func TestInputRequestIsAnAction(t *testing.T) {
 	}
 	c.command("respond_action", obj{"action_id": action, "input": obj{"name": "Ada"}}, 200)
 	var sig obj
-	_ = json.Unmarshal([]byte(agent.until(t, "signal.received")[2]), &sig)
+	_ = json.Unmarshal([]byte(agent.until(t, "signal.received").Data), &sig)
 	if sig["signal_type"] != "traveller" || sig["payload"].(obj)["name"] != "Ada" {
 		t.Fatalf("the agent got %v", sig)
 	}

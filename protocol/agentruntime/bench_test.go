@@ -194,12 +194,12 @@ func BenchmarkDeltaStream(b *testing.B) {
 	var delays []time.Duration
 	for len(delays) < rate*seconds {
 		e := reader.next(b)
-		if e[1] != "model.delta" {
+		if e.Event != "model.delta" {
 			continue
 		}
 		now := time.Now()
 		var ev struct{ Payload struct{ Delta string } }
-		_ = json.Unmarshal([]byte(e[2]), &ev)
+		_ = json.Unmarshal([]byte(e.Data), &ev)
 		for {
 			if at, ok := sent[ev.Payload.Delta]; ok {
 				delays = append(delays, now.Sub(at))

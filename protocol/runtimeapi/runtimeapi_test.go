@@ -1,10 +1,10 @@
 package runtimeapi_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 type obj = map[string]any
@@ -60,11 +61,8 @@ func (c *rt) fail(method, path string, body any, want int, code string) obj {
 	return details
 }
 
-// sseEvent is one event of a stream: id, name, data.
-type sseEvent struct{ id, name, data string }
-
 // events reads an execution's event stream until the server ends it.
-func (c *rt) events(id, lastEventID string) []sseEvent {
+func (c *rt) events(id, lastEventID string) []ssetest.Frame {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(c.t.Context(), 20*time.Second)
 	defer cancel()
@@ -81,35 +79,20 @@ func (c *rt) events(id, lastEventID string) []sseEvent {
 		body, _ := io.ReadAll(resp.Body)
 		c.t.Fatalf("events: %d %s", resp.StatusCode, body)
 	}
-	var out []sseEvent
-	var cur sseEvent
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			if cur.name != "" {
-				out = append(out, cur)
-			}
-			cur = sseEvent{}
-		case strings.HasPrefix(line, "id: "):
-			cur.id = line[4:]
-		case strings.HasPrefix(line, "event: "):
-			cur.name = line[7:]
-		case strings.HasPrefix(line, "data: "):
-			cur.data = line[6:]
-		}
-	}
+	out, err := ssetest.NewReader(resp.Body).Frames(-1)
 	if ctx.Err() != nil {
 		c.t.Fatalf("the stream did not end: %v", out)
+	}
+	if !errors.Is(err, io.EOF) {
+		c.t.Fatalf("events: %v after %v", err, out)
 	}
 	return out
 }
 
-func names(evs []sseEvent) string {
+func names(evs []ssetest.Frame) string {
 	var n []string
 	for _, e := range evs {
-		n = append(n, e.name)
+		n = append(n, e.Event)
 	}
 	return strings.Join(n, " ")
 }
@@ -297,9 +280,9 @@ func TestEventStreamReplaysAndResumes(t *testing.T) {
 		t.Fatalf("events: %s", n)
 	}
 	var sess, use, done obj
-	_ = json.Unmarshal([]byte(live[0].data), &sess)
-	_ = json.Unmarshal([]byte(live[2].data), &use)
-	_ = json.Unmarshal([]byte(live[5].data), &done)
+	_ = json.Unmarshal([]byte(live[0].Data), &sess)
+	_ = json.Unmarshal([]byte(live[2].Data), &use)
+	_ = json.Unmarshal([]byte(live[5].Data), &done)
 	if sess["id"] != got["sessionId"] || sess["executionId"] != id || sess["runId"] != got["runId"] || sess["interactionMode"] != "execute" {
 		t.Fatalf("session event: %v", sess)
 	}
@@ -310,14 +293,14 @@ func TestEventStreamReplaysAndResumes(t *testing.T) {
 		t.Fatalf("done: %v", done)
 	}
 	for i, e := range live {
-		if e.id == "" || (i > 0 && e.id == live[i-1].id) {
-			t.Fatalf("event %d id %q", i, e.id)
+		if e.ID == "" || (i > 0 && e.ID == live[i-1].ID) {
+			t.Fatalf("event %d id %q", i, e.ID)
 		}
 	}
 	for cut := range live {
-		rest := api.events(id, live[cut].id)
+		rest := api.events(id, live[cut].ID)
 		if len(rest) != len(live)-cut-1 || (len(rest) > 0 && rest[0] != live[cut+1]) {
-			t.Fatalf("resumed after %s: %v", live[cut].id, rest)
+			t.Fatalf("resumed after %s: %v", live[cut].ID, rest)
 		}
 	}
 	s.Restart()
@@ -409,7 +392,7 @@ func TestMemoryFlow(t *testing.T) {
 		t.Fatalf("events: %s", n)
 	}
 	var done obj
-	_ = json.Unmarshal([]byte(evs[5].data), &done)
+	_ = json.Unmarshal([]byte(evs[5].Data), &done)
 	if done["summary"] != "1 hits" {
 		t.Fatalf("done: %v", done)
 	}
