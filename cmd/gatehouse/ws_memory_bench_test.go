@@ -77,8 +77,11 @@ func benchIdleSockets(b *testing.B, conns int) {
 		b.StartTimer()
 		clients := dialIdle(b, srv.base, conns)
 		b.StopTimer()
-		// fasthttp's idle workers from the dial burst retire after a second.
-		time.Sleep(3 * time.Second)
+		// fasthttp's idle workers from the dial burst retire after a second;
+		// and an idle socket is measured as it lives, after the server's
+		// first ping round (coder/websocket keeps some state per socket from
+		// its first ping on).
+		time.Sleep(gateway.Defaults().PingInterval + 3*time.Second)
 		after := srv.measure(b)
 		if open := srv.metric(b, `gatehouse_streams_open{kind="ws_agent"}`); open != float64(conns) {
 			b.Fatalf("%v agent sockets open at the measurement, want %d", open, conns)
