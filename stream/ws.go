@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -243,8 +244,21 @@ func (w *WS) StartPings() {
 	w.timerMu.Lock()
 	defer w.timerMu.Unlock()
 	if !w.timersOff {
-		w.pings = time.AfterFunc(w.o.PingInterval, w.ping)
+		w.pings = time.AfterFunc(firstPing(w.o.PingInterval), w.ping)
 	}
+}
+
+// firstPing is when a socket's first ping goes out: at a random point of
+// the second half of the interval. Sockets that connect together (every
+// runner and agent reconnecting after a restart) would otherwise ping
+// together for as long as they live, a goroutine and a timer each at the
+// same instant; spread once, they stay spread. A dead peer is never
+// noticed later than with a fixed interval.
+func firstPing(interval time.Duration) time.Duration {
+	if interval < 2 {
+		return interval
+	}
+	return interval/2 + rand.N(interval-interval/2)
 }
 
 func (w *WS) ping() {
