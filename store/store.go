@@ -119,13 +119,14 @@ type Options struct {
 	// after a crash: the journal, kept, is replayed at the next start.
 	CloseTimeout time.Duration
 
-	// segmentSize, memTableSize and lazyInterval override the journal's
-	// segment size, Badger's memory table size and how long lazy writes
-	// may wait, for tests; readSpace, how the file system's free space is
-	// read.
+	// segmentSize, memTableSize, lazyInterval and pageOutEvery override
+	// the journal's segment size, Badger's memory table size, how long
+	// lazy writes may wait and how often table pages are handed back, for
+	// tests; readSpace, how the file system's free space is read.
 	segmentSize  int64
 	memTableSize int64
 	lazyInterval time.Duration
+	pageOutEvery time.Duration
 	readSpace    func(dir string) (diskUsage, error)
 	idleAfter    time.Duration
 }
@@ -1097,7 +1098,7 @@ func (s *Store) checkpointLoop() {
 	pages := s.tablePages()
 	var paging <-chan time.Time
 	if pages != "" {
-		t := time.NewTicker(pageOutInterval)
+		t := time.NewTicker(cmp.Or(s.opts.pageOutEvery, pageOutInterval))
 		defer t.Stop()
 		paging = t.C
 	}
