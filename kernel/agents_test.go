@@ -30,7 +30,7 @@ func TestAgentRunsLocalSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	after.Run()
-	var got toolResultMsg
+	var got toolResultPush
 	x.box.next(event.PushToolResult, &got)
 	if got.StepID != first.StepID || got.Status != string(StepSucceeded) || string(got.Result) != `{"sum":3}` {
 		t.Fatalf("tool.result: %+v", got)
@@ -108,7 +108,7 @@ func TestAnswerStepWithoutTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	after.Run()
-	var got toolResultMsg
+	var got toolResultPush
 	x.box.next(event.PushToolResult, &got)
 	if got.StepID != local.StepID || string(got.Result) != "1" {
 		t.Fatalf("tool.result: %+v", got)
@@ -284,7 +284,7 @@ func TestAgentLostHandsExecutionToAnother(t *testing.T) {
 	defer r.k.AgentConnected("ag", "c2")()
 	box2.empty() // c1 still holds it during its grace period
 	gone()
-	var a assigned
+	var a assignedPush
 	box2.next(event.PushExecutionAssigned, &a)
 	if a.ExecutionID != x.id || a.SessionID == x.lease || string(a.Input) != `{"task":1}` || len(a.History) != 2 {
 		t.Fatalf("reassignment: %+v", a)

@@ -375,7 +375,7 @@ func TestApprovalAfterTheAgentWasLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	after.Run()
-	var a assigned
+	var a assignedPush
 	box.next(event.PushExecutionAssigned, &a)
 	if a.ExecutionID != x.id || len(a.History) != 1 || a.History[0].Status != StepCancelled {
 		t.Fatalf("assignment: %+v", a)

@@ -100,7 +100,7 @@ func TestRestartKeepsEveryState(t *testing.T) {
 	}
 	nobody := r.inbox(RoleAgent, "nobody", "c1")
 	r.k.AgentConnected("nobody", "c1")
-	var a assigned
+	var a assignedPush
 	nobody.next(event.PushExecutionAssigned, &a)
 	if a.ExecutionID != pending.ID || string(a.Input) != `"wait for me"` {
 		t.Fatalf("pending execution: %+v", a)
@@ -144,7 +144,7 @@ default: {decision: allow}
 	// declared lost, the other when its prompt expires without an agent.
 	got := map[string]bool{}
 	for range 2 {
-		var a assigned
+		var a assignedPush
 		agent.next(event.PushExecutionAssigned, &a)
 		got[a.ExecutionID] = true
 	}

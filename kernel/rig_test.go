@@ -123,35 +123,9 @@ func (in *inbox) empty() {
 	}
 }
 
-// assigned is an execution.assigned push.
-type assigned struct {
-	ExecutionID string            `json:"execution_id"`
-	SessionID   string            `json:"session_id"`
-	AgentID     string            `json:"agent_id"`
-	Input       json.RawMessage   `json:"input"`
-	Labels      map[string]string `json:"labels"`
-	History     []HistoryEntry    `json:"history"`
-}
-
-// toolResultMsg is a tool.result push.
-type toolResultMsg struct {
-	ExecutionID string          `json:"execution_id"`
-	StepID      string          `json:"step_id"`
-	Status      string          `json:"status"`
-	Result      json.RawMessage `json:"result"`
-	Error       string          `json:"error"`
-}
-
-// jobMsg is a job.assigned push.
-type jobMsg struct {
-	ID          string          `json:"id"`
-	ExecutionID string          `json:"execution_id"`
-	StepID      string          `json:"step_id"`
-	Attempt     int             `json:"attempt"`
-	ToolID      string          `json:"tool_id"`
-	Arguments   json.RawMessage `json:"arguments"`
-	Account     string          `json:"account"`
-}
+// jobMsg is a job.assigned push as the tests read it: the kernel's own
+// shape, with the runner's answer to it.
+type jobMsg struct{ jobPush }
 
 // result posts a runner's result for the job and runs what follows it.
 func (j jobMsg) result(t *testing.T, k *Kernel, runnerID string, req RunnerResultRequest) {
@@ -182,7 +156,7 @@ func (r *rig) start(ag, c string, req CreateRequest, meta Meta) running {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	var a assigned
+	var a assignedPush
 	box.next("execution.assigned", &a)
 	if a.ExecutionID != v.ID || a.SessionID == "" || v.Status != StatusRunning {
 		r.t.Fatalf("create %+v: assigned %+v", v, a)

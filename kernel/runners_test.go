@@ -29,7 +29,7 @@ func TestRemoteStepRetries(t *testing.T) {
 	runner := r.inbox(RoleRunner, "rn", "c1")
 	defer r.k.RunnerConnected("rn", "c1", []string{"fetch"})()
 	x := r.start("ag", "c1", CreateRequest{}, Meta{})
-	var got toolResultMsg
+	var got toolResultPush
 
 	// A retryable failure sends the job again; when attempts run out the
 	// agent hears of the last failure.
@@ -287,7 +287,7 @@ func TestRunnerTakesItsNextJobWithItsResult(t *testing.T) {
 				t.Fatalf("job %d is of %s, want %s (oldest first)", i, j.ExecutionID, id)
 			}
 		} else {
-			j = jobMsg{ExecutionID: id}
+			j = jobMsg{jobPush{ExecutionID: id}}
 			st := liveStep(t, r.k, id, dispatched)
 			j.ID, j.StepID = st.JobID, st.ID
 		}
@@ -318,7 +318,7 @@ default: {decision: allow}
 	var j1, j2 jobMsg
 	rn.next(event.PushJobAssigned, &j1)
 	fast := x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "fast", Remote: true})
-	var got toolResultMsg
+	var got toolResultPush
 	x.box.next(event.PushToolResult, &got)
 	if got.StepID != slow.StepID || got.Status != string(StepFailed) || got.Error != "step timed out" {
 		t.Fatalf("tool.result of the slow step: %+v", got)

@@ -23,14 +23,7 @@ func TestReadResolvedGivesEachReferenceItsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 2 {
-		if _, err := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: fmt.Sprint("t", i)}); err != nil {
-			t.Fatal(err)
-		}
-		exec, lease := ag.assigned()
-		ag.complete(exec, lease)
-		w.waitTurn(s.ID, fmt.Sprint("t", i), session.TurnCompleted)
-	}
+	ag.completeTurns(s.ID, "t", 2)
 	items := w.items(s.ID)
 	for _, limit := range []int{1, 3, len(items)} {
 		for after := range uint64(len(items)) {
@@ -89,14 +82,7 @@ func TestWalkResolvedStartsAtWhatRetentionKept(t *testing.T) {
 	ctx := context.Background()
 	ag := w.agent("ag")
 	s, _ := w.reg.Create(ctx, session.CreateRequest{AgentID: "ag"})
-	for i := range 3 {
-		if _, err := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: fmt.Sprint("t", i)}); err != nil {
-			t.Fatal(err)
-		}
-		exec, lease := ag.assigned()
-		ag.complete(exec, lease)
-		w.waitTurn(s.ID, fmt.Sprint("t", i), session.TurnCompleted)
-	}
+	ag.completeTurns(s.ID, "t", 3)
 	if removed, err := w.reg.Prune(ctx, time.Now()); err != nil || removed == 0 {
 		t.Fatalf("prune removed %d: %v", removed, err)
 	}

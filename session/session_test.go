@@ -130,6 +130,21 @@ func (a *agent) complete(exec, lease string) {
 	a.intent(exec, lease, kernel.Intent{Type: kernel.IntentComplete, Output: json.RawMessage(`{"ok":true}`)})
 }
 
+// completeTurns submits turns prefix0, prefix1, ... to session id one after
+// another and completes each as the agent, waiting for it to be recorded.
+func (a *agent) completeTurns(id, prefix string, n int) {
+	a.w.t.Helper()
+	for i := range n {
+		turn := fmt.Sprint(prefix, i)
+		if _, err := a.w.reg.Submit(context.Background(), session.SubmitRequest{SessionID: id, TurnID: turn}); err != nil {
+			a.w.t.Fatal(err)
+		}
+		exec, lease := a.assigned()
+		a.complete(exec, lease)
+		a.w.waitTurn(id, turn, session.TurnCompleted)
+	}
+}
+
 // items reads session id's whole log.
 func (w *world) items(id string) []session.Item {
 	w.t.Helper()
@@ -487,14 +502,7 @@ func TestRetentionKeepsRunningTurnsAndSaysWhenHistoryIsGone(t *testing.T) {
 	ctx := context.Background()
 	ag := w.agent("ag")
 	s, _ := w.reg.Create(ctx, session.CreateRequest{AgentID: "ag"})
-	for i := range 3 {
-		if _, err := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: fmt.Sprint("done", i)}); err != nil {
-			t.Fatal(err)
-		}
-		exec, lease := ag.assigned()
-		ag.complete(exec, lease)
-		w.waitTurn(s.ID, fmt.Sprint("done", i), session.TurnCompleted)
-	}
+	ag.completeTurns(s.ID, "done", 3)
 	running, _ := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: "running"})
 	ag.assigned()
 	all := w.items(s.ID)
