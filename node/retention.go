@@ -6,8 +6,8 @@ import (
 )
 
 // startRetention runs retention now and then on its own goroutine and
-// returns the release that stops it, and the pass it is in, and waits for
-// it to end.
+// returns its release: that cancels the pass in progress, if any, and
+// waits for the goroutine to end.
 func (n *Node) startRetention() func(context.Context) error {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
