@@ -48,9 +48,13 @@ fi
 sh -c "[ -n '$cg' ] && echo \$\$ > $cg/cgroup.procs; exec '$gh' serve --addr 127.0.0.1:$port --data '$work/mem' --log-level warn --memory-limit 256MiB" & pid=$!
 up
 [ -n "$cg" ] && echo "in a 256 MiB cgroup ($cg)" || echo "no cgroup could be made: the limit is the flag's alone"
-peak=0
-( while kill -0 $pid 2>/dev/null; do a=$(awk '/RssAnon/ {print $2}' /proc/$pid/status 2>/dev/null); [ -n "$a" ] && [ "$a" -gt "$peak" ] && peak=$a && echo $peak > "$work/anonpeak"; sleep 0.1; done ) &
-report() { echo "$1: $(grep -E 'VmHWM|VmRSS|RssAnon|RssFile' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ') peak RssAnon $(cat "$work/anonpeak") kB"; }
+# The peaks of RssAnon (the Go heap) and RssFile (mapped files) since the
+# last report, sampled every 0.1 s: VmHWM says only the peak of their sum.
+( while kill -0 $pid 2>/dev/null; do awk '/RssAnon/ {a=$2} /RssFile/ {f=$2} END {print a, f}' /proc/$pid/status 2>/dev/null >> "$work/samples"; sleep 0.1; done ) &
+report() {
+	echo "$1: $(grep -E 'VmHWM|VmRSS|RssAnon|RssFile' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ')$(awk '$1 > a {a = $1} $2 > f {f = $2} END {print "peak RssAnon", a, "kB, peak RssFile", f, "kB"}' "$work/samples")"
+	: > "$work/samples"
+}
 "$gh" bench --url "http://127.0.0.1:$port" --executions 10000 | grep -E "throughput|latency"
 report "10,000 stored"
 "$gh" bench --url "http://127.0.0.1:$port" --executions 40000 --duration 10m | grep -E "throughput|latency"

@@ -47,6 +47,25 @@ func pageOut(dir string) error {
 	return nil
 }
 
+// residentFiles returns the bytes of files this process holds mapped in
+// memory (RssFile and RssShmem: the third field of /proc/self/statm, in
+// pages): what a pass of pageOut may shrink.
+func residentFiles() (int64, error) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, fmt.Errorf("resident files: %w", err)
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) < 3 {
+		return 0, fmt.Errorf("resident files: /proc/self/statm reads %q", b)
+	}
+	pages, err := strconv.ParseInt(fields[2], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("resident files: %w", err)
+	}
+	return pages * int64(os.Getpagesize()), nil
+}
+
 // tableMapping parses one line of /proc/PID/maps ("start-end perms offset
 // dev inode path") and reports the address range when it maps one of
 // Badger's table or value log files directly in dir.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,17 +44,7 @@ func TestTableMapping(t *testing.T) {
 // TestPageOutTables: the pages of the tables Badger wrote leave the RSS,
 // and the data reads back the same.
 func TestPageOutTables(t *testing.T) {
-	dir, err := filepath.EvalSymlinks(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		t.Fatal(err)
-	}
-	if fs.Type == unix.TMPFS_MAGIC {
-		t.Skip("tmpfs pages have nowhere to go without swap")
-	}
+	dir := pageableDir(t)
 	// The store's own pass must not hand the pages back before the test
 	// has seen them resident.
 	s, err := Open(Options{Dir: dir, MemoryLimit: 256 * mib, pageOutEvery: time.Hour})
@@ -97,6 +88,87 @@ func TestPageOutTables(t *testing.T) {
 	if err != nil || n != len(vals) {
 		t.Fatalf("read %d entries (%v), want %d", n, err, len(vals))
 	}
+}
+
+// TestStorePagesOutByItself: under a memory limit the store's own loop
+// sees the pages of its files grow, as a compaction writes tables and a
+// read faults them in, and hands them back with no call from outside.
+func TestStorePagesOutByItself(t *testing.T) {
+	dir := pageableDir(t)
+	s, err := Open(Options{Dir: dir, MemoryLimit: 256 * mib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// 4 MiB that no compression shrinks: twice the growth that makes a
+	// pass.
+	for i := range 64 {
+		v := make([]byte, 64<<10)
+		rand.Read(v)
+		var b Batch
+		b.Append("pages", uint64(i+1), v)
+		if err := s.Write(context.Background(), &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	if err := s.Scan("pages", 0, func(uint64, []byte) bool { n++; return true }); err != nil || n != 64 {
+		t.Fatalf("read %d entries (%v), want 64", n, err)
+	}
+	eventually.True(t, "the store hands its table pages back", func() bool { return tableRSS(t, dir) < 1024 })
+}
+
+func TestResidentFiles(t *testing.T) {
+	before, err := residentFiles()
+	if err != nil || before <= 0 {
+		t.Fatalf("residentFiles = %d, %v: want the binary's own pages at least", before, err)
+	}
+	const size = 8 * mib
+	f, err := os.Create(filepath.Join(t.TempDir(), "mapped"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < size; i += os.Getpagesize() {
+		m[i] = 1
+	}
+	touched, err := residentFiles()
+	if err := unix.Munmap(m); err != nil {
+		t.Fatal(err)
+	}
+	// Other goroutines of the test binary may map or drop a little
+	// meanwhile; the file's 8 MiB show.
+	if err != nil || touched < before+size*3/4 {
+		t.Errorf("residentFiles = %d KiB before touching an 8 MiB mapping, %d KiB after (%v)", before/kib, touched/kib, err)
+	}
+}
+
+// pageableDir returns a test folder whose file pages can leave memory:
+// not a tmpfs, by its resolved path (as /proc/self/maps names it).
+func pageableDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC {
+		t.Skip("tmpfs pages have nowhere to go without swap")
+	}
+	return dir
 }
 
 // tableRSS sums the resident KiB of dir's table mappings in this process.

@@ -152,14 +152,43 @@ const maxApplyBytes = 4 << 20
 // versions and deletes journal segments Badger's tables have made redundant.
 const checkpointInterval = 2 * time.Second
 
-// pageOutInterval is how often, under a memory limit, the store hands the
-// pages of Badger's tables back to the kernel (see tablePages): a
-// compaction reads and writes its tables through memory maps, and what it
-// touched stays in the RSS until then. Each pass reads /proc/self/maps and
-// advises each table once, a few hundred microseconds with a thousand
-// tables; at a second, a burst of compactions at 50,000 stored executions
-// still left some 20-40 MB of pages resident between passes.
-const pageOutInterval = 250 * time.Millisecond
+// pageOutInterval is how often, under a memory limit, the store looks at
+// how much of its files the process holds in memory, to hand the pages of
+// Badger's tables back to the kernel when they have grown (see tablePages
+// and pager). A compaction reads and writes its tables through memory
+// maps, and what it touched stays in the RSS until then. A pass reads
+// /proc/self/maps and advises each table once, a few hundred microseconds
+// with a thousand tables; a look reads /proc/self/statm. On a fixed tick of
+// 250 ms, bursts of compactions at 50,000 stored executions still left up
+// to 54 MB of table pages resident; watching their growth, up to 27 MB
+// (docs/edge.md).
+const pageOutInterval = 50 * time.Millisecond
+
+// pager decides when the store hands its table pages back: when the pages
+// of its files have grown by pageOutStep since the last pass, and at least
+// every pageOutRetry, for pages a pass could not take because they were
+// still being written out.
+type pager struct {
+	// last is the files' resident bytes after the last pass, at when it
+	// was.
+	last int64
+	at   time.Time
+}
+
+const (
+	pageOutStep  = 2 * mib
+	pageOutRetry = time.Second
+)
+
+// due reports whether n resident bytes of files at now call for a pass.
+func (p *pager) due(n int64, now time.Time) bool {
+	return n >= p.last+pageOutStep || now.Sub(p.at) >= pageOutRetry
+}
+
+// passed records a pass at now that left n resident bytes.
+func (p *pager) passed(n int64, now time.Time) {
+	p.last, p.at = n, now
+}
 
 // idleAfter is how long without a write makes the journal idle: it then
 // moves to a small segment, lets go of the segments kept for reuse, and has
@@ -1097,6 +1126,7 @@ func (s *Store) checkpointLoop() {
 	changed := s.SpaceChanged()
 	pages := s.tablePages()
 	var paging <-chan time.Time
+	var pg pager
 	if pages != "" {
 		t := time.NewTicker(cmp.Or(s.opts.pageOutEvery, pageOutInterval))
 		defer t.Stop()
@@ -1113,11 +1143,17 @@ func (s *Store) checkpointLoop() {
 				s.shedJournal()
 			}
 			continue
-		case <-paging:
+		case now := <-paging:
+			if n, err := residentFiles(); err == nil && !pg.due(n, now) {
+				continue
+			}
 			if err := pageOut(pages); err != nil {
 				s.log.Warn("the pages of Badger's tables stay mapped", "err", err)
 				paging = nil
 			}
+			// Unreadable, the figure stays zero and every look passes.
+			n, _ := residentFiles()
+			pg.passed(n, now)
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
 			quiet := s.journal != nil && time.Since(time.Unix(0, s.lastWrite.Load())) >= cmp.Or(s.opts.idleAfter, idleAfter)
