@@ -389,6 +389,57 @@ func TestIdleJournalLetsGo(t *testing.T) {
 	}
 }
 
+// TestIdleJournalLetsGoOfLazyWrites: lazy writes still waiting when the
+// journal goes idle are handed to Badger by the settling write, at its
+// version; the journal lets go of their segments once that write is
+// applied, not when it was acknowledged. Retention deleting a whole
+// gateway at once left every segment since its start behind this way.
+func TestIdleJournalLetsGoOfLazyWrites(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, idleAfter: 100 * time.Millisecond, lazyInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 40 {
+		write(t, s, func(b *Batch) {
+			b.Append("ev", uint64(i+1), bytes.Repeat([]byte{byte(i)}, 32<<10))
+			for k := range 1000 {
+				if err := b.PutLazy("peer", fmt.Sprint(i*1000+k), i); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+	if s.journal.pending() < 2 {
+		t.Fatal("the test wants several segments")
+	}
+	journal := filepath.Join(dir, "journal")
+	eventually.True(t, "the idle journal holds one segment", func() bool {
+		files, _ := os.ReadDir(journal)
+		return len(files) == 1
+	})
+}
+
+// TestIdleStoreWritesItsMemoryTableOut: a store gone idle after more than
+// idleFlushBytes of writes has Badger write its memory table out, so that
+// the folder holds a table instead of the table's log.
+func TestIdleStoreWritesItsMemoryTableOut(t *testing.T) {
+	s, err := Open(Options{Dir: t.TempDir(), idleAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 80 // 1.25 MiB, far from filling a memory table
+	for i := range n {
+		write(t, s, func(b *Batch) { b.Append("ev", uint64(i+1), bytes.Repeat([]byte{byte(i)}, 16<<10)) })
+	}
+	eventually.True(t, "Badger has a table", func() bool { return len(s.db.Tables()) > 0 })
+	if got, err := s.Read("ev", 0, 0); err != nil || len(got) != n {
+		t.Fatalf("%d of %d entries (%v)", len(got), n, err)
+	}
+}
+
 // TestReplaySkipsWhatBadgerHolds: after a crash that spared Badger's logs
 // (a killed process: the page cache keeps them), the journal's replay
 // writes nothing Badger already holds, where it used to write everything

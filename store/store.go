@@ -246,6 +246,9 @@ type Store struct {
 	// late, the writes Badger got at a later version than their group's.
 	lazy lazyWrites
 	late late
+	// unflushed counts the bytes given to Badger since the apply stage
+	// last had it write its memory tables out (see flushIdle).
+	unflushed atomic.Int64
 	// vlogDirty is set when a value went to Badger's value log, which
 	// takes values of valueThreshold bytes and more (see checkpoint).
 	vlogDirty      atomic.Bool
@@ -841,7 +844,33 @@ func (s *Store) flushBadger() error {
 	if err := s.db.DropPrefix(flushKey); err != nil {
 		return fmt.Errorf("store: write memory tables out: %w", err)
 	}
+	s.unflushed.Store(0)
 	return nil
+}
+
+// idleFlushBytes is how much an idle store leaves in Badger's memory
+// table: past it, going idle writes the table out, so that an idle folder
+// holds tables rather than the log of a memory table filled by the last
+// burst. After retention emptied a gateway, the deletions that follow a
+// burst (the outboxes of the peers that left) kept 2-4 MB of such a log
+// until the table filled, hours later on a quiet box.
+const idleFlushBytes = 1 << 20
+
+// flushIdle has Badger write its memory tables out when more than
+// idleFlushBytes went to it since they last were.
+func (s *Store) flushIdle() {
+	if s.unflushed.Load() < idleFlushBytes {
+		return
+	}
+	done := make(chan error, 1)
+	select {
+	case s.flushq <- done:
+	case <-s.stop:
+		return
+	}
+	if err := <-done; err != nil {
+		s.log.Warn("idle: cannot write Badger's memory tables out", "err", err)
+	}
 }
 
 // maxFlatten bounds the tables Compact rewrites into one level: Badger's
@@ -1036,6 +1065,11 @@ func latestVersion(txn *badger.Txn, key []byte) (uint64, bool, error) {
 // apply writes ops to Badger at version ts. Readers see none of it until
 // applied moves to ts.
 func (s *Store) apply(ts uint64, ops []op) error {
+	var n int64
+	for _, o := range ops {
+		n += int64(len(o.key) + len(o.val))
+	}
+	s.unflushed.Add(n)
 	err := s.applyTxn(ts, ops)
 	if errors.Is(err, badger.ErrTxnTooBig) {
 		err = s.applySplit(ts, ops)
@@ -1160,7 +1194,9 @@ func (s *Store) checkpointLoop() {
 			if !quiet {
 				idle = false
 			} else if !idle {
-				idle = s.settleIdle()
+				if idle = s.settleIdle(); idle {
+					s.flushIdle()
+				}
 			}
 		case <-s.stop:
 			return
@@ -1263,7 +1299,10 @@ func (s *Store) settleIdle() bool {
 // whether it could: not while a memory table waits to be written out,
 // since only the one being filled has its log synced.
 func (s *Store) syncRelease() bool {
-	at := s.applied.Load()
+	// The settling write of settleIdle is acknowledged before it is
+	// applied, and it carries the lazy writes still waiting, at its own
+	// version: what may be released is what is applied once it is.
+	at := s.awaitApplied()
 	mems, err := s.memFiles()
 	if err != nil || len(mems) != 1 {
 		return false
