@@ -97,6 +97,48 @@ func TestWatermarks(t *testing.T) {
 	}
 }
 
+// TestPeriodicReadingWalksTheFolderWhenNeeded: the guard's periodic
+// reading walks the data folder for its size only when something was
+// journaled since the last walk, or folderWalkInterval after it; an
+// explicit check always walks.
+func TestPeriodicReadingWalksTheFolderWhenNeeded(t *testing.T) {
+	dir := t.TempDir()
+	fs := &fakeSpace{}
+	fs.free.Store(10 * gib)
+	g := newGuard(dir, watermarks{lowWater: mib, reserve: mib / 2}, slog.New(slog.DiscardHandler), fs.read)
+	grow := func(name string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), bytes.Repeat([]byte{1}, 64<<10), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grow("a")
+	first := g.check().Used
+	if first < 64<<10 {
+		t.Fatalf("the first reading found %d bytes in the folder, want at least 64 KiB", first)
+	}
+	steps := []struct {
+		name   string
+		before func()
+		walk   bool
+		grows  bool
+	}{
+		{"idle: the size of the last walk", func() { grow("b") }, false, false},
+		{"a write journaled since", func() { g.wrote(100) }, false, true},
+		{"an explicit check", func() { grow("c") }, true, true},
+		{"the walk is old", func() { grow("d"); g.walked = g.walked.Add(-folderWalkInterval) }, false, true},
+	}
+	last := first
+	for _, st := range steps {
+		st.before()
+		used := g.measure(st.walk).Used
+		if grew := used > last; grew != st.grows {
+			t.Errorf("%s: the folder's size went from %d to %d bytes; want a new walk: %v", st.name, last, used, st.grows)
+		}
+		last = used
+	}
+}
+
 // fakeSpace is a file system's free space a test sets: an injected reader
 // of the one figure the store cannot choose, over a real store.
 type fakeSpace struct{ free atomic.Int64 }

@@ -161,7 +161,8 @@ const checkpointInterval = 2 * time.Second
 // with a thousand tables; a look reads /proc/self/statm. On a fixed tick of
 // 250 ms, bursts of compactions at 50,000 stored executions still left up
 // to 54 MB of table pages resident; watching their growth, up to 27 MB
-// (docs/edge.md).
+// (docs/edge.md). An idle store, whose tables nothing writes, looks once
+// every pageOutRetry.
 const pageOutInterval = 50 * time.Millisecond
 
 // pager decides when the store hands its table pages back: when the pages
@@ -1161,10 +1162,11 @@ func (s *Store) checkpointLoop() {
 	pages := s.tablePages()
 	var paging <-chan time.Time
 	var pg pager
+	var pageTicker *time.Ticker
 	if pages != "" {
-		t := time.NewTicker(cmp.Or(s.opts.pageOutEvery, pageOutInterval))
-		defer t.Stop()
-		paging = t.C
+		pageTicker = time.NewTicker(cmp.Or(s.opts.pageOutEvery, pageOutInterval))
+		defer pageTicker.Stop()
+		paging = pageTicker.C
 	}
 	for {
 		select {
@@ -1191,12 +1193,22 @@ func (s *Store) checkpointLoop() {
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
 			quiet := s.journal != nil && time.Since(time.Unix(0, s.lastWrite.Load())) >= cmp.Or(s.opts.idleAfter, idleAfter)
+			was := idle
 			if !quiet {
 				idle = false
 			} else if !idle {
 				if idle = s.settleIdle(); idle {
 					s.flushIdle()
 				}
+			}
+			if pageTicker != nil && idle != was && s.opts.pageOutEvery == 0 {
+				// Idle, nothing writes tables: reads fault back few pages,
+				// and the pass due every pageOutRetry hands them back.
+				every := pageOutInterval
+				if idle {
+					every = pageOutRetry
+				}
+				pageTicker.Reset(every)
 			}
 		case <-s.stop:
 			return
@@ -1734,13 +1746,22 @@ func (s *Store) First(stream string) (uint64, error) {
 	return first, err
 }
 
+// badgerLogger hands Badger's log to slog: its information at debug
+// level, and its caches' statistics too, which it warns of every minute
+// while their hit ratio is low (as a read of every execution by
+// retention makes it, on a box whose memory limit keeps the cache small):
+// a figure, not a fault anyone could act on.
 type badgerLogger struct{ l *slog.Logger }
 
 func (b badgerLogger) Errorf(f string, a ...any) {
 	b.l.Error(fmt.Sprintf(f, a...), "component", "badger")
 }
 func (b badgerLogger) Warningf(f string, a ...any) {
-	b.l.Warn(fmt.Sprintf(f, a...), "component", "badger")
+	level := slog.LevelWarn
+	if strings.Contains(f, "might be too small") || strings.HasPrefix(f, "Cache life expectancy") {
+		level = slog.LevelDebug
+	}
+	b.l.Log(context.Background(), level, fmt.Sprintf(f, a...), "component", "badger")
 }
 func (b badgerLogger) Infof(f string, a ...any) {
 	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
