@@ -1299,6 +1299,10 @@ func (s *Store) settleIdle() bool {
 	case <-s.stop:
 		return false
 	}
+	// The settling write was acknowledged, not yet applied, and it hands
+	// the lazy writes still waiting to Badger at its own version: until
+	// it is applied, their segments cannot go.
+	s.awaitApplied()
 	if !s.syncRelease() {
 		return false
 	}
@@ -1311,10 +1315,7 @@ func (s *Store) settleIdle() bool {
 // whether it could: not while a memory table waits to be written out,
 // since only the one being filled has its log synced.
 func (s *Store) syncRelease() bool {
-	// The settling write of settleIdle is acknowledged before it is
-	// applied, and it carries the lazy writes still waiting, at its own
-	// version: what may be released is what is applied once it is.
-	at := s.awaitApplied()
+	at := s.applied.Load()
 	mems, err := s.memFiles()
 	if err != nil || len(mems) != 1 {
 		return false
