@@ -863,15 +863,21 @@ func (s *Store) flushIdle() {
 	if s.unflushed.Load() < idleFlushBytes {
 		return
 	}
+	if err := s.flush(); err != nil && !errors.Is(err, ErrClosed) {
+		s.log.Warn("idle: cannot write Badger's memory tables out", "err", err)
+	}
+}
+
+// flush has the apply stage make Badger write its memory tables out (see
+// flushBadger) and waits for it.
+func (s *Store) flush() error {
 	done := make(chan error, 1)
 	select {
 	case s.flushq <- done:
 	case <-s.stop:
-		return
+		return ErrClosed
 	}
-	if err := <-done; err != nil {
-		s.log.Warn("idle: cannot write Badger's memory tables out", "err", err)
-	}
+	return <-done
 }
 
 // maxFlatten bounds the tables Compact rewrites into one level: Badger's
@@ -1341,14 +1347,10 @@ func (s *Store) syncRelease() bool {
 // the journal keep one small segment: what the journal holds is what a
 // start after a crash must replay, and it should find room for that.
 func (s *Store) shedJournal() {
-	done := make(chan error, 1)
-	select {
-	case s.flushq <- done:
-	case <-s.stop:
-		return
-	}
-	if err := <-done; err != nil {
-		s.log.Warn("storage: cannot write Badger's memory tables out", "err", err)
+	if err := s.flush(); err != nil {
+		if !errors.Is(err, ErrClosed) {
+			s.log.Warn("storage: cannot write Badger's memory tables out", "err", err)
+		}
 		return
 	}
 	s.settleIdle()

@@ -1,10 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -358,5 +361,27 @@ func TestCloseIsBoundedWhenBadgerCannotFinish(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close still waits for Badger after 30s")
+	}
+}
+
+func TestBadgerLoggerLevels(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		format string
+		args   []any
+		level  string
+	}{
+		{"a cache's statistics", "%s might be too small. Metrics: %s\n", []any{"Block cache", "hit: 1"}, "DEBUG"},
+		{"its life expectancy", "Cache life expectancy (in seconds): %+v\n", []any{"histogram"}, "DEBUG"},
+		{"any other warning", "Value log %d truncated", []any{3}, "WARN"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			b := badgerLogger{slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+			b.Warningf(tc.format, tc.args...)
+			if !strings.Contains(out.String(), "level="+tc.level) {
+				t.Errorf("Warningf(%q) logged %q, want level %s", tc.format, out.String(), tc.level)
+			}
+		})
 	}
 }
