@@ -220,12 +220,13 @@ func (g *guard) measure(walk bool) Space {
 	g.checked.Store(now.UnixNano())
 	du, err := g.read(g.dir)
 	g.mu.Lock()
-	used, fresh := g.last.Used, g.last.Err == nil && g.last.Used > 0
+	used, failed := g.last.Used, g.last.Err != nil
 	g.mu.Unlock()
 	// What is journaled from here on counts toward the next reading.
 	wrote := g.written.Swap(0) > 0
 	var uerr error
-	if walk || wrote || !fresh || now.Sub(g.walked) >= folderWalkInterval {
+	// Never walked, walked is zero and long past.
+	if walk || wrote || failed || now.Sub(g.walked) >= folderWalkInterval {
 		used, uerr = folderSize(g.dir)
 		g.walked = now
 	}

@@ -863,17 +863,19 @@ func (s *Store) flushIdle() {
 	if s.unflushed.Load() < idleFlushBytes {
 		return
 	}
-	if err := s.flush(); err != nil && !errors.Is(err, ErrClosed) {
+	if err := s.flush(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
 		s.log.Warn("idle: cannot write Badger's memory tables out", "err", err)
 	}
 }
 
 // flush has the apply stage make Badger write its memory tables out (see
 // flushBadger) and waits for it.
-func (s *Store) flush() error {
+func (s *Store) flush(ctx context.Context) error {
 	done := make(chan error, 1)
 	select {
 	case s.flushq <- done:
+	case <-ctx.Done():
+		return ctx.Err()
 	case <-s.stop:
 		return ErrClosed
 	}
@@ -912,15 +914,10 @@ func (s *Store) Compact(ctx context.Context) error {
 			return ErrClosed
 		}
 	}
-	done := make(chan error, 1)
-	select {
-	case s.flushq <- done:
-	case <-ctx.Done():
-		return fmt.Errorf("store: compact: %w", ctx.Err())
-	case <-s.stop:
-		return ErrClosed
-	}
-	if err := <-done; err != nil {
+	if err := s.flush(ctx); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
 		return fmt.Errorf("store: compact: %w", err)
 	}
 	var tables int64
@@ -1347,7 +1344,7 @@ func (s *Store) syncRelease() bool {
 // the journal keep one small segment: what the journal holds is what a
 // start after a crash must replay, and it should find room for that.
 func (s *Store) shedJournal() {
-	if err := s.flush(); err != nil {
+	if err := s.flush(context.Background()); err != nil {
 		if !errors.Is(err, ErrClosed) {
 			s.log.Warn("storage: cannot write Badger's memory tables out", "err", err)
 		}
