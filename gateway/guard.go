@@ -210,22 +210,35 @@ func (s *Server) checkHost(ctx *fasthttp.RequestCtx) error {
 		return nil
 	}
 	host := string(ctx.Host())
+	if LoopbackHost(host) {
+		return nil
+	}
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
-		return nil
-	}
-	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil && a.Unmap().IsLoopback() {
-		return nil
-	}
+	host = strings.TrimSuffix(host, ".")
 	for _, allowed := range s.opts.AllowedHosts {
 		if strings.EqualFold(allowed, host) {
 			return nil
 		}
 	}
 	return &guardError{fasthttp.StatusMisdirectedRequest, CodeHostNotAllowed, errHostNotAllowed}
+}
+
+// LoopbackHost reports whether host, a request's Host header with or
+// without its port, names this machine's loopback interface: localhost, a
+// name under .localhost, or a loopback address. Anything else may be a
+// DNS name rebound to 127.0.0.1 by a page in a browser.
+func LoopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && a.Unmap().IsLoopback()
 }
 
 // Errors of checkJSONText.

@@ -363,3 +363,25 @@ func TestFinishedStreamLeavesTheConnectionUsable(t *testing.T) {
 		t.Fatalf("status %d, connection reused %v", resp.StatusCode, reused)
 	}
 }
+
+func TestLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost":           true,
+		"LOCALHOST.:8080":     true,
+		"app.localhost":       true,
+		"127.0.0.1":           true,
+		"127.8.9.10:80":       true,
+		"[::1]:6060":          true,
+		"::1":                 true,
+		"[::ffff:127.0.0.1]":  true,
+		"":                    false,
+		"example.com":         false,
+		"localhost.evil.com":  false,
+		"10.0.0.1:80":         false,
+		"[::ffff:10.0.0.1]:1": false,
+	} {
+		if got := gateway.LoopbackHost(host); got != want {
+			t.Errorf("LoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
 )
 
 // servePprof serves Go's profiles (net/http/pprof) on addr, a loopback
@@ -28,13 +30,14 @@ func servePprof(addr string, log *slog.Logger) (net.Addr, func(context.Context),
 	if err != nil {
 		return nil, nil, fmt.Errorf("pprof: %w", err)
 	}
+	// No /debug/pprof/cmdline: the command line may carry --token or
+	// --jwt-secret.
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: loopbackOnly(mux), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -48,4 +51,17 @@ func servePprof(addr string, log *slog.Logger) (net.Addr, func(context.Context),
 		_ = srv.Close()
 		<-done
 	}, nil
+}
+
+// loopbackOnly refuses a request whose Host is not a loopback name: a
+// page in a browser whose DNS name was rebound to 127.0.0.1 reaches the
+// listener too, and would read the profiles as its own origin's.
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !gateway.LoopbackHost(r.Host) {
+			http.Error(w, gateway.CodeHostNotAllowed+": the profiles answer only to a loopback host name", http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
