@@ -73,6 +73,10 @@ const (
 	mid   = 2 * gib
 )
 
+// roomyMemory is the memory limit from which level 0 may hold more than
+// three tables.
+const roomyMemory = 512 * mib
+
 // sized returns the sizing for a data folder that may hold budget bytes
 // in a process that may use memory bytes; zero means no bound.
 func sized(budget, memory int64) sizing {
@@ -146,8 +150,21 @@ func (z *sizing) derive() {
 		z.baseTable = 256 * kib
 		z.baseLevel = z.memTable
 		z.tableGrowth = 1
-		z.l0Tables = min(z.l0Tables, 2)
-		z.l0Stall = min(z.l0Stall, 3)
+		l0Tables, l0Stall := 2, 3
+		if z.memory >= roomyMemory {
+			// With four or more tables in level 0, Badger may merge them
+			// into one table built in memory, up to the stall's worth of
+			// memory tables: eight of them, a sixty-fourth of the limit
+			// each, built with its compressed copy, stay within a quarter
+			// of the limit. Writes then wait for level 0 less often: over
+			// 150 s at full load under a 512 MiB limit (bench/soak.sh,
+			// medians of six runs against four), 1.08 times the
+			// throughput and 0.65 times the p99 of two and three tables,
+			// for a peak RSS of 212-257 MB against 199-210 MB.
+			l0Tables, l0Stall = 4, 8
+		}
+		z.l0Tables = min(z.l0Tables, l0Tables)
+		z.l0Stall = min(z.l0Stall, l0Stall)
 	}
 	// Badger takes a value into the tree only when it fits in one of
 	// its write batches (15% of a memory table); larger ones go to the

@@ -26,16 +26,20 @@ func TestSized(t *testing.T) {
 		segment, memTable int64
 		numMemtables      int
 		maxReserve        int64 // the reserve and low-water mark stay within it
+		l0Stall           int   // under a memory limit
 	}{
-		{"roomy, no memory bound: the bench's sizes", 0, 0, 32 * mib, 32 * mib, 5, 1 << 62},
-		{"a large disk", 100 * gib, 0, 32 * mib, 32 * mib, 5, 1 << 62},
-		{"64 MiB partition", 64 * mib, 0, mib, 2 * mib, 2, 20 * mib},
-		{"256 MiB partition", 256 * mib, 0, 4 * mib, 8 * mib, 2, 80 * mib},
-		{"1 GiB partition", gib, 0, 16 * mib, 32 * mib, 2, 320 * mib},
-		{"8 GiB partition", 8 * gib, 0, 32 * mib, 32 * mib, 3, gib},
-		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 4 * mib, 5, 1 << 62},
-		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, 2 * mib, 4, 1 << 62},
-		{"both small", 64 * mib, 256 * mib, mib, 2 * mib, 2, 20 * mib},
+		{"roomy, no memory bound: the bench's sizes", 0, 0, 32 * mib, 32 * mib, 5, 1 << 62, 0},
+		{"a large disk", 100 * gib, 0, 32 * mib, 32 * mib, 5, 1 << 62, 0},
+		{"64 MiB partition", 64 * mib, 0, mib, 2 * mib, 2, 20 * mib, 0},
+		{"256 MiB partition", 256 * mib, 0, 4 * mib, 8 * mib, 2, 80 * mib, 0},
+		{"1 GiB partition", gib, 0, 16 * mib, 32 * mib, 2, 320 * mib, 0},
+		{"8 GiB partition", 8 * gib, 0, 32 * mib, 32 * mib, 3, gib, 0},
+		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 4 * mib, 5, 1 << 62, 3},
+		{"a 512 MiB memory cap: a deeper level 0", 0, 512 * mib, 32 * mib, 8 * mib, 5, 1 << 62, 8},
+		{"a 4 GiB memory cap", 0, 4 * gib, 32 * mib, 32 * mib, 5, 1 << 62, 8},
+		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, 2 * mib, 4, 1 << 62, 3},
+		{"both small", 64 * mib, 256 * mib, mib, 2 * mib, 2, 20 * mib, 2},
+		{"a small disk under a roomy memory cap", 64 * mib, gib, mib, 2 * mib, 2, 20 * mib, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			z := sized(tc.budget, tc.memory)
@@ -55,11 +59,16 @@ func TestSized(t *testing.T) {
 					t.Errorf("Badger may take %d MiB of a %d MiB memory limit", spent/mib, tc.memory/mib)
 				}
 				// A compaction's memory follows its tables' size, the same
-				// at every level, and four tables in level 0 would let
-				// Badger merge them into one built in memory.
-				if z.baseTable > z.memTable/4 || z.tableGrowth != 1 || z.l0Stall >= 4 || z.l0Tables >= z.l0Stall {
+				// at every level, and four tables in level 0 let Badger
+				// merge them into one built in memory (with its compressed
+				// copy): only where that stays within a quarter of the limit.
+				if z.baseTable > z.memTable/4 || z.tableGrowth != 1 || z.l0Tables >= z.l0Stall ||
+					(z.l0Stall >= 4 && int64(z.l0Stall)*z.memTable*2 > tc.memory/4) {
 					t.Errorf("tables of %d KiB growing %dx per level, level 0 compacted at %d and stalled at %d tables",
 						z.baseTable/kib, z.tableGrowth, z.l0Tables, z.l0Stall)
+				}
+				if z.l0Stall != tc.l0Stall {
+					t.Errorf("level 0 stalls at %d tables, want %d", z.l0Stall, tc.l0Stall)
 				}
 			}
 		})
