@@ -22,7 +22,7 @@ func TestHealthReadyMetricsAndRouting(t *testing.T) {
 		t.Fatalf("ready: %v", got)
 	}
 	status, body, hdr := a.do("GET", "/metrics", nil)
-	if status != 200 || !strings.Contains(string(body), "gatehouse_executions_live") || !strings.Contains(string(body), "gatehouse_store_commits_total") || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
+	if status != 200 || !strings.Contains(string(body), "gatehouse_executions_live") || !strings.Contains(string(body), "gatehouse_store_commits_total") || !strings.Contains(string(body), "gatehouse_store_level0_stall_tables") || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
 		t.Fatalf("metrics: %d %s %q", status, hdr.Get("Content-Type"), body[:min(200, len(body))])
 	}
 	status, body, hdr = a.do("GET", "/v0/nowhere", nil)

@@ -23,5 +23,8 @@ func newStoreCollector(st *store.Store) *gateway.SnapshotCollector[store.Stats] 
 	c.Gauge("gatehouse_storage_low_water_bytes", "Room below which new work is refused.", func(s store.Stats) float64 { return float64(s.Space.LowWater) })
 	c.Gauge("gatehouse_storage_reserve_bytes", "Room kept for the store's own writes; below it every write that grows the data is refused.", func(s store.Stats) float64 { return float64(s.Space.Reserve) })
 	c.Counter("gatehouse_store_segment_failures_total", "Journal segments that could not be prepared (the log says why).", func(s store.Stats) float64 { return float64(s.SegmentFailures) })
+	c.Gauge("gatehouse_store_level0_tables", "Tables in Badger's level 0; at gatehouse_store_level0_stall_tables writes wait for a compaction.", func(s store.Stats) float64 { return float64(s.Level0Tables) })
+	c.Gauge("gatehouse_store_level0_stall_tables", "Tables in Badger's level 0 at which writes wait.", func(s store.Stats) float64 { return float64(s.Level0Stall) })
+	c.Gauge("gatehouse_store_table_bytes", "Bytes of Badger's tables, every level.", func(s store.Stats) float64 { return float64(s.TableBytes) })
 	return c
 }

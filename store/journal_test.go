@@ -494,3 +494,24 @@ func TestReplaySkipsWhatBadgerHolds(t *testing.T) {
 		})
 	}
 }
+
+// TestStatsShowBadgersLevelZero: the store reports the tables in Badger's
+// level 0 against the count at which its writes wait, and the bytes of its
+// tables, which the metrics export.
+func TestStatsShowBadgersLevelZero(t *testing.T) {
+	s, err := Open(Options{Dir: t.TempDir(), MemoryLimit: 256 * mib, idleAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Stats(); st.Level0Tables != 0 || st.TableBytes != 0 || st.Level0Stall < 2 || st.Level0Stall > 3 {
+		t.Fatalf("empty store: %d tables in level 0 (stall at %d), %d bytes of tables", st.Level0Tables, st.Level0Stall, st.TableBytes)
+	}
+	for i := range 80 { // 1.25 MiB: the idle store writes its memory table out
+		write(t, s, func(b *Batch) { b.Append("ev", uint64(i+1), bytes.Repeat([]byte{byte(i)}, 16<<10)) })
+	}
+	eventually.True(t, "a table in level 0", func() bool {
+		st := s.Stats()
+		return st.Level0Tables == 1 && st.TableBytes > 0
+	})
+}

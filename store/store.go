@@ -285,6 +285,11 @@ type Stats struct {
 	SegmentFailures uint64
 	// Refused counts the writes refused for lack of room.
 	Refused uint64
+	// Level0Tables is how many tables Badger's level 0 holds; at
+	// Level0Stall its writes, and so the store's, wait for a compaction.
+	Level0Tables, Level0Stall int
+	// TableBytes is the size of Badger's tables, every level.
+	TableBytes int64
 }
 
 type request struct {
@@ -502,6 +507,13 @@ func (s *Store) Stats() Stats {
 		st.Space = s.guard.snapshot()
 		st.SegmentFailures = s.journal.prepFailures.Load()
 		st.Refused = s.guard.refused.Load()
+	}
+	st.Level0Stall = s.size.l0Stall
+	for _, l := range s.db.Levels() {
+		if l.Level == 0 {
+			st.Level0Tables = l.NumTables
+		}
+		st.TableBytes += l.Size
 	}
 	return st
 }
