@@ -66,6 +66,15 @@ func TestHeadersTooLargeEchoNothing(t *testing.T) {
 	if strings.Contains(body, "TOPSECRET") || strings.Contains(body, "ppp") || strings.Contains(body, "Authorization") {
 		t.Fatalf("the answer echoes the request: %s", body)
 	}
+	// A client still sending its headers when the refusal goes out reads
+	// the refusal, not a reset: the server drains what it sends on.
+	c = dialRaw(t, s.URL)
+	c.write("GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + strings.Repeat("p", 32<<10))
+	time.Sleep(200 * time.Millisecond) // the server has answered, with bytes of ours unread
+	c.write(strings.Repeat("p", 32<<10) + "\r\n\r\n")
+	if resp, body := c.response(); resp.StatusCode != 431 || !strings.Contains(body, "HEADERS_TOO_LARGE") {
+		t.Fatalf("still sending: %d %s", resp.StatusCode, body)
+	}
 	// Any other malformed request says so without quoting it either.
 	c = dialRaw(t, s.URL)
 	c.write("BROKEN TOPSECRET\r\n\r\n")

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"crypto/tls"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -111,6 +112,8 @@ type perIPConn struct {
 	started atomic.Bool // the first byte has arrived
 	mu      sync.Mutex
 	held    time.Duration // the deadline set before it, as a duration; 0: none
+
+	linger atomic.Bool // close by draining what the client still sends
 }
 
 func (c *perIPConn) SetReadDeadline(t time.Time) error {
@@ -147,9 +150,42 @@ func (c *perIPConn) Read(p []byte) (int, error) {
 }
 
 func (c *perIPConn) Close() error {
+	if c.linger.Load() {
+		c.drain()
+	}
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// Bounds of a lingering close: how long it reads what the client still
+// sends, and how much of it.
+const (
+	lingerTime  = time.Second
+	lingerBytes = 256 << 10
+)
+
+// lingerOnClose has Close drain the connection first. A refusal sent
+// while the client is still writing its request (headers over the limit)
+// would otherwise close a socket with unread bytes, which makes the kernel
+// answer with a reset that can reach the client before it reads the
+// refusal: it then sees a broken connection instead of the error code.
+func (c *perIPConn) lingerOnClose() { c.linger.Store(true) }
+
+// drain ends the sending side, so the client reads the answer to its end,
+// then reads and drops what it still sends, within lingerTime and
+// lingerBytes.
+func (c *perIPConn) drain() {
+	type closeWriter interface{ CloseWrite() error }
+	if cw, ok := c.Conn.(closeWriter); ok {
+		if err := cw.CloseWrite(); err != nil {
+			return
+		}
+	}
+	if c.Conn.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, c.Conn, lingerBytes)
 }
 
 // perIPTLSConn is a perIPConn over TLS.

@@ -262,6 +262,11 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusBadRequest, CodeValidation, errMalformed})
 	}
 	ctx.SetConnectionClose()
+	// A client still sending its request must get to read the refusal; one
+	// that timed out is not sending.
+	if c, ok := ctx.Conn().(interface{ lingerOnClose() }); ok && !isTimeout(err) && !errors.Is(err, fasthttp.ErrTimeout) {
+		c.lingerOnClose()
+	}
 }
 
 func isTimeout(err error) bool {
