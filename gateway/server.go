@@ -247,11 +247,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
+	// A client still sending its request must get to read the refusal; one
+	// that timed out is not sending.
+	linger := true
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		s.refuse(ctx, nil, errTooLarge)
 	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut})
+		linger = false
 	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestHeaderFieldsTooLarge, CodeHeadersTooLarge, errHeadersTooLarge})
 	default:
@@ -262,9 +266,7 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 		s.refuse(ctx, nil, &guardError{fasthttp.StatusBadRequest, CodeValidation, errMalformed})
 	}
 	ctx.SetConnectionClose()
-	// A client still sending its request must get to read the refusal; one
-	// that timed out is not sending.
-	if c, ok := ctx.Conn().(interface{ lingerOnClose() }); ok && !isTimeout(err) && !errors.Is(err, fasthttp.ErrTimeout) {
+	if c, ok := ctx.Conn().(interface{ lingerOnClose() }); ok && linger {
 		c.lingerOnClose()
 	}
 }
