@@ -73,14 +73,10 @@ func TestAgentAndRunner(t *testing.T) {
 	const n = 20
 	ids := make([]string, n)
 	for i := range n {
-		ex, err := c.CreateExecution(t.Context(), client.CreateRequest{
+		ids[i] = createExecution(t, c, client.CreateRequest{
 			AgentID: "calc", Input: map[string]any{"name": fmt.Sprintf("job%d", i), "a": i, "b": 100},
 			Labels: map[string]string{"suite": "e2e"},
-		})
-		if err != nil {
-			t.Fatalf("create: %v", err)
-		}
-		ids[i] = ex.ID
+		}).ID
 	}
 	for i, id := range ids {
 		ex := waitFinished(t, c, id)
@@ -166,10 +162,7 @@ default:
 		})
 	})
 	g.waitOnline(t, 1, 0)
-	ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a"})
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
+	ex := createExecution(t, c, client.CreateRequest{AgentID: "a"})
 	ex = waitFinished(t, c, ex.ID)
 	if ex.Status != client.StatusCompleted {
 		t.Fatalf("status %s", ex.Status)
@@ -244,14 +237,8 @@ func TestRunnerFailures(t *testing.T) {
 				}})
 			})
 			g.waitOnline(t, 1, 1)
-			ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a"})
-			if err != nil {
-				t.Fatalf("create: %v", err)
-			}
-			ex = waitFinished(t, c, ex.ID)
-			if ex.Status != client.StatusCompleted || string(ex.Output) != tc.want {
-				t.Errorf("got %s %s, want completed %s", ex.Status, ex.Output, tc.want)
-			}
+			ex := createExecution(t, c, client.CreateRequest{AgentID: "a"})
+			wantCompleted(t, c, ex.ID, tc.want)
 			if got := attempts.Load(); got != tc.attempts {
 				t.Errorf("tool ran %d times, want %d", got, tc.attempts)
 			}
@@ -269,12 +256,9 @@ func TestHandleError(t *testing.T) {
 		}})
 	})
 	g.waitOnline(t, 1, 0)
-	ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a"})
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
+	ex := createExecution(t, c, client.CreateRequest{AgentID: "a"})
 	var failure string
-	err = c.StreamExecution(t.Context(), ex.ID, 0, func(ev client.Event) error {
+	err := c.StreamExecution(t.Context(), ex.ID, 0, func(ev client.Event) error {
 		if ev.Type == "execution.failed" {
 			var p struct{ Error string }
 			if err := json.Unmarshal(ev.Payload, &p); err != nil {
@@ -319,10 +303,7 @@ func TestWait(t *testing.T) {
 				}})
 			})
 			g.waitOnline(t, 1, 0)
-			ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a"})
-			if err != nil {
-				t.Fatalf("create: %v", err)
-			}
+			ex := createExecution(t, c, client.CreateRequest{AgentID: "a"})
 			<-ready
 			if early {
 				if err := c.Signal(t.Context(), ex.ID, "go", map[string]int{"n": 1}); err != nil {
@@ -340,11 +321,29 @@ func TestWait(t *testing.T) {
 			if err := c.Signal(t.Context(), ex.ID, "go", map[string]int{"n": 2}); err != nil {
 				t.Fatalf("signal: %v", err)
 			}
-			ex = waitFinished(t, c, ex.ID)
-			if want := `[{"n":1},{"n":2}]`; ex.Status != client.StatusCompleted || string(ex.Output) != want {
-				t.Errorf("got %s %s, want completed %s", ex.Status, ex.Output, want)
-			}
+			wantCompleted(t, c, ex.ID, `[{"n":1},{"n":2}]`)
 		})
+	}
+}
+
+// createExecution starts an execution, failing the test if the gateway
+// refuses it.
+func createExecution(t *testing.T, c *client.Client, req client.CreateRequest) *client.Execution {
+	t.Helper()
+	ex, err := c.CreateExecution(t.Context(), req)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return ex
+}
+
+// wantCompleted waits for execution id to end and checks that it completed
+// with output want.
+func wantCompleted(t *testing.T, c *client.Client, id, want string) {
+	t.Helper()
+	ex := waitFinished(t, c, id)
+	if ex.Status != client.StatusCompleted || string(ex.Output) != want {
+		t.Errorf("got %s %s, want completed %s", ex.Status, ex.Output, want)
 	}
 }
 
@@ -406,10 +405,7 @@ func TestRunnerSurvivesRestart(t *testing.T) {
 		}})
 	})
 	g.waitOnline(t, 1, 1)
-	ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a"})
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
+	ex := createExecution(t, c, client.CreateRequest{AgentID: "a"})
 	select {
 	case <-entered:
 	case <-time.After(10 * time.Second):
@@ -417,10 +413,7 @@ func TestRunnerSurvivesRestart(t *testing.T) {
 	}
 	g.restart()
 	close(release)
-	ex = waitFinished(t, c, ex.ID)
-	if want := `["slow done","fast done"]`; ex.Status != client.StatusCompleted || string(ex.Output) != want {
-		t.Errorf("got %s %s, want completed %s", ex.Status, ex.Output, want)
-	}
+	wantCompleted(t, c, ex.ID, `["slow done","fast done"]`)
 	if slowRuns.Load() != 1 || fastRuns.Load() != 1 {
 		t.Errorf("tools ran slow=%d fast=%d times, want once each", slowRuns.Load(), fastRuns.Load())
 	}
@@ -462,14 +455,11 @@ default:
 				})
 			})
 			g.waitOnline(t, 1, 0)
-			ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a"})
-			if err != nil {
-				t.Fatalf("create: %v", err)
-			}
+			ex := createExecution(t, c, client.CreateRequest{AgentID: "a"})
 			var step string
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
-			err = c.StreamExecution(ctx, ex.ID, 0, func(ev client.Event) error {
+			err := c.StreamExecution(ctx, ex.ID, 0, func(ev client.Event) error {
 				if ev.Type != "execution.blocked" {
 					return nil
 				}
@@ -483,14 +473,11 @@ default:
 			if err != nil || step == "" {
 				t.Fatalf("stream: %v (blocked on step %q)", err, step)
 			}
-			ex = waitFinished(t, c, ex.ID)
 			want := `"sent"`
 			if !approve {
 				want = `"refused by approver=true: not today"`
 			}
-			if ex.Status != client.StatusCompleted || string(ex.Output) != want {
-				t.Errorf("got %s %s, want completed %s", ex.Status, ex.Output, want)
-			}
+			wantCompleted(t, c, ex.ID, want)
 		})
 	}
 }
@@ -527,10 +514,7 @@ func TestStartReportedOnlyForSlowTools(t *testing.T) {
 		tool    string
 		started bool
 	}{{"quick", false}, {"slow", true}} {
-		ex, err := c.CreateExecution(t.Context(), client.CreateRequest{AgentID: "a", Input: tc.tool})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ex := createExecution(t, c, client.CreateRequest{AgentID: "a", Input: tc.tool})
 		if got := waitFinished(t, c, ex.ID); got.Status != client.StatusCompleted {
 			t.Fatalf("%s: status %s", tc.tool, got.Status)
 		}
