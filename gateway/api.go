@@ -57,13 +57,13 @@ func (s *Server) ready(c *call) {
 		if errors.As(err, &serr) {
 			// Said in the log once per change, by the store.
 			c.ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
-			s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, errorBody{
+			s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, protocol.ErrorBody{
 				Error: err.Error(), Code: CodeStorageFull, Details: spaceDetails(serr.Space),
 			})
 			return
 		}
 		s.log.Warn("not ready", "err", err)
-		s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, errorBody{
+		s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, protocol.ErrorBody{
 			Error: "service unavailable: database not reachable", Code: CodeUnavailable,
 		})
 		return

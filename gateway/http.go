@@ -32,15 +32,9 @@ const (
 	CodeMethodMissing = "METHOD_NOT_ALLOWED"
 )
 
-// errorBody is every JSON error answer.
-type errorBody struct {
-	Error   string `json:"error"`
-	Code    string `json:"code"`
-	Details any    `json:"details,omitempty"`
-}
 
 // statusOf maps an error to its HTTP status, code and client message.
-func statusOf(err error) (int, errorBody) {
+func statusOf(err error) (int, protocol.ErrorBody) {
 	var kerr *kernel.Error
 	details := any(nil)
 	if errors.As(err, &kerr) {
@@ -48,7 +42,7 @@ func statusOf(err error) (int, errorBody) {
 	}
 	var gerr *guardError
 	if errors.As(err, &gerr) {
-		return gerr.status, errorBody{gerr.Error(), gerr.code, nil}
+		return gerr.status, protocol.ErrorBody{Error: gerr.Error(), Code: gerr.code}
 	}
 	var derr interface{ Details() any }
 	if errors.As(err, &derr) {
@@ -60,25 +54,25 @@ func statusOf(err error) (int, errorBody) {
 	}
 	switch {
 	case errors.Is(err, kernel.ErrStorageFull):
-		return fasthttp.StatusInsufficientStorage, errorBody{err.Error(), CodeStorageFull, details}
+		return fasthttp.StatusInsufficientStorage, protocol.ErrorBody{Error: err.Error(), Code: CodeStorageFull, Details: details}
 	case errors.Is(err, kernel.ErrValidation), errors.Is(err, session.ErrInvalid):
-		return fasthttp.StatusBadRequest, errorBody{err.Error(), CodeValidation, details}
+		return fasthttp.StatusBadRequest, protocol.ErrorBody{Error: err.Error(), Code: CodeValidation, Details: details}
 	case errors.Is(err, kernel.ErrNotFound), errors.Is(err, session.ErrNotFound):
-		return fasthttp.StatusNotFound, errorBody{err.Error(), CodeNotFound, details}
+		return fasthttp.StatusNotFound, protocol.ErrorBody{Error: err.Error(), Code: CodeNotFound, Details: details}
 	case errors.Is(err, kernel.ErrConflict), errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived):
-		return fasthttp.StatusConflict, errorBody{err.Error(), CodeConflict, details}
+		return fasthttp.StatusConflict, protocol.ErrorBody{Error: err.Error(), Code: CodeConflict, Details: details}
 	case errors.Is(err, kernel.ErrUnauthorized):
-		return fasthttp.StatusUnauthorized, errorBody{err.Error(), CodeUnauthorized, details}
+		return fasthttp.StatusUnauthorized, protocol.ErrorBody{Error: err.Error(), Code: CodeUnauthorized, Details: details}
 	case errors.Is(err, kernel.ErrUnavailable):
-		return fasthttp.StatusServiceUnavailable, errorBody{err.Error(), CodeUnavailable, details}
+		return fasthttp.StatusServiceUnavailable, protocol.ErrorBody{Error: err.Error(), Code: CodeUnavailable, Details: details}
 	case errors.Is(err, auth.ErrForbidden):
 		// The error says "forbidden: …" itself.
-		return fasthttp.StatusForbidden, errorBody{err.Error(), CodeForbidden, nil}
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeForbidden}
 	case errors.Is(err, auth.ErrMissingToken), errors.Is(err, auth.ErrMalformed),
 		errors.Is(err, auth.ErrInvalidToken), errors.Is(err, auth.ErrExpiredToken):
-		return fasthttp.StatusUnauthorized, errorBody{"unauthorized: " + err.Error(), CodeUnauthorized, nil}
+		return fasthttp.StatusUnauthorized, protocol.ErrorBody{Error: "unauthorized: " + err.Error(), Code: CodeUnauthorized}
 	}
-	return fasthttp.StatusInternalServerError, errorBody{"internal error", CodeInternal, nil}
+	return fasthttp.StatusInternalServerError, protocol.ErrorBody{Error: "internal error", Code: CodeInternal}
 }
 
 // spaceDetails is the details of a STORAGE_FULL answer.

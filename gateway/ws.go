@@ -106,7 +106,7 @@ func (s *Server) admit(h func(*call)) func(*call) {
 		}
 		secs := max(1, int(math.Ceil(wait.Seconds())))
 		c.ctx.Response.Header.Set("Retry-After", strconv.Itoa(secs))
-		s.writeJSON(c.ctx, fasthttp.StatusTooManyRequests, errorBody{
+		s.writeJSON(c.ctx, fasthttp.StatusTooManyRequests, protocol.ErrorBody{
 			Error: "rate limited: too many new connections, retry after " + strconv.Itoa(secs) + "s",
 			Code:  CodeRateLimited,
 		})
@@ -255,7 +255,7 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		c.ctx.Response.Header.Set("Retry-After", "1")
 	}
 	reason := strings.TrimSpace(string(c.ctx.Response.Body()))
-	s.writeJSON(c.ctx, status, errorBody{Error: "websocket handshake refused: " + reason, Code: code})
+	s.writeJSON(c.ctx, status, protocol.ErrorBody{Error: "websocket handshake refused: " + reason, Code: code})
 }
 
 // wsConn is one accepted socket: the stream engine's WebSocket transport,

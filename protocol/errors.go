@@ -15,13 +15,54 @@ import (
 // second and resumes within one once there is room.
 const StorageRetryAfter = "2"
 
+// ErrInvalid marks a request a surface refuses as malformed: 400
+// VALIDATION_ERROR on every wire. Invalid makes one with its message.
+var ErrInvalid = errors.New("invalid request")
+
+// Invalid returns an error that matches ErrInvalid and says msg.
+func Invalid(msg string) error { return errors.Join(ErrInvalid, errors.New(msg)) }
+
+// ErrorBody is the error answer of the kernel API, which seed 001's and
+// AAP's surfaces share: a sentence and a machine code, and details where
+// the error has some.
+type ErrorBody struct {
+	Error   string `json:"error"`
+	Code    string `json:"code"`
+	Details any    `json:"details,omitempty"`
+}
+
+// Failure is the answer to err in the ErrorBody envelope: its status
+// (Status) and body, with a kernel.Error's details. An error Status does
+// not know is "internal error", saying nothing of it.
+func Failure(err error) (int, ErrorBody) {
+	status, code, known := Status(err)
+	if !known {
+		return status, ErrorBody{Error: "internal error", Code: code}
+	}
+	body := ErrorBody{Error: err.Error(), Code: code}
+	var kerr *kernel.Error
+	if errors.As(err, &kerr) {
+		body.Details = kerr.Details
+	}
+	return status, body
+}
+
+// WriteFailure answers a failure: status and body in j's JSON, with the
+// Retry-After every wire sends with a 507.
+func (j JSON) WriteFailure(ctx *fasthttp.RequestCtx, status int, body ErrorBody) {
+	if status == fasthttp.StatusInsufficientStorage {
+		ctx.Response.Header.Set("Retry-After", StorageRetryAfter)
+	}
+	j.Write(ctx, status, body)
+}
+
 // Status maps an error of the kernel, the sessions or the access rule to
 // the HTTP status and machine code every surface answers it with, in its
 // own envelope. known is false for any other error: a surface answers
 // those 500 "internal error", saying nothing of them.
 func Status(err error) (status int, code string, known bool) {
 	switch {
-	case errors.Is(err, session.ErrInvalid), errors.Is(err, kernel.ErrValidation):
+	case errors.Is(err, ErrInvalid), errors.Is(err, session.ErrInvalid), errors.Is(err, kernel.ErrValidation):
 		return fasthttp.StatusBadRequest, "VALIDATION_ERROR", true
 	case errors.Is(err, session.ErrNotFound), errors.Is(err, kernel.ErrNotFound), errors.Is(err, auth.ErrHidden):
 		return fasthttp.StatusNotFound, "NOT_FOUND", true

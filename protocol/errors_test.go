@@ -19,6 +19,7 @@ func TestStatus(t *testing.T) {
 		known  bool
 	}{
 		{kernel.ErrValidation, 400, "VALIDATION_ERROR", true},
+		{protocol.Invalid("limit must be a number"), 400, "VALIDATION_ERROR", true},
 		{fmt.Errorf("turn: %w", session.ErrInvalid), 400, "VALIDATION_ERROR", true},
 		{kernel.ErrNotFound, 404, "NOT_FOUND", true},
 		{auth.ErrHidden, 404, "NOT_FOUND", true},
@@ -34,6 +35,26 @@ func TestStatus(t *testing.T) {
 		status, code, known := protocol.Status(tc.err)
 		if status != tc.status || code != tc.code || known != tc.known {
 			t.Errorf("Status(%v) = %d %s %v, want %d %s %v", tc.err, status, code, known, tc.status, tc.code, tc.known)
+		}
+	}
+}
+
+// TestFailure checks the envelope every surface but the Runtime API
+// answers with: a known error says itself, any other says nothing of
+// itself.
+func TestFailure(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+		body   protocol.ErrorBody
+	}{
+		{protocol.Invalid("cursor: not a number"), 400, protocol.ErrorBody{Error: "invalid request\ncursor: not a number", Code: "VALIDATION_ERROR"}},
+		{fmt.Errorf("thread t1: %w", session.ErrNotFound), 404, protocol.ErrorBody{Error: "thread t1: session: not found", Code: "NOT_FOUND"}},
+		{errors.New("open /secret/path: permission denied"), 500, protocol.ErrorBody{Error: "internal error", Code: "INTERNAL_ERROR"}},
+	} {
+		status, body := protocol.Failure(tc.err)
+		if status != tc.status || body != tc.body {
+			t.Errorf("Failure(%q) = %d %+v, want %d %+v", tc.err, status, body, tc.status, tc.body)
 		}
 	}
 }

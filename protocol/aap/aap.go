@@ -74,49 +74,34 @@ func (s *Surface) Routes() []protocol.Route {
 	}
 }
 
-// errorBody is every error answer: {"error": "..."} as AAP clients show
-// it, with a machine code beside.
-type errorBody struct {
-	Error string `json:"error"`
-	Code  string `json:"code"`
-}
-
-// WriteError answers a request the gateway refused.
+// WriteError answers a request the gateway refused: {"error": "..."} as
+// AAP clients show it, with a machine code beside.
 func (s *Surface) WriteError(ctx *fasthttp.RequestCtx, status int, code, msg string) {
-	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
+	writeJSON(ctx, status, protocol.ErrorBody{Error: msg, Code: code})
 }
 
-// writeJSON answers with v. AAP's bodies end without a newline.
-func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	protocol.JSON{Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}.Write(ctx, status, v)
+// wire is how the surface answers: JSON whose bodies end without a
+// newline, as AAP's do.
+func wire() protocol.JSON {
+	return protocol.JSON{Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}
 }
 
-// Errors of the surface's own checks.
-var (
-	errInvalid = errors.New("invalid request")
-	errBusy    = errors.New("session is busy")
-)
+// writeJSON answers with v.
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) { wire().Write(ctx, status, v) }
 
-func invalid(msg string) error { return errors.Join(errInvalid, errors.New(msg)) }
+// errBusy refuses a turn while another runs.
+var errBusy = errors.New("session is busy")
 
-// fail answers err with its status: the surface's own errors, then those
-// every surface shares (protocol.Status).
+// fail answers err with the status and code every surface gives it
+// (protocol.Failure), or 409 CONFLICT for a busy session. AAP's error
+// answer is {error, code} alone: no details.
 func fail(ctx *fasthttp.RequestCtx, err error) {
-	status, code, known := protocol.Status(err)
-	switch {
-	case errors.Is(err, errInvalid):
-		status, code, known = fasthttp.StatusBadRequest, "VALIDATION_ERROR", true
-	case errors.Is(err, errBusy):
-		status, code, known = fasthttp.StatusConflict, "CONFLICT", true
+	status, body := protocol.Failure(err)
+	if errors.Is(err, errBusy) {
+		status, body = fasthttp.StatusConflict, protocol.ErrorBody{Error: err.Error(), Code: "CONFLICT"}
 	}
-	msg := err.Error()
-	if !known {
-		msg = "internal error"
-	}
-	if status == fasthttp.StatusInsufficientStorage {
-		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
-	}
-	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
+	body.Details = nil
+	wire().WriteFailure(ctx, status, body)
 }
 
 // AgentInfo is what an agent declares: AAP's AgentInfo, kept whole.
@@ -150,11 +135,11 @@ func (s *Surface) declare(r *protocol.Request) {
 	}
 	var info AgentInfo
 	if err := json.Unmarshal(r.Ctx.PostBody(), &info); err != nil {
-		fail(r.Ctx, invalid("invalid AgentInfo: "+err.Error()))
+		fail(r.Ctx, protocol.Invalid("invalid AgentInfo: "+err.Error()))
 		return
 	}
 	if info.Name != name || info.Version == "" {
-		fail(r.Ctx, invalid("AgentInfo needs name (the agent id of the path) and version"))
+		fail(r.Ctx, protocol.Invalid("AgentInfo needs name (the agent id of the path) and version"))
 		return
 	}
 	data, _ := json.Marshal(&info)
@@ -421,7 +406,7 @@ func lastEventID(ctx *fasthttp.RequestCtx) (n uint64, ok bool, err error) {
 		return 0, false, nil
 	}
 	if n, err = strconv.ParseUint(h, 10, 64); err != nil {
-		return 0, false, invalid("Last-Event-ID must be an event id of the stream: decimal digits within 64 bits")
+		return 0, false, protocol.Invalid("Last-Event-ID must be an event id of the stream: decimal digits within 64 bits")
 	}
 	return n, true, nil
 }

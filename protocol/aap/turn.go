@@ -50,20 +50,20 @@ type incoming struct {
 func decodeTurn(body []byte) (turnRequest, []incoming, error) {
 	var req turnRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		return req, nil, invalid("invalid JSON: " + err.Error())
+		return req, nil, protocol.Invalid("invalid JSON: " + err.Error())
 	}
 	if len(req.Messages) == 0 {
-		return req, nil, invalid("messages is required")
+		return req, nil, protocol.Invalid("messages is required")
 	}
 	msgs := make([]incoming, len(req.Messages))
 	for i, raw := range req.Messages {
 		if err := json.Unmarshal(raw, &msgs[i]); err != nil {
-			return req, nil, invalid("message " + strconv.Itoa(i) + ": " + err.Error())
+			return req, nil, protocol.Invalid("message " + strconv.Itoa(i) + ": " + err.Error())
 		}
 		switch msgs[i].Role {
 		case "system", "user", "assistant", "tool", "tool_permission":
 		default:
-			return req, nil, invalid("message " + strconv.Itoa(i) + " has an unknown role " + strconv.Quote(msgs[i].Role))
+			return req, nil, protocol.Invalid("message " + strconv.Itoa(i) + " has an unknown role " + strconv.Quote(msgs[i].Role))
 		}
 	}
 	return req, msgs, nil
@@ -99,11 +99,11 @@ func (s *Surface) putSession(r *protocol.Request) {
 		return
 	}
 	if req.Agent == nil || req.Agent.Name == nil || *req.Agent.Name == "" {
-		fail(r.Ctx, invalid("agent.name is required"))
+		fail(r.Ctx, protocol.Invalid("agent.name is required"))
 		return
 	}
 	if msgs[len(msgs)-1].Role != "user" {
-		fail(r.Ctx, invalid("the last message must be a user message"))
+		fail(r.Ctx, protocol.Invalid("the last message must be a user message"))
 		return
 	}
 	infos, _, err := s.declared()
@@ -167,7 +167,7 @@ func (s *Surface) postSession(r *protocol.Request) {
 		return
 	}
 	if req.Agent != nil && req.Agent.Name != nil && *req.Agent.Name != c.Agent {
-		fail(r.Ctx, invalid("the agent of a session cannot change"))
+		fail(r.Ctx, protocol.Invalid("the agent of a session cannot change"))
 		return
 	}
 	if changed := c.override(req); changed {
@@ -184,7 +184,7 @@ func (s *Surface) postSession(r *protocol.Request) {
 	}
 	if msgs[0].Role == "user" {
 		if len(msgs) != 1 {
-			fail(r.Ctx, invalid("a user message comes alone"))
+			fail(r.Ctx, protocol.Invalid("a user message comes alone"))
 			return
 		}
 		if active != "" {
@@ -238,11 +238,11 @@ func (c *config) override(req turnRequest) bool {
 // the answers cause.
 func (s *Surface) answerTools(r *protocol.Request, sess *session.Session, active string, msgs []incoming) (uint64, error) {
 	if active == "" {
-		return 0, invalid("no call of session " + sess.ID + " waits for an answer")
+		return 0, protocol.Invalid("no call of session " + sess.ID + " waits for an answer")
 	}
 	t, err := s.o.Sessions.Turn(r.Ctx, sess.ID, active)
 	if err != nil || t.ExecutionID == "" {
-		return 0, invalid("no call of session " + sess.ID + " waits for an answer")
+		return 0, protocol.Invalid("no call of session " + sess.ID + " waits for an answer")
 	}
 	exec := t.ExecutionID
 	meta := kernel.Meta{Principal: r.Principal.Subject, Tenant: r.Principal.Tenant}
@@ -252,13 +252,13 @@ func (s *Surface) answerTools(r *protocol.Request, sess *session.Session, active
 			continue
 		}
 		if m.ToolCallID == "" {
-			return 0, invalid("a tool message needs toolCallId")
+			return 0, protocol.Invalid("a tool message needs toolCallId")
 		}
 		content, _ := json.Marshal(contentText(m.Content))
 		after, err := s.o.Kernel.AnswerStep(r.Ctx, kernel.StepResultRequest{ExecutionID: exec, StepID: m.ToolCallID, Success: true, Data: content}, meta)
 		if err != nil {
 			if errors.Is(err, kernel.ErrNotFound) || errors.Is(err, kernel.ErrConflict) {
-				return 0, invalid("tool message " + m.ToolCallID + " answers no pending call: " + err.Error())
+				return 0, protocol.Invalid("tool message " + m.ToolCallID + " answers no pending call: " + err.Error())
 			}
 			return 0, err
 		}
@@ -273,13 +273,13 @@ func (s *Surface) answerTools(r *protocol.Request, sess *session.Session, active
 		switch {
 		case m.Role == "tool":
 		case m.Role != "tool_permission":
-			return 0, invalid("answers are tool and tool_permission messages only, not " + m.Role)
+			return 0, protocol.Invalid("answers are tool and tool_permission messages only, not " + m.Role)
 		case m.Granted == nil || m.ToolCallID == "":
-			return 0, invalid("a tool_permission message needs toolCallId and granted")
+			return 0, protocol.Invalid("a tool_permission message needs toolCallId and granted")
 		default:
 			action := s.o.Kernel.ApprovalOf(exec, m.ToolCallID)
 			if action == "" {
-				return 0, invalid("tool_permission " + m.ToolCallID + " answers no pending call")
+				return 0, protocol.Invalid("tool_permission " + m.ToolCallID + " answers no pending call")
 			}
 			decision := "deny"
 			if *m.Granted {
@@ -352,7 +352,7 @@ func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, 
 	reason, err := src.waitStop(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			writeJSON(r.Ctx, fasthttp.StatusGatewayTimeout, errorBody{Error: "the turn still runs; GET /session/" + id + "/stream follows it", Code: "TIMEOUT"})
+			writeJSON(r.Ctx, fasthttp.StatusGatewayTimeout, protocol.ErrorBody{Error: "the turn still runs; GET /session/" + id + "/stream follows it", Code: "TIMEOUT"})
 			return
 		}
 		fail(r.Ctx, err)
@@ -399,7 +399,7 @@ func (s *Surface) resumeStream(r *protocol.Request) {
 		return
 	}
 	if len(turns) == 0 {
-		fail(r.Ctx, invalid("session "+sess.ID+" has no turn yet"))
+		fail(r.Ctx, protocol.Invalid("session "+sess.ID+" has no turn yet"))
 		return
 	}
 	t := turns[len(turns)-1]

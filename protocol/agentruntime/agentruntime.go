@@ -79,48 +79,26 @@ const (
 	codeUnknownCommand = "UNKNOWN_COMMAND"
 )
 
-// errorBody is every error answer: a sentence and a machine code.
-type errorBody struct {
-	Error   string `json:"error"`
-	Code    string `json:"code"`
-	Details any    `json:"details,omitempty"`
-}
-
 // WriteError answers a request the gateway refused.
 func (s *Surface) WriteError(ctx *fasthttp.RequestCtx, status int, code, msg string) {
-	writeJSON(ctx, status, errorBody{Error: msg, Code: code})
+	writeJSON(ctx, status, protocol.ErrorBody{Error: msg, Code: code})
 }
 
-// writeJSON answers with v, a newline ending the body.
-func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	protocol.JSON{Newline: true, Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}.Write(ctx, status, v)
+// wire is how the surface answers: the kernel API's JSON, a newline ending
+// every body.
+func wire() protocol.JSON {
+	return protocol.JSON{Newline: true, Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}
 }
 
-// fail answers err with its status and code: the surface's own errors,
-// then those every surface shares (protocol.Status).
+// writeJSON answers with v.
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) { wire().Write(ctx, status, v) }
+
+// fail answers err with the status, code and details every surface gives
+// it (protocol.Failure).
 func fail(ctx *fasthttp.RequestCtx, err error) {
-	status, code, known := protocol.Status(err)
-	if errors.Is(err, errInvalid) {
-		status, code, known = fasthttp.StatusBadRequest, "VALIDATION_ERROR", true
-	}
-	msg := err.Error()
-	if !known {
-		msg = "internal error"
-	}
-	var details any
-	var kerr *kernel.Error
-	if errors.As(err, &kerr) {
-		details = kerr.Details
-	}
-	if status == fasthttp.StatusInsufficientStorage {
-		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
-	}
-	writeJSON(ctx, status, errorBody{Error: msg, Code: code, Details: details})
+	status, body := protocol.Failure(err)
+	wire().WriteFailure(ctx, status, body)
 }
-
-var errInvalid = errors.New("invalid request")
-
-func invalid(msg string) error { return errors.Join(errInvalid, errors.New(msg)) }
 
 // session returns session id if p may act on it; another's is not found,
 // word for word as a missing one.
@@ -216,7 +194,7 @@ func decode(body []byte, v any) error {
 		return nil
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return invalid("invalid JSON: " + err.Error())
+		return protocol.Invalid("invalid JSON: " + err.Error())
 	}
 	return nil
 }
@@ -326,7 +304,7 @@ func cursor(v string) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {
-		return 0, invalid("a cursor is a sequence: a non-negative integer")
+		return 0, protocol.Invalid("a cursor is a sequence: a non-negative integer")
 	}
 	return n, nil
 }

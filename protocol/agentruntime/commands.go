@@ -83,10 +83,10 @@ func (s *Surface) command(r *protocol.Request) {
 	run, ok := commands[name]
 	if !ok {
 		if why, standard := unoffered[name]; standard {
-			writeJSON(r.Ctx, fasthttp.StatusNotImplemented, errorBody{Error: name + " is not offered: " + why, Code: codeNotImplemented, Details: map[string]string{"command": name}})
+			writeJSON(r.Ctx, fasthttp.StatusNotImplemented, protocol.ErrorBody{Error: name + " is not offered: " + why, Code: codeNotImplemented, Details: map[string]string{"command": name}})
 			return
 		}
-		writeJSON(r.Ctx, fasthttp.StatusNotFound, errorBody{Error: "unknown command " + strconv.Quote(name), Code: codeUnknownCommand})
+		writeJSON(r.Ctx, fasthttp.StatusNotFound, protocol.ErrorBody{Error: "unknown command " + strconv.Quote(name), Code: codeUnknownCommand})
 		return
 	}
 	var in commandInput
@@ -104,7 +104,7 @@ func (s *Surface) command(r *protocol.Request) {
 
 func need(v, name string) error {
 	if v == "" {
-		return invalid(name + " is required")
+		return protocol.Invalid(name + " is required")
 	}
 	return nil
 }
@@ -183,7 +183,7 @@ func (s *Surface) respondAction(r *protocol.Request, in *commandInput) (any, err
 func (s *Surface) answerInput(r *protocol.Request, in *commandInput, ref string) (any, error) {
 	exec, signal, ok := strings.Cut(ref, ":")
 	if !ok || exec == "" || signal == "" {
-		return nil, invalid("action_id: unknown action " + in.ActionID)
+		return nil, protocol.Invalid("action_id: unknown action " + in.ActionID)
 	}
 	v, err := s.o.Kernel.Get(r.Ctx, exec)
 	if err != nil {
@@ -213,7 +213,7 @@ func (s *Surface) answerInput(r *protocol.Request, in *commandInput, ref string)
 func (s *Surface) resolvePermission(r *protocol.Request, in *commandInput) (any, error) {
 	decision, ok := map[string]string{"allowed": "allow_once", "allow": "allow_once", "allowed_always": "allow_always", "denied": "deny", "deny": "deny"}[in.Decision]
 	if !ok {
-		return nil, invalid("decision must be allowed, allowed_always or denied")
+		return nil, protocol.Invalid("decision must be allowed, allowed_always or denied")
 	}
 	in.Decision = decision
 	return s.respondAction(r, in)
@@ -379,7 +379,7 @@ func (s *Surface) ackEvents(r *protocol.Request, in *commandInput) (any, error) 
 		return nil, err
 	}
 	if in.Sequence == nil {
-		return nil, invalid("sequence is required")
+		return nil, protocol.Invalid("sequence is required")
 	}
 	reader := in.Reader
 	if reader == "" {
