@@ -32,7 +32,6 @@ const (
 	CodeMethodMissing = "METHOD_NOT_ALLOWED"
 )
 
-
 // statusOf maps an error to its HTTP status, code and client message.
 func statusOf(err error) (int, protocol.ErrorBody) {
 	var kerr *kernel.Error
