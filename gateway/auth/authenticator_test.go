@@ -85,6 +85,26 @@ func with(m jwt.MapClaims, key string, v any) jwt.MapClaims {
 	return m
 }
 
+// newEdKeys generates an Ed25519 key pair.
+func newEdKeys(t testing.TB) (ed25519.PublicKey, ed25519.PrivateKey) {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, priv
+}
+
+// newRSAKey generates an RSA key with a modulus of bits.
+func newRSAKey(t testing.TB, bits int) *rsa.PrivateKey {
+	t.Helper()
+	k, err := rsa.GenerateKey(rand.Reader, bits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
 func writePEM(t testing.TB, blockType string, der []byte) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "key.pem")
@@ -249,14 +269,8 @@ func TestClaimsBecomePrincipal(t *testing.T) {
 }
 
 func TestPublicKeys(t *testing.T) {
-	edPub, edPriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
+	edPub, edPriv := newEdKeys(t)
+	rsaKey := newRSAKey(t, 2048)
 	edPath := writePublicKey(t, edPub)
 	rsaPath := writePEM(t, "RSA PUBLIC KEY", x509.MarshalPKCS1PublicKey(&rsaKey.PublicKey))
 	edPEM, err := os.ReadFile(edPath)
@@ -293,10 +307,7 @@ func TestPublicKeys(t *testing.T) {
 
 func TestKeySelection(t *testing.T) {
 	k1, k2, anon := secret('1'), secret('2'), secret('0')
-	edPub, edPriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	edPub, edPriv := newEdKeys(t)
 	a := newAuth(t, Options{
 		HMACSecrets:    map[string][]byte{"k1": k1, "k2": k2, "": anon},
 		PublicKeyFiles: map[string]string{"ed": writePublicKey(t, edPub)},
@@ -354,18 +365,12 @@ func TestConcurrentClocks(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	edPub, edPriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	edPub, edPriv := newEdKeys(t)
 	privDER, err := x509.MarshalPKCS8PrivateKey(edPriv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	smallRSA, err := rsa.GenerateKey(rand.Reader, 1024)
-	if err != nil {
-		t.Fatal(err)
-	}
+	smallRSA := newRSAKey(t, 1024)
 	edPath := writePublicKey(t, edPub)
 	garbage := filepath.Join(t.TempDir(), "garbage.pem")
 	if err := os.WriteFile(garbage, []byte("not a pem file"), 0o600); err != nil {
@@ -420,10 +425,7 @@ func TestLeewayOption(t *testing.T) {
 }
 
 func TestMintRefusesBadClaims(t *testing.T) {
-	_, edPriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, edPriv := newEdKeys(t)
 	modify := func(f func(*Claims)) Claims {
 		c := baseClaims()
 		f(&c)
@@ -454,14 +456,7 @@ func TestMintRefusesBadClaims(t *testing.T) {
 }
 
 func BenchmarkAuthenticateStatic(b *testing.B) {
-	a := newAuth(b, Options{StaticToken: testStatic})
-	h := header(testStatic)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := a.Authenticate(h, testNow); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchAuthenticate(b, newAuth(b, Options{StaticToken: testStatic}), header(testStatic))
 }
 
 func BenchmarkAuthenticateHS256(b *testing.B) {
@@ -470,7 +465,13 @@ func BenchmarkAuthenticateHS256(b *testing.B) {
 	c := baseClaims()
 	c.Role = RoleAgent
 	c.Agents = []string{"a1"}
-	h := header(mintHS(b, key, c, testNow))
+	benchAuthenticate(b, a, header(mintHS(b, key, c, testNow)))
+}
+
+// benchAuthenticate measures a.Authenticate of the Authorization header h,
+// which it must accept.
+func benchAuthenticate(b *testing.B, a *Authenticator, h []byte) {
+	b.Helper()
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := a.Authenticate(h, testNow); err != nil {
