@@ -225,6 +225,13 @@ func timeout(t *testing.T) context.Context {
 	return ctx
 }
 
+// readErr reads from c until a read fails and sends that error to errs: run
+// in a goroutine, it shows how the server's close reached the client.
+func readErr(c *websocket.Conn, errs chan<- error) {
+	_, _, err := c.Read(context.Background())
+	errs <- err
+}
+
 func recv[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
 	select {
@@ -554,10 +561,7 @@ func TestServerCloseUnblocksRead(t *testing.T) {
 				st := recv(t, "handler", states)
 
 				clientErr := make(chan error, 1)
-				go func() {
-					_, _, err := c.Read(context.Background())
-					clientErr <- err
-				}()
+				go readErr(c, clientErr)
 				// Give the handler time to block in Read.
 				time.Sleep(50 * time.Millisecond)
 				// In a goroutine: if Close fails to interrupt the socket, it
@@ -607,10 +611,7 @@ func TestShutdown(t *testing.T) {
 	clientErrs := make(chan error, clients)
 	for range clients {
 		c := ts.dial(t, "/echo", nil)
-		go func() {
-			_, _, err := c.Read(context.Background())
-			clientErrs <- err
-		}()
+		go readErr(c, clientErrs)
 	}
 
 	ctx := timeout(t)
@@ -678,10 +679,7 @@ func TestShutdownCancelsHandlerContext(t *testing.T) {
 	ts := startServer(t, serverConfig{}, acceptOn("/push", nil, handler, nil))
 	c := ts.dial(t, "/push", nil)
 	clientErr := make(chan error, 1)
-	go func() {
-		_, _, err := c.Read(context.Background())
-		clientErr <- err
-	}()
+	go readErr(c, clientErr)
 
 	if err := ts.tr.Shutdown(timeout(t), "bye"); err != nil {
 		t.Fatalf("Shutdown: %v", err)
@@ -697,10 +695,7 @@ func TestShutdownHonoursDeadline(t *testing.T) {
 	ts := startServer(t, serverConfig{}, acceptOn("/stuck", nil, handler, nil))
 	c := ts.dial(t, "/stuck", nil)
 	clientErr := make(chan error, 1)
-	go func() {
-		_, _, err := c.Read(context.Background())
-		clientErr <- err
-	}()
+	go readErr(c, clientErr)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
