@@ -61,7 +61,7 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	c, err := pf.client("agent", log)
+	c, err := pf.client("agent", client.Options{Logger: log})
 	if err != nil {
 		return err
 	}

@@ -35,13 +35,12 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprint(stderr, approveUsage)
 		fs.PrintDefaults()
 	}
-	var base, token, reason, caFile string
+	var gf gatewayFlags
+	var reason string
 	var timeout time.Duration
-	fs.StringVar(&base, "url", defaultURL(), "gateway base `URL`")
-	fs.StringVar(&token, "token", "", "bearer token: the static token, or a channel or client JWT (empty: open gateway)")
+	gf.add(fs, "bearer token: the static token, or a channel or client JWT (empty: open gateway)")
 	fs.StringVar(&reason, "reason", "", "reason recorded with the answer")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for each request")
-	caFileFlag(fs, &caFile)
 	// flag stops at the first positional argument; flags may also follow
 	// the action id and decision, so parsing resumes after each one.
 	var pos []string
@@ -55,13 +54,9 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
-	tc, err := clientTLS(caFile)
+	c, err := gf.client("approve", client.Options{RequestTimeout: timeout})
 	if err != nil {
-		return fmt.Errorf("approve: %w", err)
-	}
-	c, err := client.New(client.Options{BaseURL: base, Token: token, RequestTimeout: timeout, TLSConfig: tc})
-	if err != nil {
-		return fmt.Errorf("approve: --url %q: want http://host:port or https://host:port", base)
+		return err
 	}
 	defer c.CloseIdleConnections()
 	switch len(pos) {
@@ -69,9 +64,9 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if reason != "" {
 			return errors.New("approve: --reason applies only when answering a prompt")
 		}
-		return cliError("approve", base, listPrompts(ctx, c, stdout))
+		return cliError("approve", gf.url, listPrompts(ctx, c, stdout))
 	case 2:
-		return cliError("approve", base, answerPrompt(ctx, c, stdout, pos[0], pos[1], reason))
+		return cliError("approve", gf.url, answerPrompt(ctx, c, stdout, pos[0], pos[1], reason))
 	}
 	fs.Usage()
 	return fmt.Errorf("approve: want no arguments (list) or <action-id> <decision>, got %q", pos)

@@ -109,7 +109,7 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		served[name] = f
 	}
-	c, err := pf.client("runner", log)
+	c, err := pf.client("runner", client.Options{Logger: log})
 	if err != nil {
 		return err
 	}

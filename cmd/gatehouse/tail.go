@@ -21,13 +21,11 @@ import (
 // once following, it rides out disconnects until interrupted.
 func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("tail", stderr)
-	var base, token, caFile string
+	var gf gatewayFlags
 	var after uint64
 	var raw bool
 	var timeout time.Duration
-	fs.StringVar(&base, "url", defaultURL(), "gateway base `URL` (http:// or https://)")
-	fs.StringVar(&token, "token", "", "bearer token")
-	caFileFlag(fs, &caFile)
+	gf.add(fs, "bearer token")
 	fs.Uint64Var(&after, "after", 0, "start after this sequence")
 	fs.BoolVar(&raw, "json", false, "print each event as one line of JSON")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for reaching the gateway and each request")
@@ -39,13 +37,9 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.New("tail: give one execution id")
 	}
 	id := fs.Arg(0)
-	tc, err := clientTLS(caFile)
+	c, err := gf.client("tail", client.Options{RequestTimeout: timeout})
 	if err != nil {
-		return fmt.Errorf("tail: %w", err)
-	}
-	c, err := client.New(client.Options{BaseURL: base, Token: token, RequestTimeout: timeout, TLSConfig: tc})
-	if err != nil {
-		return fmt.Errorf("tail: %w", err)
+		return err
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	_, err = c.GetExecution(pctx, id)
@@ -73,7 +67,7 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case err == nil, ctx.Err() != nil:
 		return nil // the end of the execution, or interrupted
 	}
-	return cliError("tail", base, err)
+	return cliError("tail", gf.url, err)
 }
 
 // cliError says what went wrong in a client command in one line with one
