@@ -130,7 +130,7 @@ func viewOf(s *session.Session) sessionView {
 // caller's sessions, in id order; next is absent on the last page.
 func (s *Surface) listSessions(r *protocol.Request) {
 	args := r.Ctx.QueryArgs()
-	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	limit, _ := strconv.Atoi(string(r.Ctx.QueryArgs().Peek("limit")))
 	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
 		fail(r.Ctx, err)
@@ -233,17 +233,10 @@ func (s *Surface) events(r *protocol.Request) {
 		fail(r.Ctx, err)
 		return
 	}
-	args := r.Ctx.QueryArgs()
-	after, err := cursor(string(args.Peek("after")))
+	after, err := resumeAfter(r.Ctx)
 	if err != nil {
 		fail(r.Ctx, err)
 		return
-	}
-	if h := r.Ctx.Request.Header.Peek("Last-Event-ID"); len(h) > 0 {
-		if after, err = cursor(string(h)); err != nil {
-			fail(r.Ctx, err)
-			return
-		}
 	}
 	if wantsSSE(r.Ctx) {
 		src := s.source(id, after)
@@ -252,7 +245,7 @@ func (s *Surface) events(r *protocol.Request) {
 		})
 		return
 	}
-	limit, _ := strconv.Atoi(string(args.Peek("limit")))
+	limit, _ := strconv.Atoi(string(r.Ctx.QueryArgs().Peek("limit")))
 	if limit <= 0 || limit > 1000 {
 		limit = 100
 	}
@@ -286,15 +279,23 @@ func (s *Surface) eventsWS(r *protocol.Request) {
 		fail(r.Ctx, err)
 		return
 	}
-	after, err := cursor(string(r.Ctx.QueryArgs().Peek("after")))
-	if h := r.Ctx.Request.Header.Peek("Last-Event-ID"); err == nil && len(h) > 0 {
-		after, err = cursor(string(h))
-	}
+	after, err := resumeAfter(r.Ctx)
 	if err != nil {
 		fail(r.Ctx, err)
 		return
 	}
 	r.Gateway.WebSocket(r, "agent_runtime_ws", renderer, s.source(id, after))
+}
+
+// resumeAfter reads where an event stream resumes: after the sequence of
+// ?after=, or of Last-Event-ID when a reconnecting EventSource sends one.
+// A malformed cursor is refused wherever it is.
+func resumeAfter(ctx *fasthttp.RequestCtx) (uint64, error) {
+	after, err := cursor(string(ctx.QueryArgs().Peek("after")))
+	if h := ctx.Request.Header.Peek("Last-Event-ID"); err == nil && len(h) > 0 {
+		after, err = cursor(string(h))
+	}
+	return after, err
 }
 
 // cursor reads a sequence cursor: empty is the start.
