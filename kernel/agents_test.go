@@ -118,10 +118,8 @@ func TestAnswerStepWithoutTheLease(t *testing.T) {
 }
 
 func TestIntentRefusals(t *testing.T) {
-	r := newRig(t, func(o *Options) { o.MaxSteps = 1 })
+	r, x := newRigRunning(t, func(o *Options) { o.MaxSteps = 1 })
 	ctx := context.Background()
-	defer r.k.AgentConnected("ag", "c1")()
-	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	req := func(in Intent) IntentRequest { return IntentRequest{ExecutionID: x.id, SessionID: x.lease, Intent: in} }
 	tests := []struct {
 		name string
@@ -207,10 +205,8 @@ func TestIntentIdempotencyKey(t *testing.T) {
 }
 
 func TestWaitAndSignals(t *testing.T) {
-	r := newRig(t, func(o *Options) { o.MaxSignals = 2 })
+	r, x := newRigRunning(t, func(o *Options) { o.MaxSignals = 2 })
 	ctx := context.Background()
-	defer r.k.AgentConnected("ag", "c1")()
-	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	signal := func(typ, payload string) {
 		t.Helper()
 		after, err := r.k.Signal(ctx, x.id, SignalRequest{SignalType: typ, Payload: json.RawMessage(payload)}, Meta{})
@@ -324,9 +320,7 @@ func TestAgentReconnectingKeepsItsExecutions(t *testing.T) {
 }
 
 func TestOutputIntentsWithoutSessions(t *testing.T) {
-	r := newRig(t, nil)
-	defer r.k.AgentConnected("ag", "c1")()
-	x := r.start("ag", "c1", CreateRequest{}, Meta{})
+	r, x := newRigRunning(t, nil)
 	for _, kind := range []string{OutputText, OutputTextDelta, OutputReasoning, OutputReasoningDelta, OutputStatus, OutputCheckpoint} {
 		res := x.intent(t, r.k, Intent{Type: IntentOutput, Output: json.RawMessage(`{"kind":"` + kind + `","text":"t-` + kind + `","data":{"k":1}}`)})
 		if !res.Accepted || res.StepID != "" {

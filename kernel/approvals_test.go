@@ -149,10 +149,8 @@ func TestApprovalByAPerson(t *testing.T) {
 }
 
 func TestApprovalBySignal(t *testing.T) {
-	r := newRig(t, func(o *Options) { o.Policy = askPolicy(t) })
+	r, x := newRigRunning(t, func(o *Options) { o.Policy = askPolicy(t) })
 	ctx := context.Background()
-	defer r.k.AgentConnected("ag", "c1")()
-	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	// With no prompt pending, step.approve is a signal like any other.
 	after, err := r.k.Signal(ctx, x.id, SignalRequest{SignalType: signalStepApprove, Payload: json.RawMessage(`{"step_id":"x","approved":true}`)}, Meta{})
 	if err != nil {
@@ -203,10 +201,8 @@ func TestApprovalExpiry(t *testing.T) {
 default: {decision: allow}
 `)
 	book := newApprovalBook()
-	r := newRig(t, func(o *Options) { o.Policy, o.Approvals = pol, book })
+	r, x := newRigRunning(t, func(o *Options) { o.Policy, o.Approvals = pol, book })
 	ctx := context.Background()
-	defer r.k.AgentConnected("ag", "c1")()
-	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	tests := []struct {
 		tool    string
 		allowed bool
@@ -300,10 +296,8 @@ func TestAllowedAlwaysAndAskTools(t *testing.T) {
 
 func TestCancelAndTimeoutWithdrawThePrompt(t *testing.T) {
 	book := newApprovalBook()
-	r := newRig(t, func(o *Options) { o.Policy, o.Approvals = askPolicy(t), book })
+	r, x := newRigRunning(t, func(o *Options) { o.Policy, o.Approvals = askPolicy(t), book })
 	ctx := context.Background()
-	defer r.k.AgentConnected("ag", "c1")()
-	x := r.start("ag", "c1", CreateRequest{}, Meta{})
 	ask := x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "ask.send"})
 	action := r.k.ApprovalOf(x.id, ask.StepID)
 	if _, err := r.k.Cancel(ctx, x.id, Meta{}); err != nil {
@@ -321,15 +315,10 @@ func TestCancelAndTimeoutWithdrawThePrompt(t *testing.T) {
 	}
 
 	// An execution past its time fails, whatever it waits for.
-	r = newRig(t, func(o *Options) { o.Policy, o.Approvals, o.ExecutionTimeout = askPolicy(t), book, time.Second })
-	defer r.k.AgentConnected("ag", "c1")()
-	x = r.start("ag", "c1", CreateRequest{}, Meta{})
+	r, x = newRigRunning(t, func(o *Options) { o.Policy, o.Approvals, o.ExecutionTimeout = askPolicy(t), book, time.Second })
 	ask = x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "ask.send"})
 	action = r.k.ApprovalOf(x.id, ask.StepID)
-	idle, _, err := r.k.Create(ctx, CreateRequest{AgentID: "nobody"}, Meta{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	idle := r.create("nobody")
 	for _, id := range []string{x.id, idle.ID} {
 		if v := settle(t, r.k, id); v.Status != StatusFailed {
 			t.Fatalf("%s ended %s", id, v.Status)

@@ -58,11 +58,7 @@ func TestCreateStopsAtMaxLive(t *testing.T) {
 	ctx := context.Background()
 	var ids []string
 	for range 2 {
-		v, _, err := r.k.Create(ctx, CreateRequest{AgentID: "ag"}, Meta{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, v.ID)
+		ids = append(ids, r.create("ag").ID)
 	}
 	_, _, err := r.k.Create(ctx, CreateRequest{AgentID: "ag"}, Meta{})
 	wantErr(t, err, ErrUnavailable)
@@ -77,10 +73,7 @@ func TestCreateStopsAtMaxLive(t *testing.T) {
 func TestUnknownAndFinishedExecutions(t *testing.T) {
 	r := newRig(t, nil)
 	ctx := context.Background()
-	v, _, err := r.k.Create(ctx, CreateRequest{AgentID: "ag"}, Meta{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := r.create("ag")
 	if _, err := r.k.Cancel(ctx, v.ID, Meta{}); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +102,7 @@ func TestUnknownAndFinishedExecutions(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { wantErr(t, tt.call(), tt.want) })
 	}
 	// A conflict with a finished execution says what it is, for clients.
-	_, err = r.k.Cancel(ctx, v.ID, Meta{})
+	_, err := r.k.Cancel(ctx, v.ID, Meta{})
 	var e *Error
 	if !errors.As(err, &e) || e.Details.(map[string]any)["status"] != StatusCancelled || !strings.Contains(e.Error(), "cancelled") {
 		t.Fatalf("conflict on a cancelled execution: %#v", err)
@@ -323,10 +316,7 @@ func TestParseStatus(t *testing.T) {
 func TestWatchWakesReaders(t *testing.T) {
 	r := newRig(t, nil)
 	ctx := context.Background()
-	v, _, err := r.k.Create(ctx, CreateRequest{AgentID: "ag"}, Meta{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := r.create("ag")
 	w := r.k.Watch(v.ID)
 	other := r.k.Watch(v.ID)
 	woken := make(chan struct{}, 10)

@@ -168,14 +168,9 @@ default: {decision: allow}
 // execution still ends the way its deadline says.
 func TestRestartPastDeadlines(t *testing.T) {
 	r := newRig(t, nil)
-	ctx := context.Background()
 	var ids []string
 	for range 300 {
-		v, _, err := r.k.Create(ctx, CreateRequest{AgentID: "away"}, Meta{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, v.ID)
+		ids = append(ids, r.create("away").ID)
 	}
 	r = r.reopen(func(o *Options) { o.ExecutionTimeout = time.Nanosecond })
 	for _, id := range ids {

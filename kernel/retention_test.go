@@ -8,27 +8,19 @@ import (
 )
 
 func TestPruneDeletesOldFinishedExecutions(t *testing.T) {
-	r := newRig(t, nil)
+	r, oldest := newRigRunning(t, nil)
 	ctx := context.Background()
-	defer r.k.AgentConnected("ag", "c1")()
-	oldest := r.start("ag", "c1", CreateRequest{}, Meta{})
 	done := Intent{Type: IntentComplete, IdempotencyKey: "done"}
 	oldest.intent(t, r.k, done)
 	var finished []string
 	for range 2 {
-		v, _, err := r.k.Create(ctx, CreateRequest{AgentID: "later"}, Meta{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		v := r.create("later")
 		if _, err := r.k.Cancel(ctx, v.ID, Meta{}); err != nil {
 			t.Fatal(err)
 		}
 		finished = append(finished, v.ID)
 	}
-	live, _, err := r.k.Create(ctx, CreateRequest{AgentID: "later"}, Meta{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	live := r.create("later")
 	idem := func(id string) int {
 		n := 0
 		if err := r.st.RecordsWithPrefix(kindIdem, id+"/", func(string, func(any) error) bool { n++; return true }); err != nil {
@@ -45,7 +37,7 @@ func TestPruneDeletesOldFinishedExecutions(t *testing.T) {
 	if n, err := r.k.Prune(ctx, time.Time{}, 2); err != nil || n != 1 {
 		t.Fatalf("prune keeping 2: %d %v", n, err)
 	}
-	_, err = r.k.Get(ctx, oldest.id)
+	_, err := r.k.Get(ctx, oldest.id)
 	wantErr(t, err, ErrNotFound)
 	_, err = r.k.Events(ctx, oldest.id, 0, 10)
 	wantErr(t, err, ErrNotFound)

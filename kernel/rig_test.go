@@ -164,6 +164,27 @@ func (r *rig) start(ag, c string, req CreateRequest, meta Meta) running {
 	return running{id: v.ID, lease: a.SessionID, box: box}
 }
 
+// newRigRunning opens a kernel as newRig does, with agent ag's consumer c1
+// connected until the test ends, and starts one execution on it: where
+// most tests of an agent's side begin.
+func newRigRunning(t *testing.T, set func(*Options)) (*rig, running) {
+	t.Helper()
+	r := newRig(t, set)
+	t.Cleanup(r.k.AgentConnected("ag", "c1"))
+	return r, r.start("ag", "c1", CreateRequest{}, Meta{})
+}
+
+// create creates an execution for agent agentID, connected or not, and
+// returns it as Create does.
+func (r *rig) create(agentID string) View {
+	r.t.Helper()
+	v, _, err := r.k.Create(context.Background(), CreateRequest{AgentID: agentID}, Meta{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return v
+}
+
 // intent sends an intent of the running execution and runs what follows it.
 func (x running) intent(t *testing.T, k *Kernel, in Intent) IntentResult {
 	t.Helper()
