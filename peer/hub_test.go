@@ -40,6 +40,17 @@ func none(t *testing.T, c *Conn) {
 	}
 }
 
+// resume attaches consumer k to read on after cursor, failing the test if
+// the hub resets it instead.
+func resume(t *testing.T, h *Hub, k Key, cursor uint64) *Conn {
+	t.Helper()
+	c, reset := h.Attach(k, &cursor)
+	if reset != nil {
+		t.Fatalf("reset resuming after %d: %+v", cursor, reset)
+	}
+	return c
+}
+
 func deliver(t *testing.T, h *Hub, k Key, typ string) uint64 {
 	t.Helper()
 	seq, err := h.Deliver(context.Background(), k, typ, []byte(`{}`))
@@ -129,11 +140,7 @@ func TestCursorAcksAndResets(t *testing.T) {
 	for range 3 {
 		deliver(t, h, k, "x")
 	}
-	two := uint64(2)
-	c, reset := h.Attach(k, &two)
-	if reset != nil {
-		t.Fatalf("reset: %+v", reset)
-	}
+	c := resume(t, h, k, 2)
 	if d := next(t, c); d.Seq != 3 {
 		t.Fatalf("resume after cursor 2: %+v", d)
 	}
@@ -147,7 +154,7 @@ func TestCursorAcksAndResets(t *testing.T) {
 		deliver(t, h, k, "y")
 	}
 	one := uint64(1)
-	c, reset = h.Attach(k, &one)
+	c, reset := h.Attach(k, &one)
 	if reset == nil || reset.Reason != ResetHistoryGone || reset.ResumeFrom != 6 {
 		t.Fatalf("history gone: %+v", reset)
 	}
@@ -250,11 +257,7 @@ func TestDeliveredCanBeRewound(t *testing.T) {
 	c.Delivered(3)
 	c, _ = h.Attach(k, nil)
 	none(t, c)
-	one := uint64(1)
-	c, reset := h.Attach(k, &one)
-	if reset != nil {
-		t.Fatalf("reset: %+v", reset)
-	}
+	c = resume(t, h, k, 1)
 	if d := next(t, c); d.Seq != 2 {
 		t.Fatalf("rewind from cursor 1: %+v", d)
 	}
