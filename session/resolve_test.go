@@ -78,11 +78,9 @@ func TestReadResolvedGivesEachReferenceItsEvent(t *testing.T) {
 // log whose beginning retention removed folds what is left, page by page,
 // to its end; a walk from a cursor retention passed is told so.
 func TestWalkResolvedStartsAtWhatRetentionKept(t *testing.T) {
-	w := open(t, t.TempDir(), session.Options{MaxEntries: 3, MaxAge: time.Hour})
+	w, _, s := pastRetention(t)
+	defer w.close()
 	ctx := context.Background()
-	ag := w.agent("ag")
-	s, _ := w.reg.Create(ctx, session.CreateRequest{AgentID: "ag"})
-	ag.completeTurns(s.ID, "t", 3)
 	if removed, err := w.reg.Prune(ctx, time.Now()); err != nil || removed == 0 {
 		t.Fatalf("prune removed %d: %v", removed, err)
 	}

@@ -145,6 +145,22 @@ func (a *agent) completeTurns(id, prefix string, n int) {
 	}
 }
 
+// pastRetention opens a world on a fresh folder whose registry keeps three
+// entries for an hour, with a session of agent ag that three completed
+// turns took past that: a prune then has a beginning to remove. The caller
+// closes the world.
+func pastRetention(t *testing.T) (*world, *agent, session.Session) {
+	t.Helper()
+	w := open(t, t.TempDir(), session.Options{MaxEntries: 3, MaxAge: time.Hour})
+	ag := w.agent("ag")
+	s, err := w.reg.Create(context.Background(), session.CreateRequest{AgentID: "ag"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag.completeTurns(s.ID, "done", 3)
+	return w, ag, s
+}
+
 // items reads session id's whole log.
 func (w *world) items(id string) []session.Item {
 	w.t.Helper()
@@ -498,11 +514,8 @@ func TestDueTurnStartsAfterARestart(t *testing.T) {
 }
 
 func TestRetentionKeepsRunningTurnsAndSaysWhenHistoryIsGone(t *testing.T) {
-	w := open(t, t.TempDir(), session.Options{MaxEntries: 3, MaxAge: time.Hour})
+	w, ag, s := pastRetention(t)
 	ctx := context.Background()
-	ag := w.agent("ag")
-	s, _ := w.reg.Create(ctx, session.CreateRequest{AgentID: "ag"})
-	ag.completeTurns(s.ID, "done", 3)
 	running, _ := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: "running"})
 	ag.assigned()
 	all := w.items(s.ID)
