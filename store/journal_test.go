@@ -63,10 +63,7 @@ func TestJournalAloneRestoresEverything(t *testing.T) {
 
 func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
 	dir := t.TempDir()
-	s, err := Open(Options{Dir: dir, Sync: mode, segmentSize: 4 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, Sync: mode, segmentSize: 4 << 10})
 	for i := uint64(1); i <= 200; i++ {
 		write(t, s, func(b *Batch) {
 			b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 100))
@@ -104,10 +101,7 @@ func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
 		t.Errorf("a clean close left %d journal segments", len(left))
 	}
 
-	r, err := Open(Options{Dir: copied})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openWith(t, Options{Dir: copied})
 	defer r.Close()
 	if r.Epoch() != epoch {
 		t.Errorf("epoch %q, want %q", r.Epoch(), epoch)
@@ -306,10 +300,7 @@ func appendRecord(j *journal, ts uint64, ops []op) error {
 // value was written; the value survives a reopen either way.
 func TestCheckpointSyncsValueLogOnlyWhenUsed(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(Options{Dir: dir, segmentSize: 4 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, segmentSize: 4 << 10})
 	for i := uint64(1); i <= 20; i++ {
 		write(t, s, func(b *Batch) { b.Append("small", i, bytes.Repeat([]byte("s"), 1000)) })
 	}
@@ -347,10 +338,7 @@ func TestCheckpointSyncsValueLogOnlyWhenUsed(t *testing.T) {
 // tables and its synced log.
 func TestIdleJournalLetsGo(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(Options{Dir: dir, idleAfter: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, idleAfter: 100 * time.Millisecond})
 	defer s.Close()
 	for i := uint64(1); i <= 600; i++ {
 		write(t, s, func(b *Batch) {
@@ -360,23 +348,14 @@ func TestIdleJournalLetsGo(t *testing.T) {
 			}
 		})
 	}
-	if s.journal.pending() < 2 {
-		t.Fatal("the test wants several segments")
-	}
-	journal := filepath.Join(dir, "journal")
-	eventually.True(t, "the idle journal holds one small, empty segment", func() bool {
-		files, _ := os.ReadDir(journal)
-		if len(files) != 1 || !strings.HasSuffix(files[0].Name(), segmentExt) {
+	waitIdleJournal(t, s, dir, "one small, empty segment", func(f os.DirEntry) bool {
+		if !strings.HasSuffix(f.Name(), segmentExt) {
 			return false
 		}
-		fi, err := files[0].Info()
+		fi, err := f.Info()
 		return err == nil && fi.Size() <= minSegmentSize
 	})
-	crashed := crashCopyMem(t, s, dir, true)
-	r, err := Open(Options{Dir: crashed})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openWith(t, Options{Dir: crashCopyMem(t, s, dir, true)})
 	defer r.Close()
 	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 600 {
 		t.Fatalf("%d of 600 entries after the crash (%v)", len(got), err)
@@ -396,10 +375,7 @@ func TestIdleJournalLetsGo(t *testing.T) {
 // gateway at once left every segment since its start behind this way.
 func TestIdleJournalLetsGoOfLazyWrites(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(Options{Dir: dir, idleAfter: 100 * time.Millisecond, lazyInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, idleAfter: 100 * time.Millisecond, lazyInterval: time.Hour})
 	defer s.Close()
 	for i := range 40 {
 		write(t, s, func(b *Batch) {
@@ -411,13 +387,21 @@ func TestIdleJournalLetsGoOfLazyWrites(t *testing.T) {
 			}
 		})
 	}
+	waitIdleJournal(t, s, dir, "one segment", func(os.DirEntry) bool { return true })
+}
+
+// waitIdleJournal checks that the writes so far filled several journal
+// segments, then waits for the idle journal of s, open in dir, to be down
+// to one file that ok accepts; what names that state.
+func waitIdleJournal(t *testing.T, s *Store, dir, what string, ok func(os.DirEntry) bool) {
+	t.Helper()
 	if s.journal.pending() < 2 {
 		t.Fatal("the test wants several segments")
 	}
 	journal := filepath.Join(dir, "journal")
-	eventually.True(t, "the idle journal holds one segment", func() bool {
+	eventually.True(t, "the idle journal holds "+what, func() bool {
 		files, _ := os.ReadDir(journal)
-		return len(files) == 1
+		return len(files) == 1 && ok(files[0])
 	})
 }
 
@@ -425,10 +409,7 @@ func TestIdleJournalLetsGoOfLazyWrites(t *testing.T) {
 // idleFlushBytes of writes has Badger write its memory table out, so that
 // the folder holds a table instead of the table's log.
 func TestIdleStoreWritesItsMemoryTableOut(t *testing.T) {
-	s, err := Open(Options{Dir: t.TempDir(), idleAfter: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: t.TempDir(), idleAfter: 100 * time.Millisecond})
 	defer s.Close()
 	const n = 80 // 1.25 MiB, far from filling a memory table
 	for i := range n {
@@ -449,10 +430,7 @@ func TestReplaySkipsWhatBadgerHolds(t *testing.T) {
 	dir := t.TempDir()
 	// Idle, the store would sync Badger's logs, which a power cut then
 	// keeps.
-	s, err := Open(Options{Dir: dir, idleAfter: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, idleAfter: time.Hour})
 	defer s.Close()
 	for i := uint64(1); i <= 300; i++ {
 		write(t, s, func(b *Batch) {
@@ -475,10 +453,7 @@ func TestReplaySkipsWhatBadgerHolds(t *testing.T) {
 		maxWrites int
 	}{{"killed: Badger's logs kept", true, 0}, {"power cut: Badger's logs lost", false, 1 << 30}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := Open(Options{Dir: crashCopyMem(t, s, dir, tc.mem)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := openWith(t, Options{Dir: crashCopyMem(t, s, dir, tc.mem)})
 			defer r.Close()
 			if r.replayed.applied > tc.maxWrites || !tc.mem && r.replayed.applied < 600 {
 				t.Errorf("replay wrote %d writes and skipped %d", r.replayed.applied, r.replayed.skipped)
@@ -499,10 +474,7 @@ func TestReplaySkipsWhatBadgerHolds(t *testing.T) {
 // level 0 against the count at which its writes wait, and the bytes of its
 // tables, which the metrics export.
 func TestStatsShowBadgersLevelZero(t *testing.T) {
-	s, err := Open(Options{Dir: t.TempDir(), MemoryLimit: 256 * mib, idleAfter: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: t.TempDir(), MemoryLimit: 256 * mib, idleAfter: 100 * time.Millisecond})
 	defer s.Close()
 	if st := s.Stats(); st.Level0Tables != 0 || st.TableBytes != 0 || st.Level0Stall < 2 || st.Level0Stall > 3 {
 		t.Fatalf("empty store: %d tables in level 0 (stall at %d), %d bytes of tables", st.Level0Tables, st.Level0Stall, st.TableBytes)

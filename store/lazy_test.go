@@ -104,10 +104,7 @@ func TestLazyDeletedNeverReachesBadger(t *testing.T) {
 func TestLazyWritesSurviveACrash(t *testing.T) {
 	dir := t.TempDir()
 	// Lazy writes wait until a read hands them over.
-	s, err := Open(Options{Dir: dir, segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
 	defer s.Close()
 	write(t, s, func(b *Batch) {
 		b.AppendLazy("o", 1, []byte("lazy entry"))
@@ -149,11 +146,7 @@ func TestLazyWritesSurviveACrash(t *testing.T) {
 	}
 	check := func(name string) {
 		t.Helper()
-		crashed := crashCopy(t, s, dir)
-		r, err := Open(Options{Dir: crashed})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := openWith(t, Options{Dir: crashCopy(t, s, dir)})
 		defer r.Close()
 		if data, err := r.Entry("o", 1); err != nil || string(data) != "lazy entry" {
 			t.Errorf("%s: lazy entry after the crash: %q, %v", name, data, err)

@@ -47,10 +47,7 @@ func TestPageOutTables(t *testing.T) {
 	dir := pageableDir(t)
 	// The store's own pass must not hand the pages back before the test
 	// has seen them resident.
-	s, err := Open(Options{Dir: dir, MemoryLimit: 256 * mib, pageOutEvery: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, MemoryLimit: 256 * mib, pageOutEvery: time.Hour})
 	defer s.Close()
 	if got := s.tablePages(); got != dir {
 		t.Fatalf("tablePages = %q, want %q", got, dir)
@@ -78,7 +75,7 @@ func TestPageOutTables(t *testing.T) {
 		t.Errorf("table pages in the RSS: %d KiB before paging out, %d KiB after", before, after)
 	}
 	n := 0
-	err = s.Scan("pages", 0, func(seq uint64, v []byte) bool {
+	err := s.Scan("pages", 0, func(seq uint64, v []byte) bool {
 		if string(v) != string(vals[seq-1]) {
 			t.Errorf("entry %d reads back as %d bytes, not the %d written", seq, len(v), len(vals[seq-1]))
 		}
@@ -95,10 +92,7 @@ func TestPageOutTables(t *testing.T) {
 // read faults them in, and hands them back with no call from outside.
 func TestStorePagesOutByItself(t *testing.T) {
 	dir := pageableDir(t)
-	s, err := Open(Options{Dir: dir, MemoryLimit: 256 * mib})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, MemoryLimit: 256 * mib})
 	defer s.Close()
 	// 4 MiB that no compression shrinks: twice the growth that makes a
 	// pass.

@@ -162,10 +162,7 @@ func TestGuardRefusesAndResumes(t *testing.T) {
 	fs := &fakeSpace{}
 	fs.free.Store(10 * gib)
 	var logs syncBuffer
-	s, err := Open(Options{Dir: t.TempDir(), DiskBudget: 64 * mib, readSpace: fs.read, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: t.TempDir(), DiskBudget: 64 * mib, readSpace: fs.read, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer s.Close()
 	z := s.size
 	put := func(i int) error {
@@ -276,10 +273,7 @@ func TestSegmentPrepareFailure(t *testing.T) {
 	ballast := filepath.Join(mnt, "ballast")
 	fs := &fakeSpace{}
 	fs.free.Store(100 * gib)
-	s, err := Open(Options{Dir: dir, DiskBudget: 100 * gib, readSpace: fs.read, segmentSize: 256 * kib})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, DiskBudget: 100 * gib, readSpace: fs.read, segmentSize: 256 * kib})
 	defer s.Close()
 	// Fill the journal's file system.
 	for size := int64(4 * mib); size >= 4*kib; size /= 2 {
@@ -336,10 +330,7 @@ func TestCloseOnAFullDisk(t *testing.T) {
 	mnt := t.TempDir()
 	fstest.Mount(t, mnt, 32*mib)
 	dir := filepath.Join(mnt, "data")
-	s, err := Open(Options{Dir: dir, idleAfter: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, idleAfter: time.Hour})
 	// Left open below, Badger would keep the file system busy.
 	t.Cleanup(func() { _ = s.db.Close() })
 	for i := uint64(1); i <= 100; i++ {
@@ -371,11 +362,7 @@ func TestCloseOnAFullDisk(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	copied := crashCopyMem(t, s, dir, true)
-	r, err := Open(Options{Dir: copied})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openWith(t, Options{Dir: crashCopyMem(t, s, dir, true)})
 	defer r.Close()
 	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 100 {
 		t.Fatalf("%d of 100 entries after a close on a full disk (%v)", len(got), err)

@@ -15,11 +15,19 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
+// open opens a store in dir that syncs as mode says.
 func open(t *testing.T, dir string, mode SyncMode) *Store {
 	t.Helper()
-	s, err := Open(Options{Dir: dir, Sync: mode})
+	return openWith(t, Options{Dir: dir, Sync: mode})
+}
+
+// openWith opens a store with o, failing the test if it does not open. The
+// caller closes it: tests that crash or restart a store choose when.
+func openWith(tb testing.TB, o Options) *Store {
+	tb.Helper()
+	s, err := Open(o)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return s
 }
@@ -143,10 +151,7 @@ func TestGroupCommitSharesSyncs(t *testing.T) {
 }
 
 func TestRecordsIterationAndDelete(t *testing.T) {
-	s, err := Open(Options{InMemory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{InMemory: true})
 	defer s.Close()
 	var b Batch
 	for _, id := range []string{"b", "a", "c"} {
@@ -164,7 +169,7 @@ func TestRecordsIterationAndDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ids []string
-	err = s.Records("k", func(id string, decode func(any) error) bool {
+	err := s.Records("k", func(id string, decode func(any) error) bool {
 		var v string
 		if err := decode(&v); err != nil || v != id {
 			t.Fatalf("decode %s: %q %v", id, v, err)
@@ -196,10 +201,7 @@ func TestClosedStoreRefusesWrites(t *testing.T) {
 }
 
 func TestEmptyBatchIsNoop(t *testing.T) {
-	s, err := Open(Options{InMemory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{InMemory: true})
 	defer s.Close()
 	before := s.Stats().Commits
 	if err := s.Write(context.Background(), &Batch{}); err != nil {
@@ -217,10 +219,7 @@ func TestOpenNeedsDir(t *testing.T) {
 }
 
 func BenchmarkWriteParallel(b *testing.B) {
-	s, err := Open(Options{Dir: b.TempDir(), Sync: SyncAlways})
-	if err != nil {
-		b.Fatal(err)
-	}
+	s := openWith(b, Options{Dir: b.TempDir(), Sync: SyncAlways})
 	defer s.Close()
 	payload := make([]byte, 300)
 	var n sync.Mutex
@@ -340,10 +339,7 @@ func TestApplyGroupsKeepsLastWrite(t *testing.T) {
 // returns ErrCloseTimeout after CloseTimeout instead of waiting with it.
 func TestCloseIsBoundedWhenBadgerCannotFinish(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(Options{Dir: dir, CloseTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWith(t, Options{Dir: dir, CloseTimeout: time.Second})
 	var b Batch
 	b.Append("x/a", 1, []byte("acknowledged"))
 	if err := s.Write(context.Background(), &b); err != nil {
