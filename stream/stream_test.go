@@ -157,15 +157,18 @@ func get(t *testing.T, url string) *http.Response {
 	return resp
 }
 
-func waitEnd(t *testing.T, ends <-chan ended) ended {
+// waitEnd waits for the stream's Run to return, and fails the test unless
+// it ended for reason want.
+func waitEnd(t *testing.T, ends <-chan ended, want stream.Reason) {
 	t.Helper()
 	select {
 	case e := <-ends:
-		return e
+		if e.reason != want {
+			t.Fatalf("ended with %v %v, want %v", e.reason, e.err, want)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream did not end")
 	}
-	return ended{}
 }
 
 func TestSSEReplaysThenTailsThenEnds(t *testing.T) {
@@ -194,9 +197,7 @@ func TestSSEReplaysThenTailsThenEnds(t *testing.T) {
 		t.Fatalf("live tail: %+v %v", live, err)
 	}
 	log.end()
-	if e := waitEnd(t, ends); e.reason != stream.Finished {
-		t.Fatalf("ended with %v %v, want finished", e.reason, e.err)
-	}
+	waitEnd(t, ends, stream.Finished)
 	if rest, err := io.ReadAll(r); err != nil || len(strings.TrimSpace(string(rest))) != 0 {
 		t.Fatalf("after the end: %q %v", rest, err)
 	}
@@ -213,9 +214,7 @@ func TestSSEFinalItemEndsTheStream(t *testing.T) {
 	if !errors.Is(err, io.EOF) || len(evs) != 2 || evs[1].Event != "done" {
 		t.Fatalf("events %+v, %v", evs, err)
 	}
-	if e := waitEnd(t, ends); e.reason != stream.Finished {
-		t.Fatalf("ended with %v", e.reason)
-	}
+	waitEnd(t, ends, stream.Finished)
 }
 
 func TestSSEHeartbeatsWhileIdleAndNoticeOnExpiry(t *testing.T) {
@@ -237,9 +236,7 @@ func TestSSEHeartbeatsWhileIdleAndNoticeOnExpiry(t *testing.T) {
 	if !strings.HasSuffix(string(body), "event: stream.expired\ndata: {}\n\n") {
 		t.Fatalf("no expiry notice at the end of %q", body)
 	}
-	if e := waitEnd(t, ends); e.reason != stream.Expired {
-		t.Fatalf("ended with %v", e.reason)
-	}
+	waitEnd(t, ends, stream.Expired)
 }
 
 func TestSSEMultilineDataKeepsEveryLine(t *testing.T) {
@@ -261,9 +258,7 @@ func TestSSEClientGoneEndsAnIdleStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if e := waitEnd(t, ends); e.reason != stream.Gone {
-		t.Fatalf("ended with %v", e.reason)
-	}
+	waitEnd(t, ends, stream.Gone)
 }
 
 func TestSSESlowConsumerIsDropped(t *testing.T) {
@@ -284,9 +279,7 @@ func TestSSESlowConsumerIsDropped(t *testing.T) {
 	for range 200 {
 		log.append("big", big)
 	}
-	if e := waitEnd(t, ends); e.reason != stream.SlowConsumer {
-		t.Fatalf("ended with %v, want slow_consumer", e.reason)
-	}
+	waitEnd(t, ends, stream.SlowConsumer)
 }
 
 func TestFlushedReportsTheLastFlushedSequence(t *testing.T) {
