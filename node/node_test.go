@@ -174,38 +174,39 @@ func openSSE(t *testing.T, hc *http.Client, url string) *sse {
 // expect skips frames up to one of type event and returns its data.
 func (s *sse) expect(t *testing.T, event string) obj {
 	t.Helper()
-	for {
-		select {
-		case f, ok := <-s.frames:
-			if !ok {
-				t.Fatalf("stream ended before %s", event)
-			}
-			if f.Event != event {
-				continue
-			}
-			var o obj
-			if err := json.Unmarshal([]byte(f.Data), &o); err != nil {
-				t.Fatalf("frame %s: %v", f.Event, err)
-			}
-			return o
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no %s within 10s", event)
-		}
+	f, ok := skipTo(t, s.frames, func(f ssetest.Frame) bool { return f.Event == event }, event)
+	if !ok {
+		t.Fatalf("stream ended before %s", event)
 	}
+	var o obj
+	if err := json.Unmarshal([]byte(f.Data), &o); err != nil {
+		t.Fatalf("frame %s: %v", f.Event, err)
+	}
+	return o
 }
 
 // wait waits for the server to end the stream, then closes the response.
 func (s *sse) wait(t *testing.T) {
 	t.Helper()
+	skipTo(t, s.frames, nil, "end of the stream after Close")
+	s.body.Close()
+}
+
+// skipTo reads frames, the SSE events or socket messages a client's reader
+// passes on, until match accepts one, which it returns with true; or until
+// the reader closes frames, returning false. A nil match accepts none, so
+// skipTo drains frames. It fails the test if 10s pass without a frame,
+// naming what it waited for.
+func skipTo[F any](t *testing.T, frames <-chan F, match func(F) bool, what string) (F, bool) {
+	t.Helper()
 	for {
 		select {
-		case _, ok := <-s.frames:
-			if !ok {
-				s.body.Close()
-				return
+		case f, ok := <-frames:
+			if !ok || (match != nil && match(f)) {
+				return f, ok
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatal("stream still open 10s after Close")
+			t.Fatalf("no %s within 10s", what)
 		}
 	}
 }
@@ -248,39 +249,21 @@ func (w *ws) send(t *testing.T, f obj) {
 // expect skips frames up to one of type typ and returns it.
 func (w *ws) expect(t *testing.T, typ string) obj {
 	t.Helper()
-	for {
-		select {
-		case f, ok := <-w.frames:
-			if !ok {
-				t.Fatalf("socket ended before %s: %v", typ, w.err)
-			}
-			if f["type"] == typ {
-				return f
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no %s within 10s", typ)
-		}
+	f, ok := skipTo(t, w.frames, func(f obj) bool { return f["type"] == typ }, typ)
+	if !ok {
+		t.Fatalf("socket ended before %s: %v", typ, w.err)
 	}
+	return f
 }
 
 // wait waits for the socket's reader to return, and checks the server
 // said it was going away.
 func (w *ws) wait(t *testing.T) {
 	t.Helper()
-	for {
-		select {
-		case _, ok := <-w.frames:
-			if ok {
-				continue
-			}
-			_ = w.c.CloseNow()
-			if code := websocket.CloseStatus(w.err); code != websocket.StatusGoingAway {
-				t.Errorf("socket ended with %v, want going away", w.err)
-			}
-			return
-		case <-time.After(10 * time.Second):
-			t.Fatal("socket still open 10s after Close")
-		}
+	skipTo(t, w.frames, nil, "end of the socket after Close")
+	_ = w.c.CloseNow()
+	if code := websocket.CloseStatus(w.err); code != websocket.StatusGoingAway {
+		t.Errorf("socket ended with %v, want going away", w.err)
 	}
 }
 
