@@ -10,16 +10,21 @@ import (
 	"github.com/gatehouse-dev/gatehouse/session"
 )
 
+// appendFact appends to facts the next event of execution x, of type typ
+// for step (and its tool call) and action, as session s's log refers to
+// it: one turn t on thread main, at a fixed time.
+func appendFact(facts []fact, typ, step, action, payload string) []fact {
+	at := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	seq := uint64(len(facts) + 1)
+	return append(facts, fact{sessionID: "s", item: session.Item{Seq: seq, Kind: session.KindEvent, At: at, ThreadID: "main", TurnID: "t", ExecutionID: "x", ExecutionSeq: seq},
+		event: &event.Event{ID: "e" + strconv.Itoa(int(seq)), ExecutionID: "x", RunID: "x", StepID: step, ToolCallID: step, ActionID: action, Type: typ, Timestamp: at, Sequence: seq, Payload: json.RawMessage(payload)}})
+}
+
 // syntheticFacts is a session log of n facts: a turn whose execution calls
 // tools in a loop, as the gateway reads it.
 func syntheticFacts(n int) []fact {
-	at := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
 	facts := make([]fact, 0, n)
-	add := func(typ, step string, payload string) {
-		seq := uint64(len(facts) + 1)
-		facts = append(facts, fact{sessionID: "s", item: session.Item{Seq: seq, Kind: session.KindEvent, At: at, ThreadID: "main", TurnID: "t", ExecutionID: "x", ExecutionSeq: seq},
-			event: &event.Event{ID: "e" + strconv.Itoa(int(seq)), ExecutionID: "x", RunID: "x", StepID: step, ToolCallID: step, Type: typ, Timestamp: at, Sequence: seq, Payload: json.RawMessage(payload)}})
-	}
+	add := func(typ, step string, payload string) { facts = appendFact(facts, typ, step, "", payload) }
 	add(event.ExecutionCreated, "", `{"agent_id":"a","input":null}`)
 	add(event.ExecutionStarted, "", `{"session_id":"l","consumer_id":"c"}`)
 	for i := 0; len(facts) < n; i++ {
@@ -55,19 +60,8 @@ func BenchmarkProjectionLive(b *testing.B) {
 // TestFoldsAgree: folding rendered events directly and folding their JSON
 // give the same read models.
 func TestFoldsAgree(t *testing.T) {
-	facts := syntheticFacts(2000)
 	live, decoded := newModel("s"), newModel("s")
-	for i := range facts {
-		e, ok := render(&facts[i])
-		if !ok {
-			continue
-		}
-		live.foldEvent(&e)
-		data, _ := json.Marshal(&e)
-		if err := decoded.fold(data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	foldRendered(t, syntheticFacts(2000), live, decoded)
 	a, _ := json.Marshal(live.snapshot())
 	b, _ := json.Marshal(decoded.snapshot())
 	if string(a) != string(b) {
@@ -80,7 +74,6 @@ func TestFoldsAgree(t *testing.T) {
 // input requests, signals, the execution's ends), so that the property
 // below sees logs no scenario writes.
 func factsFrom(data []byte) []fact {
-	at := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
 	templates := []struct{ typ, payload string }{
 		{event.StepCreated, `{"tool_id":"search","arguments":{"q":1},"attempt":1,"max_attempts":3,"remote":true}`},
 		{event.StepDispatched, `{"runner_id":"r","job_id":"j"}`},
@@ -99,14 +92,8 @@ func factsFrom(data []byte) []fact {
 		{event.SignalReceived, `{"signal_type":"form","payload":{"a":1}}`},
 		{event.ExecutionCompleted, `{"output":{"ok":true}}`},
 	}
-	facts := []fact{}
-	add := func(typ, step, action, payload string) {
-		seq := uint64(len(facts) + 1)
-		facts = append(facts, fact{sessionID: "s", item: session.Item{Seq: seq, Kind: session.KindEvent, At: at, ThreadID: "main", TurnID: "t", ExecutionID: "x", ExecutionSeq: seq},
-			event: &event.Event{ID: "e" + strconv.Itoa(int(seq)), ExecutionID: "x", RunID: "x", StepID: step, ToolCallID: step, ActionID: action, Type: typ, Timestamp: at, Sequence: seq, Payload: json.RawMessage(payload)}})
-	}
-	add(event.ExecutionCreated, "", "", `{"agent_id":"a","input":null}`)
-	add(event.ExecutionStarted, "", "", `{}`)
+	facts := appendFact(nil, event.ExecutionCreated, "", "", `{"agent_id":"a","input":null}`)
+	facts = appendFact(facts, event.ExecutionStarted, "", "", `{}`)
 	for i, b := range data {
 		tp := templates[int(b)%len(templates)]
 		step := "s" + strconv.Itoa(int(b)/len(templates)%4)
@@ -114,7 +101,7 @@ func factsFrom(data []byte) []fact {
 		if tp.typ == event.StepApprovalRequired || tp.typ == event.PermissionResolved || tp.typ == event.PermissionRequested {
 			action = "act-" + step
 		}
-		add(tp.typ, step, action, tp.payload)
+		facts = appendFact(facts, tp.typ, step, action, tp.payload)
 		if i > 2000 {
 			break
 		}
@@ -130,25 +117,8 @@ func FuzzReplayRebuildsReadModels(f *testing.F) {
 	f.Add([]byte{6, 7, 9, 8, 13, 0, 1, 3, 15})
 	f.Add([]byte{11, 10, 14, 12, 11, 10, 14, 12, 15})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		facts := factsFrom(data)
 		live, decoded, again := newModel("s"), newModel("s"), newModel("s")
-		for i := range facts {
-			e, ok := render(&facts[i])
-			if !ok {
-				continue
-			}
-			live.foldEvent(&e)
-			enc, err := json.Marshal(&e)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := decoded.fold(enc); err != nil {
-				t.Fatal(err)
-			}
-			if err := again.fold(enc); err != nil {
-				t.Fatal(err)
-			}
-		}
+		foldRendered(t, factsFrom(data), live, decoded, again)
 		a, _ := json.Marshal(live.snapshot())
 		b, _ := json.Marshal(decoded.snapshot())
 		c, _ := json.Marshal(again.snapshot())
@@ -156,4 +126,27 @@ func FuzzReplayRebuildsReadModels(f *testing.F) {
 			t.Fatalf("replay differs:\n%s\n%s", a, b)
 		}
 	})
+}
+
+// foldRendered renders facts into events and folds each into live
+// directly, as the gateway does, and into every model of decoded from its
+// JSON, as a client replaying an export does.
+func foldRendered(t testing.TB, facts []fact, live *model, decoded ...*model) {
+	t.Helper()
+	for i := range facts {
+		e, ok := render(&facts[i])
+		if !ok {
+			continue
+		}
+		live.foldEvent(&e)
+		data, err := json.Marshal(&e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range decoded {
+			if err := m.fold(data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
