@@ -267,22 +267,10 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 		logs: map[string]*ownerLog{}, senders: map[peer.Key]*sender{}, settled: map[string]struct{}{},
 		settledRing: make([]string, settledMemory),
 	}
-	var loadErr error
-	err := r.st.Records(kindChannel, func(id string, decode func(any) error) bool {
-		var rc record
-		if err := decode(&rc); err != nil {
-			loadErr = fmt.Errorf("channel: decode %s: %w", id, err)
-			return false
-		}
-		r.addLocked(&rc)
-		return ctx.Err() == nil
+	err := store.EachRecord(ctx, r.st, kindChannel, "", func(_ string, rc *record) bool {
+		r.addLocked(rc)
+		return true
 	})
-	if err == nil {
-		err = loadErr
-	}
-	if err == nil {
-		err = ctx.Err()
-	}
 	if err != nil {
 		return nil, fmt.Errorf("channel: load channels: %w", err)
 	}

@@ -57,18 +57,10 @@ func (k *Kernel) Declare(ctx context.Context, agentID string, info json.RawMessa
 // its presence.
 func (k *Kernel) Declarations() ([]Declaration, error) {
 	var out []Declaration
-	var derr error
-	err := k.store.Records(kindAgentInfo, func(_ string, decode func(any) error) bool {
-		var d Declaration
-		if derr = decode(&d); derr != nil {
-			return false
-		}
-		out = append(out, d)
+	err := store.EachRecord(context.Background(), k.store, kindAgentInfo, "", func(_ string, d *Declaration) bool {
+		out = append(out, *d)
 		return true
 	})
-	if err == nil {
-		err = derr
-	}
 	if err != nil {
 		return nil, fmt.Errorf("kernel: declarations: %w", err)
 	}

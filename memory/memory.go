@@ -94,8 +94,8 @@ type tenant struct {
 	idx   index
 }
 
-// Open loads the notes' index from the store.
-func Open(o Options) (*Notes, error) {
+// Open loads the notes' index from the store; ctx bounds the load.
+func Open(ctx context.Context, o Options) (*Notes, error) {
 	if o.Store == nil {
 		return nil, errors.New("memory: Options.Store is required")
 	}
@@ -109,22 +109,18 @@ func Open(o Options) (*Notes, error) {
 		o.Now = time.Now
 	}
 	n := &Notes{o: o, tenants: map[string]*tenant{}}
-	var derr error
-	err := o.Store.Records(kindNote, func(id string, decode func(any) error) bool {
-		var note Note
-		if derr = decode(&note); derr != nil {
-			return false
-		}
+	var iderr error
+	err := store.EachRecord(ctx, o.Store, kindNote, "", func(id string, note *Note) bool {
 		ten, ok := splitID(id)
 		if !ok {
-			derr = fmt.Errorf("memory: malformed record id %q", id)
+			iderr = fmt.Errorf("memory: malformed record id %q", id)
 			return false
 		}
-		n.tenant(ten).idx.put(&note)
+		n.tenant(ten).idx.put(note)
 		return true
 	})
 	if err == nil {
-		err = derr
+		err = iderr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("memory: load: %w", err)

@@ -20,7 +20,7 @@ func open(t testing.TB, dir string, o memory.Options) (*memory.Notes, *store.Sto
 	t.Helper()
 	st := storetest.Open(t, store.Options{Dir: dir})
 	o.Store = st
-	n, err := memory.Open(o)
+	n, err := memory.Open(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}

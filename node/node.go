@@ -125,7 +125,7 @@ func (n *Node) build(ctx context.Context) error {
 	if err := sessions.Start(ctx, k); err != nil {
 		return err
 	}
-	notes, err := memory.Open(memory.Options{Store: st})
+	notes, err := memory.Open(ctx, memory.Options{Store: st})
 	if err != nil {
 		return err
 	}

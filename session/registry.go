@@ -405,18 +405,10 @@ func (r *Registry) Turns(ctx context.Context, id string) ([]Turn, error) {
 		return nil, err
 	}
 	var out []Turn
-	var derr error
-	err := r.st.RecordsWithPrefix(kindTurn, id+"/", func(_ string, decode func(any) error) bool {
-		var t Turn
-		if derr = decode(&t); derr != nil {
-			return false
-		}
-		out = append(out, t)
+	err := store.EachRecord(ctx, r.st, kindTurn, id+"/", func(_ string, t *Turn) bool {
+		out = append(out, *t)
 		return true
 	})
-	if err == nil {
-		err = derr
-	}
 	if err != nil {
 		return nil, fmt.Errorf("session: turns of %s: %w", id, err)
 	}
@@ -591,17 +583,9 @@ func (r *Registry) Acknowledge(ctx context.Context, id, reader string, seq uint6
 // Cursors returns what each reader of session id acknowledged.
 func (r *Registry) Cursors(ctx context.Context, id string) (map[string]uint64, error) {
 	out := map[string]uint64{}
-	var derr error
-	err := r.st.RecordsWithPrefix(kindCursor, id+"/", func(key string, decode func(any) error) bool {
-		var seq uint64
-		if derr = decode(&seq); derr != nil {
-			return false
-		}
-		out[strings.TrimPrefix(key, id+"/")] = seq
+	err := store.EachRecord(ctx, r.st, kindCursor, id+"/", func(key string, seq *uint64) bool {
+		out[strings.TrimPrefix(key, id+"/")] = *seq
 		return true
 	})
-	if err == nil {
-		err = derr
-	}
 	return out, err
 }

@@ -46,7 +46,7 @@ func (r *Registry) prune(ctx context.Context, id string, now time.Time) (int, er
 		}
 		return 0, err
 	}
-	keep, err := r.runningFrom(id)
+	keep, err := r.runningFrom(ctx, id)
 	if err != nil {
 		return 0, err
 	}
@@ -91,21 +91,13 @@ func (r *Registry) prune(ctx context.Context, id string, now time.Time) (int, er
 
 // runningFrom returns the first sequence of the oldest turn of session id
 // that has not ended, or no limit.
-func (r *Registry) runningFrom(id string) (uint64, error) {
+func (r *Registry) runningFrom(ctx context.Context, id string) (uint64, error) {
 	keep := ^uint64(0)
-	var derr error
-	err := r.st.RecordsWithPrefix(kindTurn, id+"/", func(_ string, decode func(any) error) bool {
-		var t Turn
-		if derr = decode(&t); derr != nil {
-			return false
-		}
+	err := store.EachRecord(ctx, r.st, kindTurn, id+"/", func(_ string, t *Turn) bool {
 		if !t.Status.Ended() && t.FirstSeq > 0 {
 			keep = min(keep, t.FirstSeq)
 		}
 		return true
 	})
-	if err == nil {
-		err = derr
-	}
 	return keep, err
 }

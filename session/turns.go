@@ -22,28 +22,24 @@ func (r *Registry) Start(ctx context.Context, k Kernel) error {
 	r.k = k
 	r.mu.Unlock()
 	var due []Turn
-	var derr error
-	err := r.st.Records(kindSession, func(id string, decode func(any) error) bool {
-		var s Session
-		if derr = decode(&s); derr != nil {
-			return false
-		}
+	var gerr error
+	err := store.EachRecord(ctx, r.st, kindSession, "", func(id string, s *Session) bool {
 		for _, th := range s.Threads {
 			if th.Active == "" {
 				continue
 			}
 			var t Turn
-			if derr = r.st.Get(kindTurn, id+"/"+th.Active, &t); derr != nil {
+			if gerr = r.st.Get(kindTurn, id+"/"+th.Active, &t); gerr != nil {
 				return false
 			}
 			if t.ExecutionID == "" && t.Status == TurnRunning {
 				due = append(due, t)
 			}
 		}
-		return ctx.Err() == nil
+		return true
 	})
 	if err == nil {
-		err = derr
+		err = gerr
 	}
 	if err != nil {
 		return fmt.Errorf("session: start: %w", err)

@@ -1668,6 +1668,30 @@ func (s *Store) RecordsWithPrefix(kind, idPrefix string, fn func(id string, deco
 	})
 }
 
+// EachRecord calls fn with every record of kind whose id starts with
+// idPrefix, in id order, decoded into a T, until fn returns false. A record
+// that does not decode ends the walk with an error naming it, and a walk
+// cut short by ctx returns ctx.Err(), so that neither passes for a walk
+// that found nothing.
+func EachRecord[T any](ctx context.Context, s *Store, kind, idPrefix string, fn func(id string, v *T) bool) error {
+	var stop error
+	err := s.RecordsWithPrefix(kind, idPrefix, func(id string, decode func(any) error) bool {
+		if stop = ctx.Err(); stop != nil {
+			return false
+		}
+		var v T
+		if err := decode(&v); err != nil {
+			stop = fmt.Errorf("store: decode %s/%s: %w", kind, id, err)
+			return false
+		}
+		return fn(id, &v)
+	})
+	if err != nil {
+		return err
+	}
+	return stop
+}
+
 // Entry is one entry of a log.
 type Entry struct {
 	// Seq is the entry's sequence in its stream.
