@@ -228,12 +228,7 @@ func (s *Surface) getThread(r *protocol.Request) {
 // the events after the cursor (after, or Last-Event-ID), then the live
 // tail; otherwise a JSON page {events, next}.
 func (s *Surface) events(r *protocol.Request) {
-	id := r.Params[0]
-	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, id); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	after, err := resumeAfter(r.Ctx)
+	id, after, err := s.resume(r)
 	if err != nil {
 		fail(r.Ctx, err)
 		return
@@ -274,12 +269,7 @@ func (s *Surface) events(r *protocol.Request) {
 // twin, each event a text message, resuming after ?after= or
 // Last-Event-ID.
 func (s *Surface) eventsWS(r *protocol.Request) {
-	id := r.Params[0]
-	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, id); err != nil {
-		fail(r.Ctx, err)
-		return
-	}
-	after, err := resumeAfter(r.Ctx)
+	id, after, err := s.resume(r)
 	if err != nil {
 		fail(r.Ctx, err)
 		return
@@ -287,15 +277,20 @@ func (s *Surface) eventsWS(r *protocol.Request) {
 	r.Gateway.WebSocket(r, "agent_runtime_ws", renderer, s.source(id, after))
 }
 
-// resumeAfter reads where an event stream resumes: after the sequence of
-// ?after=, or of Last-Event-ID when a reconnecting EventSource sends one.
-// A malformed cursor is refused wherever it is.
-func resumeAfter(ctx *fasthttp.RequestCtx) (uint64, error) {
-	after, err := cursor(string(ctx.QueryArgs().Peek("after")))
-	if h := ctx.Request.Header.Peek("Last-Event-ID"); err == nil && len(h) > 0 {
+// resume reads which session's events r follows, if its caller may read
+// them, and from where: after the sequence of ?after=, or of Last-Event-ID
+// when a reconnecting EventSource sends one. A malformed cursor is refused
+// wherever it is.
+func (s *Surface) resume(r *protocol.Request) (id string, after uint64, err error) {
+	id = r.Params[0]
+	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, id); err != nil {
+		return "", 0, err
+	}
+	after, err = cursor(string(r.Ctx.QueryArgs().Peek("after")))
+	if h := r.Ctx.Request.Header.Peek("Last-Event-ID"); err == nil && len(h) > 0 {
 		after, err = cursor(string(h))
 	}
-	return after, err
+	return id, after, err
 }
 
 // cursor reads a sequence cursor: empty is the start.
