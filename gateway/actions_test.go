@@ -8,6 +8,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
 const bridgePolicy = `
@@ -28,12 +29,18 @@ default:
   decision: allow
 `
 
+// bridgeNode starts a server with options c under bridgePolicy, for the
+// tests that restart it or give it several clients.
+func bridgeNode(t *testing.T, c node.Options) *nodetest.Server {
+	t.Helper()
+	c.Policy = policytest.Parse(t, bridgePolicy)
+	return start(t, c)
+}
+
+// bridgeServer starts a bridgeNode and returns a client of it.
 func bridgeServer(t *testing.T, c node.Options) *api {
 	t.Helper()
-	pol := policytest.Parse(t, bridgePolicy)
-	c.Policy = pol
-	s := start(t, c)
-	return newAPI(t, s)
+	return newAPI(t, bridgeNode(t, c))
 }
 
 // pendingAction asks for a tool that needs approval and returns the action id.
@@ -202,8 +209,7 @@ func TestCancelRetractsThePrompt(t *testing.T) {
 }
 
 func TestPendingPromptsSurviveRestart(t *testing.T) {
-	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol})
+	s := bridgeNode(t, node.Options{})
 	a := newAPI(t, s)
 	ag := a.agent("rs-bridge", "c1")
 	_, _, step, action := pendingAction(t, a, ag, "deploy.later")

@@ -12,7 +12,6 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -82,8 +81,7 @@ func TestChannelsRaceOnOnePrompt(t *testing.T) {
 // raised before it existed; a known device that was offline receives them
 // from its outbox on reconnect, also after a restart.
 func TestOfflineChannelGetsPromptOnConnect(t *testing.T) {
-	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol})
+	s := bridgeNode(t, node.Options{})
 	a := newAPI(t, s)
 	tablet := a.channel("tablet", "u1")
 	tablet.close()

@@ -160,13 +160,23 @@ func TestJobWaitsForCapableRunnerAndCapabilityUpdate(t *testing.T) {
 	}
 }
 
-func TestRunnerRetryThenFinalFailure(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("retry-agent", "c1")
-	run := a.runner("rr", "rr-1", "flaky")
+// remoteStep starts a server with agent agentID and runner runnerID, able
+// to run tool, connected, and has an execution assigned to the agent invoke
+// tool remotely: the start of the tests of a runner's jobs. It returns the
+// client, the agent, the runner and the execution's and step's ids; the
+// runner is yet to read its job.assigned.
+func remoteStep(t *testing.T, agentID, runnerID, tool string) (a *api, ag *agent, run *sseStream, id, step string) {
+	t.Helper()
+	a = newAPI(t, start(t, node.Options{}))
+	ag = a.agent(agentID, "c1")
+	run = a.runner(runnerID, "c1", tool)
 	id, lease := a.assigned(ag, nil)
-	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "flaky", "remote": true}, 200)["step_id"].(string)
+	step = a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": tool, "remote": true}, 200)["step_id"].(string)
+	return a, ag, run, id, step
+}
+
+func TestRunnerRetryThenFinalFailure(t *testing.T) {
+	a, ag, run, id, step := remoteStep(t, "retry-agent", "rr", "flaky")
 	var jobs []string
 	for attempt := 1; attempt <= 3; attempt++ {
 		job := run.expect("job.assigned")
@@ -468,12 +478,7 @@ func TestAgentDisconnectGraceAndReassignment(t *testing.T) {
 }
 
 func TestRunnerLostJobIsRequeued(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("lost-agent", "c1")
-	r1 := a.runner("lost-r1", "x", "slow")
-	id, lease := a.assigned(ag, nil)
-	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "slow", "remote": true}, 200)["step_id"]
+	a, ag, r1, id, step := remoteStep(t, "lost-agent", "lost-r1", "slow")
 	job1 := r1.expect("job.assigned")
 	r1.close()
 	r2 := a.runner("lost-r2", "y", "slow")
@@ -491,12 +496,7 @@ func TestRunnerLostJobIsRequeued(t *testing.T) {
 }
 
 func TestDeleteRunnerEndsStreamAndRequeues(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("del-agent", "c1")
-	r1 := a.runner("del-r1", "x", "tool")
-	id, lease := a.assigned(ag, nil)
-	a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "tool", "remote": true}, 200)
+	a, _, r1, _, _ := remoteStep(t, "del-agent", "del-r1", "tool")
 	r1.expect("job.assigned")
 	status, body, _ := a.do("DELETE", "/v0/runners/del-r1", nil)
 	if status != 204 || len(body) != 0 {

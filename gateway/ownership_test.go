@@ -6,7 +6,6 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -14,8 +13,7 @@ import (
 // deploy* tools.
 func jwtBridgeServer(t *testing.T) func(auth.Claims) *api {
 	t.Helper()
-	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
+	s := bridgeNode(t, node.Options{Auth: jwtOptions()})
 	return func(c auth.Claims) *api { return newAPIAs(t, s, c) }
 }
 
@@ -159,12 +157,7 @@ func TestStaticTokenIsOneOwner(t *testing.T) {
 // TestRunnerStartsOnlyItsOwnSteps: a runner reports started only for a step
 // dispatched to it; the runner that holds the job still can.
 func TestRunnerStartsOnlyItsOwnSteps(t *testing.T) {
-	s := start(t, node.Options{})
-	a := newAPI(t, s)
-	ag := a.agent("st-agent", "c1")
-	run := a.runner("st-runner", "c1", "work")
-	id, lease := a.assigned(ag, nil)
-	step := a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "work", "remote": true}, 200)["step_id"].(string)
+	a, _, run, id, step := remoteStep(t, "st-agent", "st-runner", "work")
 	run.expect("job.assigned")
 	a.fail("POST", "/v0/runners/steps/"+step+"/started", obj{"execution_id": id, "runner_id": "intruder"}, 409, "CONFLICT")
 	for _, typ := range a.eventTypes(id) {

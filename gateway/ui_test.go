@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
-	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -23,63 +21,44 @@ import (
 // security headers, and that they need no token even when the API does.
 func TestUIServesStaticFiles(t *testing.T) {
 	s := start(t, node.Options{Auth: auth.Options{StaticToken: "s3cret"}})
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	get := func(method, path string, hdr ...string) (*http.Response, string) {
-		t.Helper()
-		req, err := http.NewRequestWithContext(t.Context(), method, s.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, string(body)
-	}
+	a := newAPI(t, s)
+	// The redirect is what is checked, so the client must not follow it.
+	a.hc = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
-	if resp, _ := get("GET", "/ui"); resp.StatusCode != 301 || resp.Header.Get("Location") != "ui/" {
-		t.Fatalf("GET /ui: %d Location %q, want 301 to ui/", resp.StatusCode, resp.Header.Get("Location"))
+	if status, _, h := a.do("GET", "/ui", nil); status != 301 || h.Get("Location") != "ui/" {
+		t.Fatalf("GET /ui: %d Location %q, want 301 to ui/", status, h.Get("Location"))
 	}
 	for _, f := range []struct{ path, ctype, contains string }{
 		{"/ui/", "text/html; charset=utf-8", "<title>Gatehouse approvals</title>"},
 		{"/ui/app.js", "text/javascript; charset=utf-8", "permission.resolved"},
 		{"/ui/style.css", "text/css; charset=utf-8", "prefers-color-scheme"},
 	} {
-		resp, body := get("GET", f.path)
-		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != f.ctype || !strings.Contains(body, f.contains) {
-			t.Fatalf("GET %s: %d %q, body has %q: %v", f.path, resp.StatusCode, resp.Header.Get("Content-Type"), f.contains, strings.Contains(body, f.contains))
+		status, body, h := a.do("GET", f.path, nil)
+		if status != 200 || h.Get("Content-Type") != f.ctype || !strings.Contains(string(body), f.contains) {
+			t.Fatalf("GET %s: %d %q, body has %q: %v", f.path, status, h.Get("Content-Type"), f.contains, strings.Contains(string(body), f.contains))
 		}
-		h := resp.Header
 		if h.Get("Cache-Control") != "no-cache" || h.Get("ETag") == "" || h.Get("X-Content-Type-Options") != "nosniff" ||
 			!strings.Contains(h.Get("Content-Security-Policy"), "connect-src 'self'") {
 			t.Fatalf("GET %s headers: %v", f.path, h)
 		}
-		if again, body := get("GET", f.path, "If-None-Match", h.Get("ETag")); again.StatusCode != 304 || body != "" {
-			t.Fatalf("GET %s with its ETag: %d, %d bytes; want 304", f.path, again.StatusCode, len(body))
+		if again, body, _ := a.do("GET", f.path, nil, "If-None-Match", h.Get("ETag")); again != 304 || len(body) != 0 {
+			t.Fatalf("GET %s with its ETag: %d, %d bytes; want 304", f.path, again, len(body))
 		}
-		if head, body := get("HEAD", f.path); head.StatusCode != 200 || body != "" || head.Header.Get("Content-Type") != f.ctype {
-			t.Fatalf("HEAD %s: %d %q, %d bytes", f.path, head.StatusCode, head.Header.Get("Content-Type"), len(body))
+		if head, body, headHdr := a.do("HEAD", f.path, nil); head != 200 || len(body) != 0 || headHdr.Get("Content-Type") != f.ctype {
+			t.Fatalf("HEAD %s: %d %q, %d bytes", f.path, head, headHdr.Get("Content-Type"), len(body))
 		}
 	}
-	if resp, body := get("GET", "/ui/nope.js"); resp.StatusCode != 404 || body != "404 page not found\n" {
-		t.Fatalf("GET /ui/nope.js: %d %q", resp.StatusCode, body)
+	if status, body, _ := a.do("GET", "/ui/nope.js", nil); status != 404 || string(body) != "404 page not found\n" {
+		t.Fatalf("GET /ui/nope.js: %d %q", status, body)
 	}
-	if resp, _ := get("GET", "/ui/../v0/actions"); resp.StatusCode != 401 {
-		t.Fatalf("a path that leaves /ui/ must reach the API and its auth: %d", resp.StatusCode)
+	if status, _, _ := a.do("GET", "/ui/../v0/actions", nil); status != 401 {
+		t.Fatalf("a path that leaves /ui/ must reach the API and its auth: %d", status)
 	}
-	if resp, _ := get("POST", "/ui/"); resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD" {
-		t.Fatalf("POST /ui/: %d Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	if status, _, h := a.do("POST", "/ui/", nil); status != 405 || h.Get("Allow") != "GET, HEAD" {
+		t.Fatalf("POST /ui/: %d Allow %q", status, h.Get("Allow"))
 	}
-	if resp, _ := get("GET", "/v0/actions?status=pending"); resp.StatusCode != 401 {
-		t.Fatalf("the API itself still needs the token: %d", resp.StatusCode)
+	if status, _, _ := a.do("GET", "/v0/actions?status=pending", nil); status != 401 {
+		t.Fatalf("the API itself still needs the token: %d", status)
 	}
 }
 
@@ -226,8 +205,7 @@ func (b *browser) waitText(sel, want string) {
 // from another channel is retracted from the page.
 func TestUIApprovesInChromium(t *testing.T) {
 	br := newBrowser(t)
-	pol := policytest.Parse(t, bridgePolicy)
-	s := start(t, node.Options{Policy: pol, Auth: jwtOptions()})
+	s := bridgeNode(t, node.Options{Auth: jwtOptions()})
 	a := newAPI(t, s)
 	alice := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleClient})
 	aliceWeb := mint(t, auth.Claims{Subject: "alice", Role: auth.RoleChannel})
