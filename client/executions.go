@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/event"
 )
 
 // Status is an execution's state.
@@ -131,31 +133,10 @@ func (c *Client) Signal(ctx context.Context, id, signalType string, payload any)
 	return c.do(ctx, call{method: http.MethodPost, path: "/v0/executions/" + url.PathEscape(id) + "/signal", body: &body}, nil)
 }
 
-// Event is one fact of an execution's log.
-type Event struct {
-	ID             string          `json:"id"`
-	ExecutionID    string          `json:"execution_id"`
-	StepID         string          `json:"step_id,omitempty"`
-	Type           string          `json:"type"`
-	SchemaVersion  int             `json:"schema_version"`
-	Timestamp      time.Time       `json:"timestamp"`
-	Payload        json.RawMessage `json:"payload"`
-	CausationID    string          `json:"causation_id"`
-	CorrelationID  string          `json:"correlation_id"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	// Sequence is the event's position in the execution's log: from 1,
-	// without gaps.
-	Sequence uint64 `json:"sequence"`
-}
-
-// Terminal reports whether the event ends its execution.
-func (e *Event) Terminal() bool {
-	switch e.Type {
-	case "execution.completed", "execution.failed", "execution.cancelled":
-		return true
-	}
-	return false
-}
+// Event is one fact of an execution's log: the gateway's own envelope
+// (package event), so that the client reads every field the gateway writes,
+// the kernel API's and the Agent Runtime's.
+type Event = event.Event
 
 // EventPage is one page of an execution's events.
 type EventPage struct {

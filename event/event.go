@@ -81,6 +81,9 @@ func NewID() string {
 	return id.String()
 }
 
+// Terminal reports whether the event ends its execution.
+func (e *Event) Terminal() bool { return IsTerminal(e.Type) }
+
 // IsTerminal reports whether an event type ends its execution.
 func IsTerminal(typ string) bool {
 	switch typ {

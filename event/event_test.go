@@ -31,6 +31,9 @@ func TestIsTerminal(t *testing.T) {
 		if got := IsTerminal(typ); got != want {
 			t.Errorf("IsTerminal(%q) = %v", typ, got)
 		}
+		if got := (&Event{Type: typ}).Terminal(); got != want {
+			t.Errorf("Event{Type: %q}.Terminal() = %v", typ, got)
+		}
 	}
 }
 
