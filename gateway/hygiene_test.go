@@ -10,13 +10,13 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -128,29 +128,11 @@ func TestWSTextMustBeUTF8(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects a server's log lines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startLogged starts a server that logs everything, at debug level, into
 // the returned buffer.
-func startLogged(t *testing.T) (*api, *lockedBuffer) {
+func startLogged(t *testing.T) (*api, *syncbuf.Buffer) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := start(t, node.Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	return newAPI(t, s), logs
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store/fstest"
@@ -122,7 +123,7 @@ func grepLines(text []byte, substr string) string {
 // returns, every execution is assigned, by itself; shutdown is prompt.
 func TestFullStoreDoesNotSpin(t *testing.T) {
 	mnt := fstest.Small(t, 64<<20)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	s := start(t, node.Options{Data: filepath.Join(mnt, "data"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	a := newAPI(t, s)
 	st := s.Node.Store

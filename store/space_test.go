@@ -9,12 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
 
@@ -161,7 +161,7 @@ func (f *fakeSpace) read(string) (diskUsage, error) { return diskUsage{free: f.f
 func TestGuardRefusesAndResumes(t *testing.T) {
 	fs := &fakeSpace{}
 	fs.free.Store(10 * gib)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := openWith(t, Options{Dir: t.TempDir(), DiskBudget: 64 * mib, readSpace: fs.read, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer s.Close()
 	z := s.size
@@ -218,24 +218,6 @@ func TestGuardRefusesAndResumes(t *testing.T) {
 			t.Errorf("%q logged %d times, want once:\n%s", msg, n, logs.String())
 		}
 	}
-}
-
-// syncBuffer is a log destination read while the store writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestIdleFolderIsSmall: a new, empty store takes at most 8 MiB of disk,

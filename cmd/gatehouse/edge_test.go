@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
 
@@ -31,7 +32,7 @@ import (
 type edgeServer struct {
 	proc *os.Process
 	base string
-	logs *syncBuffer
+	logs *syncbuf.Buffer
 	done chan struct{} // closed once the process exited
 }
 
@@ -39,7 +40,7 @@ type edgeServer struct {
 // test's failure messages.
 func edgeChild(t *testing.T, addr, dir string) *edgeServer {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", dir, "--log-level", "info")
 	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
 	cmd.Stdout, cmd.Stderr = logs, logs

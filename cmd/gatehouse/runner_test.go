@@ -7,38 +7,20 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
-
-// syncBuffer is a bytes.Buffer safe for the runner's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestRunnerServesBuiltinTools runs `gatehouse runner` against a real
 // gateway and has an execution call its tools remotely.
 func TestRunnerServesBuiltinTools(t *testing.T) {
 	s := nodetest.Start(t, node.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runnerCmd(ctx, []string{"--url", s.URL, "--runner-id", "edge-1", "--tools", "gatehouse.echo,gatehouse.sha256", "--log-level", "error"}, &out, io.Discard)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
@@ -27,7 +28,7 @@ func TestTailFollowsUntilTheEnd(t *testing.T) {
 	resp.Body.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var out syncBuffer
+	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() { done <- tailCmd(ctx, []string{"--url", s.URL, ex.ID}, &out, io.Discard) }()
 	// Signals arrive while tail is following, then the execution is cancelled.

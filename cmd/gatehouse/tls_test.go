@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
@@ -76,12 +77,12 @@ func TestServeRefusesBadTLSFlags(t *testing.T) {
 // tlsServe runs `gatehouse serve` on a free port and the data folder data
 // with the given TLS flags until the test ends, and returns its https base
 // URL once it answers a client configured with cfg, and its log.
-func tlsServe(t *testing.T, cfg *tls.Config, data string, flags ...string) (string, *syncBuffer) {
+func tlsServe(t *testing.T, cfg *tls.Config, data string, flags ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	go func() {
 		done <- serve(ctx, append([]string{"--addr", addr, "--data", data, "--log-level", "info"}, flags...), logs)
 	}()
@@ -218,7 +219,7 @@ func TestClientCommandsOverTLS(t *testing.T) {
 		"intent": map[string]any{"type": "complete", "output": "ok"}})
 
 	// The one-shot commands with the CA.
-	var out syncBuffer
+	var out syncbuf.Buffer
 	if err := tailCmd(ctx, []string{"--url", base, "--ca-file", caFile, id}, &out, io.Discard); err != nil || !strings.Contains(out.String(), "execution.completed") {
 		t.Fatalf("tail: %v\n%s", err, out.String())
 	}

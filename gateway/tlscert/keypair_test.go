@@ -1,47 +1,20 @@
 package tlscert_test
 
 import (
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 )
-
-// logBuffer collects log lines from concurrent writers.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 // handshakes serves TLS handshakes with cfg on 127.0.0.1 until the test
 // ends, and returns the address: what a test of the certificate a
@@ -112,15 +85,15 @@ func TestLoadKeyPairRefuses(t *testing.T) {
 // the previous certificate stays.
 func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
-	var logs logBuffer
-	k, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: time.Millisecond, Logger: logs.logger()}, "127.0.0.1")
+	var logs syncbuf.Buffer
+	k, certFile, keyFile := ca.KeyPair(t, 1, tlscert.Options{Interval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, "127.0.0.1")
 	if got := serial(t, k); got != 1 || k.Leaf().SerialNumber.Int64() != 1 {
 		t.Fatalf("serial %d, want 1", got)
 	}
 
 	ca.WritePair(t, certFile, keyFile, 2, "127.0.0.1")
 	eventually.True(t, "new certificate served", func() bool { return serial(t, k) == 2 })
-	if n := logs.count("TLS certificate reloaded"); n != 1 {
+	if n := strings.Count(logs.String(), "TLS certificate reloaded"); n != 1 {
 		t.Fatalf("%d reload lines, want 1", n)
 	}
 
@@ -128,7 +101,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	certPEM, _ := ca.Issue(t, 3, "127.0.0.1")
 	tlscerttest.Replace(t, certFile, certPEM)
 	const refused = "TLS certificate files changed but cannot be used"
-	eventually.True(t, "bad pair logged", func() bool { serial(t, k); return logs.count(refused) > 0 })
+	eventually.True(t, "bad pair logged", func() bool { serial(t, k); return strings.Count(logs.String(), refused) > 0 })
 	// Many handshakes later, each past the interval, the old certificate is
 	// still served and the bad pair was logged once.
 	for range 50 {
@@ -137,7 +110,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 			t.Fatalf("serial %d after a bad pair, want 2 (the previous)", got)
 		}
 	}
-	if n := logs.count(refused); n != 1 {
+	if n := strings.Count(logs.String(), refused); n != 1 {
 		t.Fatalf("bad pair logged %d times, want once:\n%s", n, logs.String())
 	}
 
@@ -146,7 +119,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	if err := os.Remove(keyFile); err != nil {
 		t.Fatal(err)
 	}
-	eventually.True(t, "missing key logged", func() bool { serial(t, k); return logs.count(refused) == 2 })
+	eventually.True(t, "missing key logged", func() bool { serial(t, k); return strings.Count(logs.String(), refused) == 2 })
 	if got := serial(t, k); got != 2 {
 		t.Fatalf("serial %d with the key missing, want 2", got)
 	}
@@ -154,7 +127,7 @@ func TestKeyPairReloadsChangedFiles(t *testing.T) {
 	// A good pair again.
 	ca.WritePair(t, certFile, keyFile, 4, "127.0.0.1")
 	eventually.True(t, "good pair served", func() bool { return serial(t, k) == 4 })
-	if n := logs.count(refused); n != 2 {
+	if n := strings.Count(logs.String(), refused); n != 2 {
 		t.Fatalf("refusals logged %d times, want 2", n)
 	}
 }
