@@ -63,17 +63,7 @@ func (a *api) do(method, path string, body any, hdr ...string) (int, []byte, htt
 func (a *api) json(method, path string, body any, want int, hdr ...string) obj {
 	a.t.Helper()
 	status, data, _ := a.do(method, path, body, hdr...)
-	if status != want {
-		a.t.Fatalf("%s %s: status %d, want %d; body %s", method, path, status, want, data)
-	}
-	if len(data) == 0 {
-		return nil
-	}
-	var out obj
-	if err := json.Unmarshal(data, &out); err != nil {
-		a.t.Fatalf("%s %s: body is not a JSON object: %v: %s", method, path, err, data)
-	}
-	return out
+	return nodetest.Object(a.t, method, path, status, data, want)
 }
 
 // fail sends a request that must fail with status and code.

@@ -56,3 +56,20 @@ func Do(tb testing.TB, hc *http.Client, method, url string, body any, hdr ...str
 	}
 	return resp.StatusCode, data, resp.Header
 }
+
+// Object checks an answer to method url: its status must be want and its
+// body a JSON object, which it returns (nil for the empty body of a 204).
+func Object(tb testing.TB, method, url string, status int, data []byte, want int) map[string]any {
+	tb.Helper()
+	if status != want {
+		tb.Fatalf("%s %s: status %d, want %d; body %s", method, url, status, want, data)
+	}
+	if len(data) == 0 && status == http.StatusNoContent {
+		return nil
+	}
+	var out map[string]any
+	if err := json.Unmarshal(data, &out); err != nil {
+		tb.Fatalf("%s %s: body is not a JSON object: %v: %s", method, url, err, data)
+	}
+	return out
+}

@@ -71,14 +71,7 @@ func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) 
 func (c *client) json(method, path string, body any, want int) obj {
 	c.t.Helper()
 	status, data := c.do(method, path, body)
-	if status != want {
-		c.t.Fatalf("%s %s: %d, want %d: %s", method, path, status, want, data)
-	}
-	var out obj
-	if err := json.Unmarshal(data, &out); err != nil {
-		c.t.Fatalf("%s %s: %v: %s", method, path, err, data)
-	}
-	return out
+	return nodetest.Object(c.t, method, path, status, data, want)
 }
 
 func (c *client) command(name string, in obj, want int) obj {

@@ -40,14 +40,7 @@ func (c *rt) do(method, path string, body any, hdr ...string) (int, []byte) {
 func (c *rt) json(method, path string, body any, want int, hdr ...string) obj {
 	c.t.Helper()
 	status, data := c.do(method, path, body, hdr...)
-	if status != want {
-		c.t.Fatalf("%s %s: %d, want %d: %s", method, path, status, want, data)
-	}
-	var out obj
-	if err := json.Unmarshal(data, &out); err != nil {
-		c.t.Fatalf("%s %s: %v: %s", method, path, err, data)
-	}
-	return out
+	return nodetest.Object(c.t, method, path, status, data, want)
 }
 
 // fail checks an error answer: status, details.code, and a message.
