@@ -18,6 +18,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/ident"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -244,22 +245,12 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 	if o.HTTPClient == nil {
 		o.HTTPClient = g.client()
 	}
-	if o.Retention <= 0 {
-		o.Retention = time.Hour
-	}
-	if o.RetryBase <= 0 {
-		o.RetryBase = 500 * time.Millisecond
-	}
-	if o.RetryMax <= 0 {
-		o.RetryMax = time.Minute
-	}
+	option.Default(&o.Retention, time.Hour)
+	option.Default(&o.RetryBase, 500*time.Millisecond)
+	option.Default(&o.RetryMax, time.Minute)
 	o.RetryMax = max(o.RetryMax, o.RetryBase)
-	if o.MaxChannels <= 0 {
-		o.MaxChannels = 64
-	}
-	if o.LogLimit <= 0 {
-		o.LogLimit = 10000
-	}
+	option.Default(&o.MaxChannels, 64)
+	option.Default(&o.LogLimit, 10000)
 	r := &Registry{
 		st: o.Store, hub: o.Hub, log: o.Logger, client: o.HTTPClient, egress: g, retention: o.Retention,
 		retryBase: o.RetryBase, retryMax: o.RetryMax, maxChans: o.MaxChannels, logLimit: uint64(o.LogLimit),

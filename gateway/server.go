@@ -19,6 +19,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
@@ -79,13 +80,6 @@ func Defaults() Options {
 	}
 }
 
-// orDefault sets *v to d when *v is not positive.
-func orDefault[T int | time.Duration](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
-}
-
 // Server serves the gateway's HTTP API. Create it with New.
 type Server struct {
 	opts    Options
@@ -125,13 +119,13 @@ func New(o Options) (*Server, error) {
 		return nil, errors.New("gateway: Options.Kernel, Hub and Auth are required")
 	}
 	d := Defaults()
-	orDefault(&o.Heartbeat, d.Heartbeat)
-	orDefault(&o.WriteTimeout, d.WriteTimeout)
-	orDefault(&o.MaxBodyBytes, d.MaxBodyBytes)
-	orDefault(&o.HeaderTimeout, d.HeaderTimeout)
-	orDefault(&o.ReadTimeout, d.ReadTimeout)
-	orDefault(&o.IdleTimeout, d.IdleTimeout)
-	orDefault(&o.MaxConns, d.MaxConns)
+	option.Default(&o.Heartbeat, d.Heartbeat)
+	option.Default(&o.WriteTimeout, d.WriteTimeout)
+	option.Default(&o.MaxBodyBytes, d.MaxBodyBytes)
+	option.Default(&o.HeaderTimeout, d.HeaderTimeout)
+	option.Default(&o.ReadTimeout, d.ReadTimeout)
+	option.Default(&o.IdleTimeout, d.IdleTimeout)
+	option.Default(&o.MaxConns, d.MaxConns)
 	if o.MaxConnsPerIP == 0 {
 		o.MaxConnsPerIP = d.MaxConnsPerIP
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/protocol"
@@ -58,16 +59,12 @@ const frameSlack = 4 << 10
 // options; it runs after MaxBodyBytes has its default.
 func (o *Options) streamDefaults() {
 	d := Defaults()
-	orDefault(&o.PingInterval, d.PingInterval)
-	if o.MaxFrameBytes <= 0 {
-		o.MaxFrameBytes = int64(o.MaxBodyBytes) + frameSlack
-	}
+	option.Default(&o.PingInterval, d.PingInterval)
+	option.Default(&o.MaxFrameBytes, int64(o.MaxBodyBytes)+frameSlack)
 	if o.ConnectRate == 0 {
 		o.ConnectRate = d.ConnectRate
 	}
-	if o.ConnectBurst <= 0 {
-		o.ConnectBurst = max(1, int(math.Ceil(2*o.ConnectRate)))
-	}
+	option.Default(&o.ConnectBurst, max(1, int(math.Ceil(2*o.ConnectRate))))
 }
 
 // newAdmission returns the limiter of new stream connections: rate a

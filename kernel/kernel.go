@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -111,27 +112,20 @@ func Defaults() Options {
 	}
 }
 
-// orDefault sets *v to d when *v is not positive.
-func orDefault[T int | time.Duration](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
-}
-
 func (o *Options) defaults() {
 	d := Defaults()
-	orDefault(&o.StepTimeout, d.StepTimeout)
-	orDefault(&o.ExecutionTimeout, d.ExecutionTimeout)
-	orDefault(&o.AgentGrace, d.AgentGrace)
-	orDefault(&o.RunnerGrace, d.RunnerGrace)
-	orDefault(&o.RetryBase, d.RetryBase)
-	orDefault(&o.RetryMax, d.RetryMax)
-	orDefault(&o.RemoteMaxAttempts, d.RemoteMaxAttempts)
-	orDefault(&o.MaxSteps, d.MaxSteps)
-	orDefault(&o.MaxSignals, d.MaxSignals)
-	orDefault(&o.MaxLive, d.MaxLive)
-	orDefault(&o.IdempotencyWindow, d.IdempotencyWindow)
-	orDefault(&o.IdempotencyKeys, d.IdempotencyKeys)
+	option.Default(&o.StepTimeout, d.StepTimeout)
+	option.Default(&o.ExecutionTimeout, d.ExecutionTimeout)
+	option.Default(&o.AgentGrace, d.AgentGrace)
+	option.Default(&o.RunnerGrace, d.RunnerGrace)
+	option.Default(&o.RetryBase, d.RetryBase)
+	option.Default(&o.RetryMax, d.RetryMax)
+	option.Default(&o.RemoteMaxAttempts, d.RemoteMaxAttempts)
+	option.Default(&o.MaxSteps, d.MaxSteps)
+	option.Default(&o.MaxSignals, d.MaxSignals)
+	option.Default(&o.MaxLive, d.MaxLive)
+	option.Default(&o.IdempotencyWindow, d.IdempotencyWindow)
+	option.Default(&o.IdempotencyKeys, d.IdempotencyKeys)
 	if o.Policy == nil {
 		o.Policy = policy.Default()
 	}

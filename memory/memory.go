@@ -22,6 +22,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -99,12 +100,8 @@ func Open(ctx context.Context, o Options) (*Notes, error) {
 	if o.Store == nil {
 		return nil, errors.New("memory: Options.Store is required")
 	}
-	if o.MaxNoteBytes <= 0 {
-		o.MaxNoteBytes = 256 << 10
-	}
-	if o.MaxNotes <= 0 {
-		o.MaxNotes = 10000
-	}
+	option.Default(&o.MaxNoteBytes, 256<<10)
+	option.Default(&o.MaxNotes, 10000)
 	if o.Now == nil {
 		o.Now = time.Now
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -105,16 +106,9 @@ func (o *Options) defaults() {
 	if o.Addr == "" {
 		o.Addr = d.Addr
 	}
-	orDefault(&o.PeerRetention, d.PeerRetention)
-	orDefault(&o.Retention, d.Retention)
-	orDefault(&o.RetentionInterval, d.RetentionInterval)
-	orDefault(&o.Kernel.AgentGrace, d.Kernel.AgentGrace)
-	orDefault(&o.Kernel.RunnerGrace, d.Kernel.RunnerGrace)
-}
-
-// orDefault sets *v to d when *v is not positive.
-func orDefault(v *time.Duration, d time.Duration) {
-	if *v <= 0 {
-		*v = d
-	}
+	option.Default(&o.PeerRetention, d.PeerRetention)
+	option.Default(&o.Retention, d.Retention)
+	option.Default(&o.RetentionInterval, d.RetentionInterval)
+	option.Default(&o.Kernel.AgentGrace, d.Kernel.AgentGrace)
+	option.Default(&o.Kernel.RunnerGrace, d.Kernel.RunnerGrace)
 }

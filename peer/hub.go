@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -200,21 +201,11 @@ const kindPeer = "peer"
 // NewHub loads the durable outboxes from o.Store and returns the hub.
 func NewHub(ctx context.Context, o Options) (*Hub, error) {
 	d := Defaults()
-	if o.OutboxLimit <= 0 {
-		o.OutboxLimit = d.OutboxLimit
-	}
-	if o.Retention <= 0 {
-		o.Retention = d.Retention
-	}
-	if o.Rewind <= 0 {
-		o.Rewind = d.Rewind
-	}
-	if o.ConsumerRetention <= 0 {
-		o.ConsumerRetention = d.ConsumerRetention
-	}
-	if o.ReportInterval <= 0 {
-		o.ReportInterval = d.ReportInterval
-	}
+	option.Default(&o.OutboxLimit, d.OutboxLimit)
+	option.Default(&o.Retention, d.Retention)
+	option.Default(&o.Rewind, d.Rewind)
+	option.Default(&o.ConsumerRetention, d.ConsumerRetention)
+	option.Default(&o.ReportInterval, d.ReportInterval)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

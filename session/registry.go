@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/ident"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -117,18 +118,10 @@ func New(o Options) (*Registry, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.DeltaWindow <= 0 {
-		o.DeltaWindow = DefaultDeltaWindow
-	}
-	if o.DeltaBytes <= 0 {
-		o.DeltaBytes = DefaultDeltaBytes
-	}
-	if o.MaxEntries <= 0 {
-		o.MaxEntries = DefaultMaxEntries
-	}
-	if o.MaxAge <= 0 {
-		o.MaxAge = DefaultMaxAge
-	}
+	option.Default(&o.DeltaWindow, DefaultDeltaWindow)
+	option.Default(&o.DeltaBytes, DefaultDeltaBytes)
+	option.Default(&o.MaxEntries, DefaultMaxEntries)
+	option.Default(&o.MaxAge, DefaultMaxAge)
 	return &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{}, watchers: map[string]map[*Watch]struct{}{},
 		closing: make(chan struct{})}, nil
 }

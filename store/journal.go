@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"hash/crc32"
 	"io"
 	"log/slog"
@@ -154,9 +155,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // openJournal opens the journal in dir, creating the folder if needed. It
 // writes nothing until replay has run.
 func openJournal(dir string, o journalOptions) (*journal, error) {
-	if o.maxSegment <= 0 {
-		o.maxSegment = defaultSegmentSize
-	}
+	option.Default(&o.maxSegment, defaultSegmentSize)
 	if o.minSegment <= 0 || o.minSegment > o.maxSegment {
 		o.minSegment = o.maxSegment
 	}
@@ -166,9 +165,7 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: journal: %w", err)
 	}
-	if o.recycle <= 0 {
-		o.recycle = maxRecycled * o.maxSegment
-	}
+	option.Default(&o.recycle, maxRecycled*o.maxSegment)
 	return &journal{dir: dir, minSeg: o.minSegment, maxSeg: o.maxSegment, want: o.minSegment,
 		durable: o.durable, log: o.log, maxRecycledBytes: o.recycle}, nil
 }

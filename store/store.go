@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -314,15 +315,9 @@ func Open(o Options) (*Store, error) {
 	if !o.InMemory && o.Dir == "" {
 		return nil, errors.New("store: Options.Dir is required unless InMemory is set")
 	}
-	if o.SyncInterval <= 0 {
-		o.SyncInterval = 10 * time.Millisecond
-	}
-	if o.MaxBatch <= 0 {
-		o.MaxBatch = 1024
-	}
-	if o.QueueLength <= 0 {
-		o.QueueLength = 8192
-	}
+	option.Default(&o.SyncInterval, 10*time.Millisecond)
+	option.Default(&o.MaxBatch, 1024)
+	option.Default(&o.QueueLength, 8192)
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

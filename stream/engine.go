@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,9 +67,7 @@ const (
 // New joins a source, a renderer and a transport. Nothing is read or
 // written until Run or Start.
 func New(src Source, r Renderer, t Transport, o Options) *Stream {
-	if o.Batch <= 0 {
-		o.Batch = DefaultBatch
-	}
+	option.Default(&o.Batch, DefaultBatch)
 	return &Stream{o: o, r: r, t: t, src: src}
 }
 

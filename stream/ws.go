@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 )
 
 // Close codes that Gatehouse's WebSockets end with beyond those of RFC
@@ -82,12 +83,8 @@ type WS struct {
 
 // NewWS wraps an accepted socket.
 func NewWS(ws *websocket.Conn, o WSOptions) *WS {
-	if o.WriteTimeout <= 0 {
-		o.WriteTimeout = 10 * time.Second
-	}
-	if o.PingInterval <= 0 {
-		o.PingInterval = 15 * time.Second
-	}
+	option.Default(&o.WriteTimeout, 10*time.Second)
+	option.Default(&o.PingInterval, 15*time.Second)
 	return &WS{ws: ws, o: o, stop: make(chan struct{}), closed: make(chan struct{})}
 }
 

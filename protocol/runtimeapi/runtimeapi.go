@@ -24,6 +24,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/peer"
@@ -85,9 +86,7 @@ type Surface struct {
 
 // New returns the surface. Start runs its memory runner.
 func New(o Options) *Surface {
-	if o.WaitLimit <= 0 {
-		o.WaitLimit = 30 * time.Second
-	}
+	option.Default(&o.WaitLimit, 30*time.Second)
 	s := &Surface{o: o, memory: map[string]memory.Tool{}}
 	if o.Memory != nil && o.Hub != nil {
 		for _, t := range o.Memory.Tools() {
