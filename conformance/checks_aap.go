@@ -8,16 +8,6 @@ import (
 	"time"
 )
 
-func aapChecks() []check {
-	return []check{
-		def("aap/meta", "seed002 GET /meta; aap-v1-facts (endpoint table)", "an agent that declares its AgentInfo is listed by /aap/v1/meta, online, under version 1", checkAAPMeta),
-		def("aap/turn-none", "seed002 PUT /session (stream none); aap-v1-facts", "PUT /session without a stream answers 201 with the session id and the agent's reply as an assistant message", checkAAPTurnNone),
-		def("aap/turn-delta", "seed002 Streaming (delta); aap-v1-facts (exactly one turn_stop)", "a delta stream carries turn_start, the agent's text_delta events in order and exactly one turn_stop, each with an id", checkAAPTurnDelta),
-		def("aap/history-list-delete", "seed002 GET /session/:id, GET /sessions, DELETE /session/:id", "history full holds the user's and the agent's messages; the session is listed; DELETE is 204 with no body and the session is then 404", checkAAPHistoryListDelete),
-		def("aap/external-agent", "seed002; issue 16 (--aap-agent)", "the named AAP agent answers a delta turn with text and exactly one turn_stop", checkAAPExternalAgent),
-	}
-}
-
 const aap = "/aap/v1"
 
 // aapAgent is the suite acting as an AAP agent: a /v0 agent that declared

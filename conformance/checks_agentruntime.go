@@ -20,15 +20,6 @@ import (
 //go:embed agentruntime-schema/*.json
 var agentRuntimeSchemas embed.FS
 
-func agentRuntimeChecks() []check {
-	return []check{
-		def("agentruntime/schema-valid", "seed001 Event envelope, Durable snapshots; agentruntime-event/snapshot.schema.json", "a session's events and snapshot validate against the standard's schemas, with sequences strictly increasing", checkAgentRuntimeSchemas),
-		def("agentruntime/resume", "seed001 Validation 7 (reconnect); DESIGN Delivery contract 4", "the event stream resumes after Last-Event-ID with the next sequence", checkAgentRuntimeResume),
-		def("agentruntime/commands", "seed001 Control plane", "submit_turn is idempotent on turn_id; an unoffered standard command is 501 naming it, an unknown one 404", checkAgentRuntimeCommands),
-		def("agentruntime/export-digest", "seed001 Evidence and replay export", "an export's SHA-256 digest matches its events", checkAgentRuntimeExport),
-	}
-}
-
 // arSession makes a session whose one turn ran to completion, and returns
 // its id.
 func (t *tc) arSession() string {

@@ -25,57 +25,6 @@ func defRestart(id, spec, name string, fn func(*tc)) check {
 	return c
 }
 
-func apiChecks() []check {
-	return []check{
-		def("api/health", "seed004 §Observability GET /v0/health", "health answers 200 {\"status\":\"ok\"} without credentials", checkHealth),
-		def("api/ready", "seed004 §Observability GET /v0/ready", "ready answers 200 {\"status\":\"ready\"} without credentials", checkReady),
-		def("api/auth", "seed004 §API Reference (bearer token); wire-facts §2", "every route but health and ready needs the bearer token; failures are 401 UNAUTHORIZED", checkAuth),
-		def("api/http-conventions", "wire-facts §1 (router misses, X-Request-ID)", "unknown path 404, wrong method 405 with Allow, X-Request-ID echoed", checkHTTPConventions),
-		def("api/body-limit", "wire-facts §1 (request body max 1 MiB); issue 13 §1 (413 before the body is read)", "a body over 1 MiB is a 413 PAYLOAD_TOO_LARGE (the original kernel answered 400)", checkBodyLimit),
-		def("api/create", "seed004 §Executions POST /v0/executions; wire-facts §5.1-5.2", "201 with the execution; labels and input null when left out; no output key", checkCreate),
-		def("api/create-validation", "seed004 §Error Responses; wire-facts §5.2", "missing agent_id, bad JSON, non-string labels, over-long ids are 400 VALIDATION_ERROR", checkCreateValidation),
-		def("api/get", "seed004 §Executions GET /v0/executions/{id}; wire-facts §5.4", "get returns the execution; unknown id is 404 NOT_FOUND", checkGet),
-		def("api/list-filters", "seed004 §Executions GET /v0/executions; wire-facts §5.3", "status, agent_id and label filters; summary shape; bad status, label and cursor are 400", checkListFilters),
-		def("api/list-pagination", "seed004 §Executions GET /v0/executions; wire-facts §5.3, §15 (pagination)", "default limit 50, clamp at 200, cursor pages strictly after the last row", checkListPagination),
-		def("api/cancel", "seed004 §Executions POST /v0/executions/{id}/cancel; wire-facts §5.5", "cancel from pending, running and blocked; 409 when terminal; 404 unknown; step.cancelled events; queued jobs dropped", checkCancel),
-		def("api/signal", "seed004 §Executions POST /v0/executions/{id}/signal; wire-facts §5.6, §14.12", "signal 200 and signal.received event; 400 without type; 404 unknown; 409 terminal", checkSignal),
-		def("api/events", "seed004 §Executions GET /v0/executions/{id}/events; wire-facts §5.7, §8.1", "paging by after_sequence and limit; latest_sequence is the page's last; envelope shape; 404 unknown", checkEvents),
-		def("api/stream-framing", "seed004 §Executions GET /v0/executions/{id}/stream; wire-facts §6", "retry preamble, id before event, data equals the event object, server closes after the terminal event", checkStreamFraming),
-		def("api/stream-live", "seed004 §Executions GET /v0/executions/{id}/stream; wire-facts §6", "new events are pushed live from after_sequence; the stream ends after the terminal event", checkStreamLive),
-		def("api/stream-after-terminal", "wire-facts §14.11, §15 (the execution stream ends from the server)", "resuming at or past the terminal event closes the stream at once", checkStreamAfterTerminal),
-		def("api/stream-backlog", "wire-facts §14.11 (backlog over 1000), §5.7 (events limit max 1000)", "a backlog of over 1000 events is replayed at once on a live execution; the events page clamps at 1000", checkStreamBacklog),
-		def("api/stream-last-event-id", "wire-facts §15 (Last-Event-ID on resume)", "the Last-Event-ID header resumes the execution stream", checkStreamLastEventID),
-		def("api/stream-unknown", "wire-facts §5.8, §15", "an unknown execution's stream is a JSON 404 before any stream bytes", checkStreamUnknown),
-		def("api/heartbeat", "seed004 §Agents/§Runners (:heartbeat); DESIGN Transports (heartbeats at most every 15 s)", "idle agent, runner and execution streams carry comment heartbeats", checkHeartbeat),
-		def("api/agent-stream-params", "seed004 §Agents GET /v0/agents/stream; wire-facts §5.9", "agent stream without agent_id or consumer_id is a JSON 400", checkAgentStreamParams),
-		def("api/agent-round-robin", "wire-facts §7.1, §10 (consumer choice)", "executions of one agent are shared among its online consumers", checkAgentRoundRobin),
-		def("api/agent-assigned", "seed004 §Agents SSE events; wire-facts §7.1", "execution.assigned carries execution_id, session_id, agent_id, input and labels", checkAgentAssigned),
-		def("api/intent-local-tool", "seed004 §Agents POST /v0/agents/intent, POST /v0/agents/step-result; wire-facts §5.10-5.11, §7.2", "local invoke_tool: step.created, step-result, step.completed/failed and the tool.result push", checkIntentLocalTool),
-		def("api/intent-remote-tool", "seed004 §Runners; wire-facts §5.10, §7.5, §12", "remote invoke_tool reaches a capable runner as job.assigned; started and results complete the step", checkIntentRemoteTool),
-		def("api/intent-complete", "seed004 §Agents intent complete; wire-facts §5.10, §9.1", "complete ends the execution with its output; later mutations are 409", checkIntentComplete),
-		def("api/intent-fail", "seed004 §Agents intent fail; wire-facts §5.10", "fail needs an error and ends the execution failed", checkIntentFail),
-		def("api/intent-wait", "seed004 §Agents intent wait; wire-facts §5.6, §5.10, §7.4", "wait blocks until its signal; intents are 409 while blocked; signal.received pushed with execution_id", checkIntentWait),
-		def("api/intent-wait-presignalled", "wire-facts §5.10 (wait), §14.5, §15 (push after the answer)", "a wait whose signal already arrived resumes at once and the signal is pushed again", checkIntentWaitPresignalled),
-		def("api/intent-validation", "seed004 §Agents POST /v0/agents/intent; wire-facts §5.10 (check order)", "malformed intents are 400 VALIDATION_ERROR; an unknown session is 401 UNAUTHORIZED", checkIntentValidation),
-		def("api/intent-active-steps", "wire-facts §5.10 (complete/fail with active steps), §14.8", "complete and fail with a step in flight are 409 and leave no intent.accepted", checkIntentActiveSteps),
-		def("api/policy-deny", "seed004 §Agents (policy denial); wire-facts §8.2 intent.denied, §11.3", "a denied tool answers 200 accepted:false and writes intent.denied with reason and rule_id", checkPolicyDeny),
-		def("api/policy-approval", "wire-facts §11.4 (approval flow), §7.3", "require_approval blocks; malformed step.approve is 400; approval resumes and pushes approval.resolved", checkPolicyApproval),
-		def("api/policy-approval-deny", "wire-facts §11.4 (approval denied)", "a denied approval fails the step and resumes the execution", checkPolicyApprovalDeny),
-		def("api/step-result", "seed004 §Agents POST /v0/agents/step-result; wire-facts §5.11, §3", "400 missing fields, 404 unknown step, 401 bad session, 200 identical retry, 409 with the recorded outcome", checkStepResult),
-		def("api/runner-stream-params", "seed004 §Runners GET /v0/runners/stream", "runner stream without runner_id or consumer_id is a JSON 400", checkRunnerStreamParams),
-		def("api/runner-started", "seed004 §Runners POST /v0/runners/steps/{stepId}/started; wire-facts §5.12", "started writes step.started; 400 missing fields; 404 unknown step; no-op once terminal", checkRunnerStarted),
-		def("api/runner-results", "seed004 §Runners POST /v0/runners/{id}/results; wire-facts §5.12, §12", "400 missing fields, 404 unknown step, 200 identical retry, 409 with the recorded outcome", checkRunnerResults),
-		def("api/runner-retry", "seed004 §Runners results (retryable); wire-facts §12", "a retryable failure writes step.failed+step.retried and re-dispatches a new job for attempt 2", checkRunnerRetry),
-		def("api/runner-final-failure", "wire-facts §12 (final failure), §7.2", "a non-retryable failure fails the step and pushes tool.result failed", checkRunnerFinalFailure),
-		def("api/runner-capabilities", "seed004 §Runners POST /v0/runners/{id}/capabilities", "a capabilities update lets a queued job reach the runner", checkRunnerCapabilities),
-		def("api/runner-delete", "seed004 §Runners DELETE /v0/runners/{id}; wire-facts §14.16", "DELETE answers 204 with an empty body; it ends the runner's stream and re-queues its job (wire-facts §14.16)", checkRunnerDelete),
-		def("api/runner-dispatch-idle", "wire-facts §12 (matching, round-robin skipping busy connections)", "two jobs for one tool go to two idle capable runners at once", checkRunnerDispatchIdle),
-		def("api/runner-busy-release", "wire-facts §12 (one job at a time), §14.2, §15 (runners freed without consumer_id)", "a runner holds one job at a time and is freed by a result without consumer_id", checkRunnerBusyRelease),
-		def("api/consumer-takeover", "wire-facts §6, §14.7, §15 (same consumer_id on reconnect)", "a reconnect with the same consumer_id ends the old stream and takes over its deliveries", checkConsumerTakeover),
-		def("api/metrics", "seed004 §Observability GET /metrics", "metrics in Prometheus text exposition format", checkMetrics),
-	}
-}
-
 func checkHealth(t *tc) {
 	o := t.expectJSON(t.call(http.MethodGet, "/v0/health", nil, noAuth()), http.StatusOK)
 	t.wantEq(`health "status"`, t.wantStr(o, "status", "health"), "ok")

@@ -6,15 +6,6 @@ import (
 	"net/url"
 )
 
-func bridgeChecks() []check {
-	return []check{
-		def("bridge/first-answer-wins", "DESIGN Permission bridge; issue 4 §2", "an approval is one action record; the first answer wins, a second gets 409 with the recorded outcome", checkBridgeFirstAnswer),
-		def("bridge/signal-compat", "DESIGN Permission bridge; wire-facts §11.4; issue 4 §2", "a step.approve signal resolves the same record, so a later answer gets 409", checkBridgeSignalCompat),
-		def("bridge/audit-events", "seed001 Expanded Event Families (Permission); issue 4 §3", "permission.requested and permission.resolved are written to the execution's log", checkBridgeAudit),
-		defRestart("bridge/restart-pending", "DESIGN Permission bridge (a restart keeps every pending prompt)", "a pending prompt survives a restart and can still be answered", checkBridgeRestart),
-	}
-}
-
 // needBridge skips the check unless the server has the actions API.
 func (t *tc) needBridge() {
 	if t.routeMissing(http.MethodGet, "/v0/actions") {

@@ -19,22 +19,6 @@ import (
 	"github.com/coder/websocket"
 )
 
-func deliveryChecks() []check {
-	return []check{
-		def("delivery/resume-cuts", "DESIGN delivery 4", "resuming a finished execution's stream at any cursor (after_sequence or Last-Event-ID) gives exactly the rest", checkResumeCuts),
-		def("delivery/resume-live-cut", "DESIGN delivery 4", "cutting a live execution stream and resuming from the last seen id loses and repeats nothing", checkResumeLiveCut),
-		def("delivery/idempotent-intent", "DESIGN delivery 6; wire-facts §14.1", "a retried intent with the same key returns the first answer and creates nothing; another body with the key is 409", checkIdempotentIntent),
-		def("delivery/idempotent-results", "DESIGN delivery 6", "retried runner and step results with a key answer 200 and write and push nothing new", checkIdempotentResults),
-		def("delivery/peer-resume", "DESIGN delivery 2-4", "an agent reconnecting with Last-Event-ID gets the deliveries it missed, in order, once", checkPeerResume),
-		def("delivery/explicit-ack", "DESIGN delivery 3", "unacknowledged deliveries are sent again in order after a reconnect; acknowledged ones never", checkExplicitAck),
-		def("delivery/explicit-reset", "DESIGN delivery 5", "a peer cursor from another epoch or beyond the history gets an explicit reset with a snapshot to re-hydrate from", checkExplicitReset),
-		def("delivery/slow-consumer", "DESIGN delivery 7", "a consumer that stops reading is disconnected and resumes from its cursor without a gap", checkSlowConsumer),
-		def("delivery/websocket-twins", "DESIGN Transports (WebSocket twins, subprotocols)", "agent, runner and execution WebSocket endpoints negotiate gatehouse.v1.json and gatehouse.v1.msgpack", checkWebSocketTwins),
-		defRestart("delivery/durable-restart", "DESIGN delivery 1; DESIGN users (agent reconnecting within the grace period)", "everything acknowledged before a restart (events, queued jobs, signals, idempotency records) is there after it, and the work completes", checkDurableRestart),
-		defRestart("delivery/outbox-restart", "DESIGN delivery 2", "a delivery queued for a disconnected agent survives a restart", checkOutboxRestart),
-	}
-}
-
 // longRun drives an execution through local tools and signals to
 // completion, so its log has enough events to cut at many points.
 func (t *tc) longRun() (*run, []event) {

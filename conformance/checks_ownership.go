@@ -7,15 +7,6 @@ import (
 	"strings"
 )
 
-func ownershipChecks() []check {
-	return []check{
-		def("security/foreign-execution-404", "DESIGN Security; issue 13 §2 (an owner on every resource)", "another client's execution answers 404, word for word as an unknown id, on every route, and is not listed", checkForeignExecution),
-		def("security/foreign-prompt-404", "DESIGN Permission bridge; issue 13 §2", "another client's prompt answers 404 and cannot be answered, also by step.approve", checkForeignPrompt),
-		def("api/idempotent-create", "DESIGN Delivery contract 6; issue 13 §7", "a create retried with its Idempotency-Key returns the first execution (200); another body is 409; keys are per principal", checkIdempotentCreate),
-		defRestart("api/idempotent-create-restart", "DESIGN Delivery contract 6; issue 13 §7", "an Idempotency-Key of a create still returns the first execution after a restart", checkIdempotentCreateRestart),
-	}
-}
-
 // needClients skips the check without two client tokens of different
 // principals, and returns them.
 func (t *tc) needClients() (alice, bob string) {

@@ -6,19 +6,6 @@ import (
 	"strings"
 )
 
-func securityChecks() []check {
-	return []check{
-		def("security/runner-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "a runner token opens only its own runner id and not the execution API (403 FORBIDDEN)", checkRunnerTokenScope),
-		def("security/agent-token-scope", "DESIGN Security; issue 3 §6 (scoped tokens)", "an agent token acts only for its own agent id (403 FORBIDDEN otherwise)", checkAgentTokenScope),
-		def("security/cross-origin", "issue 13 §3 (safe from browsers)", "a request a page of another origin makes a browser send is 403 FORBIDDEN_ORIGIN; a text or form body is 415 UNSUPPORTED_MEDIA_TYPE", checkCrossOrigin),
-		def("security/headers-431", "issue 13 §5 (oversized headers)", "request headers over the limit are 431 and the answer echoes nothing of the request", checkHeaders431),
-		def("security/cursor-syntax", "issue 13 §5 (cursors)", "malformed cursors (x.y, 5., .5, -1, overflow) are 400 before a stream starts or a socket upgrades", checkCursorSyntax),
-		def("security/execution-cursor-syntax", "issue 13 §5 (cursors)", "the execution socket's cursors and the execution stream's Last-Event-ID that are not a sequence are 400 before the upgrade or the first stream byte", checkExecutionCursorSyntax),
-		def("security/id-syntax", "issue 13 §5 (ids)", "an id with a control or format character (LF, NUL, U+202E, U+200B), in a body, a query or a path, is 400 VALIDATION_ERROR that echoes nothing of it", checkIDSyntax),
-		def("security/host", "issue 13 §3 (DNS rebinding)", "with no token, a Host that is not a loopback name is 421 HOST_NOT_ALLOWED; with one, any Host is served", checkHost),
-	}
-}
-
 func checkCrossOrigin(t *tc) {
 	body := map[string]any{"agent_id": newID("conf-agent-")}
 	for _, h := range [][2]string{{"Origin", "http://conformance.invalid"}, {"Sec-Fetch-Site", "cross-site"}} {

@@ -8,17 +8,6 @@ import (
 	"time"
 )
 
-func seed001Checks() []check {
-	return []check{
-		def("seed001/stable-ids", "seed001 Validation 1 (stable ids); seed001 Event envelope", "event ids are unique, equal event_id, stable across reads, with sequences 1..n", checkStableIDs),
-		def("seed001/replay-read-model", "seed001 Validation 1 (replay into a read model)", "folding an execution's events gives the status, output and input the API reports", checkReplayReadModel),
-		def("seed001/tool-facts", "seed001 Validation 3", "tool calls keep their input, result, errors, earlier attempts and policy decisions", checkToolFacts),
-		def("seed001/human-pause", "seed001 Validation 4", "a waiting execution stays paused until its own answer arrives; nothing else resumes it", checkHumanPause),
-		defRestart("seed001/lifecycle-restart", "seed001 Validation 6", "executions, attempts and (with --approval-tool) pending approvals keep their state across a restart and finish after it", checkLifecycleRestart),
-		def("seed001/missing-facts", "seed001 Validation 9", "a gone peer is reported offline, lost or stale, never still online", checkMissingFacts),
-	}
-}
-
 func checkStableIDs(t *tc) {
 	r, evs := t.longRun()
 	seen := map[string]bool{}

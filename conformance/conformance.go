@@ -148,21 +148,6 @@ func Checks() []Check {
 	return out
 }
 
-// suite returns every check, grouped by specification.
-func suite() []check {
-	var all []check
-	all = append(all, apiChecks()...)
-	all = append(all, deliveryChecks()...)
-	all = append(all, bridgeChecks()...)
-	all = append(all, securityChecks()...)
-	all = append(all, ownershipChecks()...)
-	all = append(all, seed001Checks()...)
-	all = append(all, agentRuntimeChecks()...)
-	all = append(all, runtimeChecks()...)
-	all = append(all, aapChecks()...)
-	return all
-}
-
 // Run runs the checks whose ID matches one of the only regular expressions
 // (all checks when none are given) and returns their results in suite
 // order. It returns an error only for unusable options or an unreachable
