@@ -2,7 +2,9 @@ package gateway_test
 
 import (
 	"bufio"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,27 +14,34 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/stream"
 )
 
 // echoSurface is a protocol surface for tests: it answers in its own
-// error shape and streams a fixed list of items.
+// error shape, streams a fixed list of items, and fails one route with an
+// error only it knows (a 500).
 type echoSurface struct{}
 
 func (echoSurface) Mount() string { return "/echo/v1" }
 
 func (echoSurface) Routes() []protocol.Route {
 	return []protocol.Route{
-		{Method: "GET", Pattern: "/things/{}", Handle: func(r *protocol.Request) {
+		{Method: "GET", Pattern: "/things/{}", Handle: func(r *protocol.Request) error {
+			if r.Params[0] == "broken" {
+				return errors.New("disk on fire")
+			}
 			r.Ctx.SetContentType("application/json")
 			r.Ctx.SetBodyString(`{"thing":"` + r.Params[0] + `","by":"` + r.Principal.Subject + `"}`)
+			return nil
 		}},
-		{Method: "GET", Pattern: "/things/{}/events", Stream: true, Handle: func(r *protocol.Request) {
+		{Method: "GET", Pattern: "/things/{}/events", Stream: true, Handle: func(r *protocol.Request) error {
 			r.Gateway.SSE(r, "echo", echoRender, stream.SSEOptions{}, false, func(*stream.Options) (stream.Source, func()) {
 				return &sliceSource{items: []string{"a", "b", r.Params[0]}}, nil
 			})
+			return nil
 		}},
 	}
 }
@@ -41,6 +50,10 @@ func (echoSurface) WriteError(ctx *fasthttp.RequestCtx, status int, code, msg st
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBodyString(`{"echo_error":"` + code + `"}`)
+}
+
+func (s echoSurface) Fail(ctx *fasthttp.RequestCtx, err error) {
+	s.WriteError(ctx, fasthttp.StatusInternalServerError, "INTERNAL", err.Error())
 }
 
 var echoRender = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, error) {
@@ -76,7 +89,8 @@ func (s *sliceSource) OnWake(func()) {}
 func (s *sliceSource) Close()        {}
 
 func TestSurfaceRoutesAreMountedAuthenticatedAndStreamed(t *testing.T) {
-	c := node.Options{Auth: auth.Options{StaticToken: "s3cret"}}
+	logs := &syncbuf.Buffer{}
+	c := node.Options{Auth: auth.Options{StaticToken: "s3cret"}, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 	c.Server.Surfaces = []protocol.Surface{echoSurface{}}
 	s := start(t, c)
 	a := newAPI(t, s)
@@ -91,6 +105,14 @@ func TestSurfaceRoutesAreMountedAuthenticatedAndStreamed(t *testing.T) {
 	}
 	if status, _, _ := a.do("GET", "/echo/v1/nothing", nil); status != 404 {
 		t.Fatalf("an unknown path under the mount: %d, want 404", status)
+	}
+	// A handler's error is answered by the surface, in its own shape, and
+	// the gateway logs the 500 with the request it failed.
+	if status, body, _ := a.do("GET", "/echo/v1/things/broken", nil); status != 500 || string(body) != `{"echo_error":"INTERNAL"}` {
+		t.Fatalf("a handler's error: %d %s, want the surface's own 500", status, body)
+	}
+	if l := logs.String(); !strings.Contains(l, "request failed") || !strings.Contains(l, "disk on fire") || !strings.Contains(l, "/echo/v1/things/broken") {
+		t.Fatalf("the 500 is not logged with its error and path:\n%s", l)
 	}
 
 	req, _ := http.NewRequest("GET", s.URL+"/echo/v1/things/z/events", nil)

@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
@@ -36,7 +38,14 @@ func (s *Server) mount(r *router, sf protocol.Surface) {
 	prefix := strings.TrimSuffix(sf.Mount(), "/")
 	for _, pr := range sf.Routes() {
 		h := func(c *call) {
-			pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Gateway: s})
+			err := pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Gateway: s})
+			if err == nil {
+				return
+			}
+			sf.Fail(c.ctx, err)
+			if c.ctx.Response.StatusCode() == fasthttp.StatusInternalServerError {
+				s.log.Error("request failed", "method", string(c.ctx.Method()), "path", string(c.ctx.Path()), "err", err)
+			}
 		}
 		if pr.Stream {
 			h = s.admit(h)

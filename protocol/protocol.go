@@ -36,6 +36,10 @@ type Surface interface {
 	// origin), in the protocol's own error shape. status is the HTTP
 	// status, code the gateway's machine code (UNAUTHORIZED, ...).
 	WriteError(ctx *fasthttp.RequestCtx, status int, code, msg string)
+	// Fail answers err, which a route's handler returned having written
+	// nothing, with the status, code and wording the protocol gives it.
+	// The gateway logs the answers that are 500.
+	Fail(ctx *fasthttp.RequestCtx, err error)
 }
 
 // Route is one method and path below a surface's mount. A "{}" segment of
@@ -46,7 +50,9 @@ type Route struct {
 	// Stream marks a route that may hold the connection as a stream: new
 	// ones are admitted under the gateway's connection rate.
 	Stream bool
-	Handle func(*Request)
+	// Handle answers the request. An error it returns means it has
+	// written nothing: the gateway answers it with the surface's Fail.
+	Handle func(*Request) error
 }
 
 // Request is one routed request.

@@ -92,10 +92,10 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) { wire().Write(ctx, 
 // errBusy refuses a turn while another runs.
 var errBusy = errors.New("session is busy")
 
-// fail answers err with the status and code every surface gives it
-// (protocol.Failure), or 409 CONFLICT for a busy session. AAP's error
-// answer is {error, code} alone: no details.
-func fail(ctx *fasthttp.RequestCtx, err error) {
+// Fail answers an error a handler returned with the status and code every
+// surface gives it (protocol.Failure), or 409 CONFLICT for a busy session.
+// AAP's error answer is {error, code} alone: no details.
+func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	status, body := protocol.Failure(err)
 	if errors.Is(err, errBusy) {
 		status, body = fasthttp.StatusConflict, protocol.ErrorBody{Error: err.Error(), Code: "CONFLICT"}
@@ -127,27 +127,24 @@ type AgentOption struct {
 
 // declare answers PUT /agents/{name}: an agent declares its AgentInfo. The
 // caller must be allowed to act as that agent.
-func (s *Surface) declare(r *protocol.Request) {
+func (s *Surface) declare(r *protocol.Request) error {
 	name := r.Params[0]
 	if err := r.Principal.Authorize(auth.ActAct, auth.Resource{Kind: auth.KindAgent, ID: name, AgentID: name}); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	var info AgentInfo
 	if err := json.Unmarshal(r.Ctx.PostBody(), &info); err != nil {
-		fail(r.Ctx, protocol.Invalid("invalid AgentInfo: "+err.Error()))
-		return
+		return protocol.Invalid("invalid AgentInfo: " + err.Error())
 	}
 	if info.Name != name || info.Version == "" {
-		fail(r.Ctx, protocol.Invalid("AgentInfo needs name (the agent id of the path) and version"))
-		return
+		return protocol.Invalid("AgentInfo needs name (the agent id of the path) and version")
 	}
 	data, _ := json.Marshal(&info)
 	if err := s.o.Kernel.Declare(r.Ctx, name, data); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, &info)
+	return nil
 }
 
 // declared returns the declared agents, by name, with whether each is
@@ -171,11 +168,10 @@ func (s *Surface) declared() (map[string]AgentInfo, []kernel.Declaration, error)
 
 // meta answers GET /meta: version 1 and every declared agent (extension:
 // "online" says whether one of its consumers is connected).
-func (s *Surface) meta(r *protocol.Request) {
+func (s *Surface) meta(r *protocol.Request) error {
 	infos, decls, err := s.declared()
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	type listed struct {
 		AgentInfo
@@ -186,6 +182,7 @@ func (s *Surface) meta(r *protocol.Request) {
 		agents = append(agents, listed{AgentInfo: infos[d.AgentID], Online: d.Online})
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, map[string]any{"version": 1, "agents": agents})
+	return nil
 }
 
 // config is what the surface keeps about an AAP session, in the session's
@@ -222,7 +219,7 @@ func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Actio
 
 // listSessions answers GET /sessions?after=: the caller's AAP session
 // ids; next only when there are more.
-func (s *Surface) listSessions(r *protocol.Request) {
+func (s *Surface) listSessions(r *protocol.Request) error {
 	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{
 		After: string(r.Ctx.QueryArgs().Peek("after")),
 		Visible: func(x *session.Session) bool {
@@ -231,8 +228,7 @@ func (s *Surface) listSessions(r *protocol.Request) {
 		},
 	})
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	ids := []string{}
 	for _, x := range page.Sessions {
@@ -243,17 +239,17 @@ func (s *Surface) listSessions(r *protocol.Request) {
 		out["next"] = page.Next
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 // deleteSession answers DELETE /session/{id}: 204 with no body. The
 // session is archived and no longer an AAP session: AAP answers 404 for it
 // from then on; its log stays for the other surfaces until retention. A
 // running turn is cancelled.
-func (s *Surface) deleteSession(r *protocol.Request) {
+func (s *Surface) deleteSession(r *protocol.Request) error {
 	sess, c, err := s.session(r.Ctx, r.Principal, auth.ActWrite, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if exec := s.activeExecution(r.Ctx, &sess); exec != "" {
 		_, _ = s.o.Kernel.Cancel(r.Ctx, exec, kernel.Meta{Principal: r.Principal.Subject, Tenant: r.Principal.Tenant})
@@ -261,14 +257,13 @@ func (s *Surface) deleteSession(r *protocol.Request) {
 	c.Deleted = true
 	data, _ := json.Marshal(&c)
 	if _, err := s.o.Sessions.SetAttrs(r.Ctx, sess.ID, attrKey, data); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if _, err := s.o.Sessions.Archive(r.Ctx, sess.ID); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	r.Ctx.SetStatusCode(fasthttp.StatusNoContent)
+	return nil
 }
 
 // activeExecution returns the execution running the session's turn, if
@@ -302,11 +297,10 @@ func (s *Surface) history(ctx context.Context, id string) ([]Message, error) {
 // getSession answers GET /session/{id}?history=compacted|full: the agent
 // config (secret options masked), the client's tools, and the history
 // asked for.
-func (s *Surface) getSession(r *protocol.Request) {
+func (s *Surface) getSession(r *protocol.Request) error {
 	sess, c, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	agent := map[string]any{"name": c.Agent}
 	if len(c.ServerTools) > 0 {
@@ -323,8 +317,7 @@ func (s *Surface) getSession(r *protocol.Request) {
 	case "compacted", "full":
 		msgs, err := s.history(r.Ctx, sess.ID)
 		if err != nil {
-			fail(r.Ctx, err)
-			return
+			return err
 		}
 		if want == "compacted" {
 			msgs = compacted(msgs)
@@ -332,6 +325,7 @@ func (s *Surface) getSession(r *protocol.Request) {
 		out["history"] = map[string]any{want: msgs}
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 // masked returns options with the value of every option the agent
@@ -354,30 +348,27 @@ func (s *Surface) masked(agent string, opts map[string]string) map[string]string
 // needs for its turn, for the agent alone: the full history, the client's
 // tools, the server tools enabled with their trust, and the options with
 // their secrets. Secrets reach the agent this way only, never an event.
-func (s *Surface) agentContext(r *protocol.Request) {
+func (s *Surface) agentContext(r *protocol.Request) error {
 	name, id := r.Params[0], r.Params[1]
 	if err := r.Principal.Authorize(auth.ActAct, auth.Resource{Kind: auth.KindAgent, ID: name, AgentID: name}); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	sess, err := s.o.Sessions.Get(r.Ctx, id)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	c := configOf(&sess)
 	if c.Agent != name || c.Deleted {
-		fail(r.Ctx, session.ErrNotFound)
-		return
+		return session.ErrNotFound
 	}
 	msgs, err := s.history(r.Ctx, id)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, map[string]any{
 		"sessionId": id, "messages": msgs, "tools": rawOr(c.ClientTools, "[]"), "agentTools": rawOr(c.ServerTools, "[]"), "options": c.Options,
 	})
+	return nil
 }
 
 func rawOr(v json.RawMessage, def string) json.RawMessage {

@@ -88,33 +88,27 @@ func askTools(serverTools json.RawMessage) []string {
 
 // putSession answers PUT /session: a new session with the agent, its seed
 // history ending with the user's message, which runs as the first turn.
-func (s *Surface) putSession(r *protocol.Request) {
+func (s *Surface) putSession(r *protocol.Request) error {
 	if err := r.Principal.Can(auth.ActWrite, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	req, msgs, err := decodeTurn(r.Ctx.PostBody())
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if req.Agent == nil || req.Agent.Name == nil || *req.Agent.Name == "" {
-		fail(r.Ctx, protocol.Invalid("agent.name is required"))
-		return
+		return protocol.Invalid("agent.name is required")
 	}
 	if msgs[len(msgs)-1].Role != "user" {
-		fail(r.Ctx, protocol.Invalid("the last message must be a user message"))
-		return
+		return protocol.Invalid("the last message must be a user message")
 	}
 	infos, _, err := s.declared()
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	name := *req.Agent.Name
 	if _, ok := infos[name]; !ok {
-		fail(r.Ctx, errors.Join(session.ErrNotFound, errors.New("unknown agent "+strconv.Quote(name))))
-		return
+		return errors.Join(session.ErrNotFound, errors.New("unknown agent "+strconv.Quote(name)))
 	}
 	c := config{Agent: name, ServerTools: req.Agent.Tools, Options: req.Agent.Options, ClientTools: req.Tools}
 	attrs, _ := json.Marshal(&c)
@@ -123,15 +117,13 @@ func (s *Surface) putSession(r *protocol.Request) {
 		Attrs: map[string]json.RawMessage{attrKey: attrs},
 	})
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	turn, from, err := s.submit(r.Ctx, &sess, c, req.Messages)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
-	s.answer(r, sess.ID, turn, from, modeOf(req.Stream), true)
+	return s.answer(r, sess.ID, turn, from, modeOf(req.Stream), true)
 }
 
 // submit submits messages as a new turn of the session's agent. from is
@@ -155,26 +147,22 @@ func (s *Surface) submit(ctx context.Context, sess *session.Session, c config, m
 // either a user message (a new turn: 409 while one runs) or the client's
 // answers to the waiting turn: tool results and permission answers (400
 // when one answers no pending call).
-func (s *Surface) postSession(r *protocol.Request) {
+func (s *Surface) postSession(r *protocol.Request) error {
 	sess, c, err := s.session(r.Ctx, r.Principal, auth.ActWrite, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	req, msgs, err := decodeTurn(r.Ctx.PostBody())
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if req.Agent != nil && req.Agent.Name != nil && *req.Agent.Name != c.Agent {
-		fail(r.Ctx, protocol.Invalid("the agent of a session cannot change"))
-		return
+		return protocol.Invalid("the agent of a session cannot change")
 	}
 	if changed := c.override(req); changed {
 		data, _ := json.Marshal(&c)
 		if _, err := s.o.Sessions.SetAttrs(r.Ctx, sess.ID, attrKey, data); err != nil {
-			fail(r.Ctx, err)
-			return
+			return err
 		}
 	}
 	mode := modeOf(req.Stream)
@@ -184,27 +172,22 @@ func (s *Surface) postSession(r *protocol.Request) {
 	}
 	if msgs[0].Role == "user" {
 		if len(msgs) != 1 {
-			fail(r.Ctx, protocol.Invalid("a user message comes alone"))
-			return
+			return protocol.Invalid("a user message comes alone")
 		}
 		if active != "" {
-			fail(r.Ctx, errors.Join(errBusy, errors.New("a turn of session "+sess.ID+" is running or waits for tool answers")))
-			return
+			return errors.Join(errBusy, errors.New("a turn of session "+sess.ID+" is running or waits for tool answers"))
 		}
 		turn, from, err := s.submit(r.Ctx, &sess, c, req.Messages)
 		if err != nil {
-			fail(r.Ctx, err)
-			return
+			return err
 		}
-		s.answer(r, sess.ID, turn, from, mode, false)
-		return
+		return s.answer(r, sess.ID, turn, from, mode, false)
 	}
 	from, err := s.answerTools(r, &sess, active, msgs)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
-	s.answer(r, sess.ID, active, from, mode, false)
+	return s.answer(r, sess.ID, active, from, mode, false)
 }
 
 // override applies a POST's overrides: client tools and server tools
@@ -320,10 +303,9 @@ func contentText(c json.RawMessage) string {
 // answer answers a turn request: the turn's stream from position from
 // (delta or message mode), or, in mode none, the turn's new messages once
 // it stops.
-func (s *Surface) answer(r *protocol.Request, id, turn string, from uint64, mode string, created bool) {
+func (s *Surface) answer(r *protocol.Request, id, turn string, from uint64, mode string, created bool) error {
 	if mode == modeNone {
-		s.answerJSON(r, id, turn, from, created)
-		return
+		return s.answerJSON(r, id, turn, from, created)
 	}
 	var first []sseEvent
 	if created {
@@ -331,6 +313,7 @@ func (s *Surface) answer(r *protocol.Request, id, turn string, from uint64, mode
 	}
 	first = append(first, sseEvent{"turn_start", map[string]any{}})
 	s.streamTurn(r, id, turn, from, mode, first)
+	return nil
 }
 
 // streamTurn answers with the SSE stream of a turn (see turnSource), which
@@ -344,7 +327,7 @@ func (s *Surface) streamTurn(r *protocol.Request, id, turn string, from uint64, 
 }
 
 // answerJSON waits for the turn to stop and answers its new messages.
-func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, created bool) {
+func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, created bool) error {
 	ctx, cancel := requestContext(r.Ctx, turnWait)
 	defer cancel()
 	src := s.turnSource(id, turn, from, modeMessage, nil)
@@ -353,16 +336,14 @@ func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, 
 	if err != nil {
 		if ctx.Err() != nil {
 			writeJSON(r.Ctx, fasthttp.StatusGatewayTimeout, protocol.ErrorBody{Error: "the turn still runs; GET /session/" + id + "/stream follows it", Code: "TIMEOUT"})
-			return
+			return nil
 		}
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	var h historian
 	facts, err := s.read(ctx, id, from, 100000)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	for i := range facts {
 		if facts[i].Item.TurnID == turn {
@@ -382,25 +363,23 @@ func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, 
 		status = fasthttp.StatusCreated
 	}
 	writeJSON(r.Ctx, status, out)
+	return nil
 }
 
 // resumeStream answers GET /session/{id}/stream (extension): the stream of
 // the session's current (or last) turn after Last-Event-ID, ending with its
 // turn_stop; without Last-Event-ID, the turn's stream from its start.
-func (s *Surface) resumeStream(r *protocol.Request) {
+func (s *Surface) resumeStream(r *protocol.Request) error {
 	sess, _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	turns, err := s.o.Sessions.Turns(r.Ctx, sess.ID)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if len(turns) == 0 {
-		fail(r.Ctx, protocol.Invalid("session "+sess.ID+" has no turn yet"))
-		return
+		return protocol.Invalid("session " + sess.ID + " has no turn yet")
 	}
 	t := turns[len(turns)-1]
 	if len(sess.Threads) > 0 && sess.Threads[0].Active != "" {
@@ -413,14 +392,14 @@ func (s *Surface) resumeStream(r *protocol.Request) {
 	var first []sseEvent
 	from, ok, err := lastEventID(r.Ctx)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if !ok {
 		from = t.FirstSeq - 1
 		first = []sseEvent{{"turn_start", map[string]any{}}}
 	}
 	s.streamTurn(r, sess.ID, t.ID, from, mode, first)
+	return nil
 }
 
 // read returns up to limit facts of session id after after, references

@@ -93,9 +93,9 @@ func wire() protocol.JSON {
 // writeJSON answers with v.
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) { wire().Write(ctx, status, v) }
 
-// fail answers err with the status, code and details every surface gives
-// it (protocol.Failure).
-func fail(ctx *fasthttp.RequestCtx, err error) {
+// Fail answers an error a handler returned with the status, code and
+// details every surface gives it (protocol.Failure).
+func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	status, body := protocol.Failure(err)
 	wire().WriteFailure(ctx, status, body)
 }
@@ -128,13 +128,12 @@ func viewOf(s *session.Session) sessionView {
 
 // listSessions answers GET /sessions?after=&limit= (extension): the
 // caller's sessions, in id order; next is absent on the last page.
-func (s *Surface) listSessions(r *protocol.Request) {
+func (s *Surface) listSessions(r *protocol.Request) error {
 	args := r.Ctx.QueryArgs()
 	limit, _ := strconv.Atoi(string(r.Ctx.QueryArgs().Peek("limit")))
 	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	out := struct {
 		Sessions []sessionView `json:"sessions"`
@@ -144,14 +143,14 @@ func (s *Surface) listSessions(r *protocol.Request) {
 		out.Sessions = append(out.Sessions, viewOf(&page.Sessions[i]))
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 // createSession answers POST /sessions (extension): a session for the
 // caller with the agent that runs its turns.
-func (s *Surface) createSession(r *protocol.Request) {
+func (s *Surface) createSession(r *protocol.Request) error {
 	if err := r.Principal.Can(auth.ActWrite, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	var req struct {
 		SessionID string `json:"sessionId"`
@@ -159,22 +158,20 @@ func (s *Surface) createSession(r *protocol.Request) {
 		AgentID   string `json:"agentId"`
 	}
 	if err := decode(r.Ctx.PostBody(), &req); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	sess, err := s.o.Sessions.Create(r.Ctx, session.CreateRequest{
 		ID: req.SessionID, Title: req.Title, AgentID: req.AgentID, Owner: r.Principal.Subject, Tenant: r.Principal.Tenant,
 	})
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	snap, err := s.snapshot(r.Ctx, sess.ID)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusCreated, snap)
+	return nil
 }
 
 // snapshotOf returns session id's snapshot, decoded: a copy the caller
@@ -200,45 +197,43 @@ func decode(body []byte, v any) error {
 }
 
 // getSession answers GET /sessions/{id}: the session snapshot.
-func (s *Surface) getSession(r *protocol.Request) {
+func (s *Surface) getSession(r *protocol.Request) error {
 	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0]); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	snap, err := s.snapshot(r.Ctx, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, snap)
+	return nil
 }
 
 // getThread answers GET /sessions/{id}/threads/{threadId}: the thread read
 // model.
-func (s *Surface) getThread(r *protocol.Request) {
+func (s *Surface) getThread(r *protocol.Request) error {
 	th, err := s.thread(r, r.Params[0], r.Params[1])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, th)
+	return nil
 }
 
 // events answers GET /sessions/{id}/events: with Accept: text/event-stream
 // the events after the cursor (after, or Last-Event-ID), then the live
 // tail; otherwise a JSON page {events, next}.
-func (s *Surface) events(r *protocol.Request) {
+func (s *Surface) events(r *protocol.Request) error {
 	id, after, err := s.resume(r)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if wantsSSE(r.Ctx) {
 		src := s.source(id, after)
 		r.Gateway.SSE(r, "agent_runtime", renderer, stream.SSEOptions{Retry: 5e9}, false, func(*stream.Options) (stream.Source, func()) {
 			return src, nil
 		})
-		return
+		return nil
 	}
 	limit, _ := strconv.Atoi(string(r.Ctx.QueryArgs().Peek("limit")))
 	if limit <= 0 || limit > 1000 {
@@ -246,8 +241,7 @@ func (s *Surface) events(r *protocol.Request) {
 	}
 	facts, err := s.read(r.Ctx, id, after, limit+1, nil)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	page := struct {
 		Events []Event `json:"events"`
@@ -263,18 +257,19 @@ func (s *Surface) events(r *protocol.Request) {
 		}
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, page)
+	return nil
 }
 
 // eventsWS answers GET /sessions/{id}/ws: the event stream's WebSocket
 // twin, each event a text message, resuming after ?after= or
 // Last-Event-ID.
-func (s *Surface) eventsWS(r *protocol.Request) {
+func (s *Surface) eventsWS(r *protocol.Request) error {
 	id, after, err := s.resume(r)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	r.Gateway.WebSocket(r, "agent_runtime_ws", renderer, s.source(id, after))
+	return nil
 }
 
 // resume reads which session's events r follows, if its caller may read

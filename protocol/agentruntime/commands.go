@@ -78,28 +78,27 @@ var unoffered = map[string]string{
 }
 
 // command answers POST /commands/{name}.
-func (s *Surface) command(r *protocol.Request) {
+func (s *Surface) command(r *protocol.Request) error {
 	name := r.Params[0]
 	run, ok := commands[name]
 	if !ok {
 		if why, standard := unoffered[name]; standard {
 			writeJSON(r.Ctx, fasthttp.StatusNotImplemented, protocol.ErrorBody{Error: name + " is not offered: " + why, Code: codeNotImplemented, Details: map[string]string{"command": name}})
-			return
+			return nil
 		}
 		writeJSON(r.Ctx, fasthttp.StatusNotFound, protocol.ErrorBody{Error: "unknown command " + strconv.Quote(name), Code: codeUnknownCommand})
-		return
+		return nil
 	}
 	var in commandInput
 	if err := decode(r.Ctx.PostBody(), &in); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	out, err := run(s, r, &in)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 func need(v, name string) error {

@@ -43,13 +43,13 @@ type Digest struct {
 const maxExportEvents = 100000
 
 // export answers GET /exports/{sessionId}.
-func (s *Surface) export(r *protocol.Request) {
+func (s *Surface) export(r *protocol.Request) error {
 	out, err := s.exportFor(r, r.Params[0], "evidence")
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 func (s *Surface) exportFor(r *protocol.Request, id, kind string) (*Export, error) {

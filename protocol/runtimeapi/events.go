@@ -214,18 +214,17 @@ var renderer = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, er
 // streamEvents answers GET /executions/{id}/events: the execution's events
 // from the start (or after Last-Event-ID), then live, ending after the
 // terminal event; opened after the end it replays everything and ends.
-func (s *Surface) streamEvents(r *protocol.Request) {
+func (s *Surface) streamEvents(r *protocol.Request) error {
 	v, err := s.execution(r.Ctx, r.Principal, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	from, ok := parsePosition(string(r.Ctx.Request.Header.Peek("Last-Event-ID")))
 	if !ok {
-		fail(r.Ctx, badRequest("Last-Event-ID: want <sequence>.<n> as the stream sent it"))
-		return
+		return badRequest("Last-Event-ID: want <sequence>.<n> as the stream sent it")
 	}
 	r.Gateway.SSE(r, "runtime", renderer, stream.SSEOptions{}, true, func(*stream.Options) (stream.Source, func()) {
 		return s.source(v, from), nil
 	})
+	return nil
 }

@@ -43,41 +43,38 @@ type Invoked struct {
 	Summary     string          `json:"summary,omitempty"`
 }
 
-func (s *Surface) invokeTool(r *protocol.Request) { s.invoke(r, "", r.Params[0]) }
+func (s *Surface) invokeTool(r *protocol.Request) error { return s.invoke(r, "", r.Params[0]) }
 
-func (s *Surface) invokeSessionTool(r *protocol.Request) { s.invoke(r, r.Params[0], r.Params[1]) }
+func (s *Surface) invokeSessionTool(r *protocol.Request) error {
+	return s.invoke(r, r.Params[0], r.Params[1])
+}
 
 // invoke runs one invocation as a direct execution filed in a session:
 // the given one, or a new one.
-func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
+func (s *Surface) invoke(r *protocol.Request, sessionID, name string) error {
 	if err := r.Principal.Can(auth.ActWrite, auth.KindExecution); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	var in invocation
 	if err := decode(r.Ctx, &in); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if sessionID == "" {
 		sessionID = in.SessionID
 	}
 	c, ok := s.capability(name)
 	if !ok {
-		fail(r.Ctx, notFound("tool", name))
-		return
+		return notFound("tool", name)
 	}
 	account, err := pickAccount(&c, in.ConnectedAccountID)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if len(bytes.TrimSpace(in.Input)) == 0 || bytes.Equal(bytes.TrimSpace(in.Input), []byte("null")) {
 		in.Input = json.RawMessage("{}")
 	}
 	if err := s.schemas.validate(c.Parameters, in.Input); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if c.Kind == kindMemory {
 		if err := s.o.Memory.Check(name, in.Input); err != nil {
@@ -85,19 +82,16 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
 			if errors.Is(err, memory.ErrTooLarge) {
 				status, code = fasthttp.StatusRequestEntityTooLarge, codeTooLarge
 			}
-			fail(r.Ctx, &apiError{status, code, err.Error(), nil})
-			return
+			return &apiError{status, code, err.Error(), nil}
 		}
 	}
 	key := string(r.Ctx.Request.Header.Peek("Idempotency-Key"))
 	sess, err := s.invocationSession(r.Ctx, r.Principal, sessionID, key)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if sess.Status == session.StatusArchived {
-		fail(r.Ctx, &apiError{fasthttp.StatusConflict, codeArchived, "session " + sess.ID + " is archived and takes no invocations", nil})
-		return
+		return &apiError{fasthttp.StatusConflict, codeArchived, "session " + sess.ID + " is archived and takes no invocations", nil}
 	}
 	m := meta(r.Principal)
 	m.IdempotencyKey = key
@@ -108,8 +102,7 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
 		Tool: &kernel.ToolCall{ToolID: name, Arguments: in.Input, Account: account},
 	}, m)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	out := Invoked{ExecutionID: v.ID, SessionID: sess.ID, RunID: runID(v.ID), Status: runStatus(v.Status)}
 	status := fasthttp.StatusAccepted
@@ -120,6 +113,7 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) {
 		}
 	}
 	writeJSON(r.Ctx, status, out)
+	return nil
 }
 
 // invocationSession returns the session an invocation is filed in: the
@@ -236,11 +230,10 @@ func (s *Surface) failure(id string) string {
 }
 
 // getExecution answers GET /executions/{id} (extension).
-func (s *Surface) getExecution(r *protocol.Request) {
+func (s *Surface) getExecution(r *protocol.Request) error {
 	v, err := s.execution(r.Ctx, r.Principal, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	out := map[string]any{
 		"executionId": v.ID, "sessionId": v.SessionID, "runId": runID(v.ID), "tool": v.Tool.ToolID,
@@ -263,6 +256,7 @@ func (s *Surface) getExecution(r *protocol.Request) {
 		}
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 // execution returns direct execution id if p may read it: another's, and

@@ -150,8 +150,8 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	protocol.JSON{Newline: true, Fallback: `{"error":"internal error","details":{"code":"INTERNAL_ERROR"}}`}.Write(ctx, status, v)
 }
 
-// fail answers err with its status and code.
-func fail(ctx *fasthttp.RequestCtx, err error) {
+// Fail answers an error a handler returned with its status and code.
+func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
 		ae = classify(err)

@@ -55,25 +55,23 @@ func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Actio
 }
 
 // createSession answers POST /sessions {title?, id?}: 201 with the session.
-func (s *Surface) createSession(r *protocol.Request) {
+func (s *Surface) createSession(r *protocol.Request) error {
 	if err := r.Principal.Can(auth.ActWrite, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	var in struct {
 		ID    string `json:"id"`
 		Title string `json:"title"`
 	}
 	if err := decode(r.Ctx, &in); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	sess, err := s.newSession(r.Ctx, r.Principal, in.ID, in.Title)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusCreated, show(&sess))
+	return nil
 }
 
 // newSession makes a session for p; a session made with a token is the
@@ -84,16 +82,14 @@ func (s *Surface) newSession(ctx context.Context, p *auth.Principal, id, title s
 
 // getSession answers GET /sessions/{id}: the session with its newest
 // executions.
-func (s *Surface) getSession(r *protocol.Request) {
+func (s *Surface) getSession(r *protocol.Request) error {
 	sess, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	turns, err := s.o.Sessions.Turns(r.Ctx, sess.ID)
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	out := show(&sess)
 	out.Executions = []ExecutionBrief{}
@@ -115,17 +111,17 @@ func (s *Surface) getSession(r *protocol.Request) {
 		out.Executions = append(out.Executions, b)
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 // listSessions answers GET /sessions?after=&limit= (extension): the
 // caller's sessions, in id order; next only when there are more.
-func (s *Surface) listSessions(r *protocol.Request) {
+func (s *Surface) listSessions(r *protocol.Request) error {
 	args := r.Ctx.QueryArgs()
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
 	page, err := protocol.ListSessions(r.Ctx, s.o.Sessions, r.Principal, session.ListRequest{After: string(args.Peek("after")), Limit: limit})
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	list := make([]Session, 0, len(page.Sessions))
 	for i := range page.Sessions {
@@ -136,43 +132,43 @@ func (s *Surface) listSessions(r *protocol.Request) {
 		out["next"] = page.Next
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	return nil
 }
 
 // archiveSession answers POST /sessions/{id}/archive (extension): the
 // session takes no more invocations (409).
-func (s *Surface) archiveSession(r *protocol.Request) {
+func (s *Surface) archiveSession(r *protocol.Request) error {
 	sess, err := s.session(r.Ctx, r.Principal, auth.ActWrite, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	if sess, err = s.o.Sessions.Archive(r.Ctx, sess.ID); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, show(&sess))
+	return nil
 }
 
 // listCapabilities answers GET /capabilities.
-func (s *Surface) listCapabilities(r *protocol.Request) {
+func (s *Surface) listCapabilities(r *protocol.Request) error {
 	if err := r.Principal.Can(auth.ActRead, auth.KindSession); err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, map[string]any{"capabilities": s.capabilities()})
+	return nil
 }
 
 // sessionCapabilities answers GET /sessions/{id}/capabilities: what can be
 // invoked in the session (every capability, while it is active).
-func (s *Surface) sessionCapabilities(r *protocol.Request) {
+func (s *Surface) sessionCapabilities(r *protocol.Request) error {
 	sess, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0])
 	if err != nil {
-		fail(r.Ctx, err)
-		return
+		return err
 	}
 	caps := []Capability{}
 	if sess.Status == session.StatusActive {
 		caps = s.capabilities()
 	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, map[string]any{"capabilities": caps})
+	return nil
 }
