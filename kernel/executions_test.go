@@ -345,11 +345,8 @@ func TestWatchWakesReaders(t *testing.T) {
 	}
 	other.Stop()
 	// Watchers are not kept for executions nobody watches.
-	r.k.watchMu.Lock()
-	left := len(r.k.watchers)
-	r.k.watchMu.Unlock()
-	if left != 0 {
-		t.Fatalf("%d executions still watched after every watch stopped", left)
+	if r.k.watches.Watched(v.ID) {
+		t.Fatal("the execution is still watched after every watch stopped")
 	}
 
 	// Close ends every watch, and OnWake after that runs at once.

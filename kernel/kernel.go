@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/option"
+	"github.com/gatehouse-dev/gatehouse/internal/watch"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -158,9 +159,11 @@ type Kernel struct {
 	rr          map[string]int
 	closed      bool
 
-	// watchMu guards the watchers and the tails (see tail.go).
-	watchMu   sync.Mutex
-	watchers  map[string]map[*Watch]struct{}
+	// watches wakes the readers of execution logs (see Watch).
+	watches watch.Set
+	// tailMu guards the tails (see tail.go); it is taken before the
+	// watches' lock, never after.
+	tailMu    sync.Mutex
 	tails     map[string]*tail
 	tailBytes int
 
@@ -186,10 +189,11 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 	k := &Kernel{
 		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, sessions: o.Sessions, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
-		rr: map[string]int{}, watchers: map[string]map[*Watch]struct{}{}, tails: map[string]*tail{},
+		rr: map[string]int{}, tails: map[string]*tail{},
 		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
 		retries: newRetries(),
 	}
+	k.watches.Idle = k.unwatched
 	if err := k.recover(ctx); err != nil {
 		return nil, fmt.Errorf("kernel: recover: %w", err)
 	}
@@ -230,13 +234,7 @@ func (k *Kernel) Close() {
 		ex.mu.Unlock()
 	}
 	k.wg.Wait()
-	k.watchMu.Lock()
-	for _, ws := range k.watchers {
-		for w := range ws {
-			w.close()
-		}
-	}
-	k.watchMu.Unlock()
+	k.watches.Close()
 }
 
 func (k *Kernel) now() time.Time { return time.Now().UTC() }

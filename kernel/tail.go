@@ -36,8 +36,8 @@ func (k *Kernel) keepTail(id string, entries []tailEntry) {
 	if len(entries) == 0 {
 		return
 	}
-	k.watchMu.Lock()
-	defer k.watchMu.Unlock()
+	k.tailMu.Lock()
+	defer k.tailMu.Unlock()
 	tl := k.tails[id]
 	if tl == nil {
 		tl = &tail{}
@@ -69,33 +69,34 @@ func (k *Kernel) keepTail(id string, entries []tailEntry) {
 // notify wakes id's watchers once its new events are in the tail. ended
 // says the execution is over: its tail goes when nobody watches it.
 func (k *Kernel) notify(id string, ended bool) {
-	k.watchMu.Lock()
-	defer k.watchMu.Unlock()
-	ws := k.watchers[id]
+	k.tailMu.Lock()
 	if tl := k.tails[id]; tl != nil {
 		tl.ended = ended
-		if ended && len(ws) == 0 {
+		if ended && !k.watches.Watched(id) {
 			k.forgetTail(id)
 		}
 	}
-	for w := range ws {
-		select {
-		case w.c <- struct{}{}:
-		default:
-		}
-		if w.wake != nil {
-			w.wake()
-		}
+	k.tailMu.Unlock()
+	k.watches.Notify(id)
+}
+
+// unwatched runs when the last watch of execution id stopped: an ended
+// execution's tail goes (unless a watch came back meanwhile).
+func (k *Kernel) unwatched(id string) {
+	k.tailMu.Lock()
+	defer k.tailMu.Unlock()
+	if tl := k.tails[id]; tl != nil && tl.ended && !k.watches.Watched(id) {
+		k.forgetTail(id)
 	}
 }
 
-// dropTail empties tl; the caller holds k.watchMu.
+// dropTail empties tl; the caller holds k.tailMu.
 func (k *Kernel) dropTail(tl *tail) {
 	k.tailBytes -= tl.bytes
 	tl.entries, tl.bytes = nil, 0
 }
 
-// forgetTail removes id's tail; the caller holds k.watchMu.
+// forgetTail removes id's tail; the caller holds k.tailMu.
 func (k *Kernel) forgetTail(id string) {
 	if tl := k.tails[id]; tl != nil {
 		k.dropTail(tl)
@@ -108,8 +109,8 @@ func (k *Kernel) forgetTail(id string) {
 // The entries' bytes are never changed once committed, so the caller reads
 // them without the lock; the slice holding them is a copy.
 func (k *Kernel) tailFrom(id string, after uint64) ([]tailEntry, bool) {
-	k.watchMu.Lock()
-	defer k.watchMu.Unlock()
+	k.tailMu.Lock()
+	defer k.tailMu.Unlock()
 	tl := k.tails[id]
 	if tl == nil || len(tl.entries) == 0 || tl.entries[0].seq > after+1 {
 		return nil, false

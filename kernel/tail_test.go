@@ -51,14 +51,14 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 	if _, err := k.Cancel(ctx, v.ID, Meta{}); err != nil {
 		t.Fatal(err)
 	}
-	k.watchMu.Lock()
+	k.tailMu.Lock()
 	tl := k.tails[v.ID]
 	if tl == nil || !tl.ended || tl.bytes > tailMaxBytes || tl.entries[0].seq == 1 || k.tailBytes != tl.bytes {
 		t.Fatalf("tail of an ended, watched execution: %+v, %d bytes in all tails", tl, k.tailBytes)
 	}
 	first := tl.entries[0].seq
 	last := tl.entries[len(tl.entries)-1].seq
-	k.watchMu.Unlock()
+	k.tailMu.Unlock()
 
 	storedJSON := func(id string, after uint64, fn func(uint64, []byte) bool) error {
 		return k.eachStored(id, after, func(seq uint64, raw []byte) (bool, error) {
@@ -110,8 +110,8 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 	}
 
 	w.Stop()
-	k.watchMu.Lock()
-	defer k.watchMu.Unlock()
+	k.tailMu.Lock()
+	defer k.tailMu.Unlock()
 	if len(k.tails) != 0 || k.tailBytes != 0 {
 		t.Fatalf("after the last watcher: %d tails, %d bytes", len(k.tails), k.tailBytes)
 	}
@@ -132,13 +132,13 @@ func TestTailsStayWithinTheirBound(t *testing.T) {
 		}
 		ids = append(ids, v.ID)
 	}
-	k.watchMu.Lock()
+	k.tailMu.Lock()
 	total := 0
 	for _, tl := range k.tails {
 		total += tl.bytes
 	}
 	held := k.tailBytes
-	k.watchMu.Unlock()
+	k.tailMu.Unlock()
 	if held != total || held > tailsMaxBytes {
 		t.Fatalf("tails hold %d bytes (counted %d), bound %d", total, held, tailsMaxBytes)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/watch"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -311,62 +312,12 @@ func (r *Registry) Last(ctx context.Context, id string) (uint64, error) {
 }
 
 // Watch tells a reader that a session's log grew. Like kernel.Watch it
-// carries nothing: the reader reads after the last sequence it has.
-type Watch struct {
-	r    *Registry
-	id   string
-	c    chan struct{}
-	wake func()
-}
+// carries nothing: the reader reads after the last sequence it has. Its
+// Done closes when the registry closes.
+type Watch = watch.Watch
 
 // Watch starts watching session id. Call it before reading what is there,
 // so that nothing appended in between is missed.
-func (r *Registry) Watch(id string) *Watch {
-	w := &Watch{r: r, id: id, c: make(chan struct{}, 1)}
-	r.wmu.Lock()
-	ws := r.watchers[id]
-	if ws == nil {
-		ws = map[*Watch]struct{}{}
-		r.watchers[id] = ws
-	}
-	ws[w] = struct{}{}
-	r.wmu.Unlock()
-	return w
-}
+func (r *Registry) Watch(id string) *Watch { return r.watches.Watch(id) }
 
-// C receives a value when the log may have grown.
-func (w *Watch) C() <-chan struct{} { return w.c }
-
-// OnWake makes f run, with the registry's watch lock held, each time C
-// receives. f must return quickly and must not call into the registry.
-func (w *Watch) OnWake(f func()) {
-	w.r.wmu.Lock()
-	w.wake = f
-	w.r.wmu.Unlock()
-}
-
-// Stop ends the watch.
-func (w *Watch) Stop() {
-	w.r.wmu.Lock()
-	defer w.r.wmu.Unlock()
-	if ws := w.r.watchers[w.id]; ws != nil {
-		delete(ws, w)
-		if len(ws) == 0 {
-			delete(w.r.watchers, w.id)
-		}
-	}
-}
-
-func (r *Registry) notify(id string) {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	for w := range r.watchers[id] {
-		select {
-		case w.c <- struct{}{}:
-		default:
-		}
-		if w.wake != nil {
-			w.wake()
-		}
-	}
-}
+func (r *Registry) notify(id string) { r.watches.Notify(id) }

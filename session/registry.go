@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
+	"github.com/gatehouse-dev/gatehouse/internal/watch"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -84,8 +85,8 @@ type Registry struct {
 	// closing is closed by Close: turns waiting for room stop waiting.
 	closing chan struct{}
 
-	wmu      sync.Mutex
-	watchers map[string]map[*Watch]struct{}
+	// watches wakes the readers of session logs (see Watch).
+	watches watch.Set
 }
 
 // book is one session in memory. mu orders every change of the session and
@@ -122,7 +123,7 @@ func New(o Options) (*Registry, error) {
 	option.Default(&o.DeltaBytes, DefaultDeltaBytes)
 	option.Default(&o.MaxEntries, DefaultMaxEntries)
 	option.Default(&o.MaxAge, DefaultMaxAge)
-	return &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{}, watchers: map[string]map[*Watch]struct{}{},
+	return &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{},
 		closing: make(chan struct{})}, nil
 }
 
@@ -145,6 +146,7 @@ func (r *Registry) Close() {
 		b.mu.Unlock()
 	}
 	r.wg.Wait()
+	r.watches.Close()
 }
 
 // book returns the session's book, loading it from the store.
