@@ -41,19 +41,17 @@ func actionMissing(actionID string) error {
 }
 
 // listActions answers GET /v0/actions[?status=&cursor=&limit=].
-func (s *Server) listActions(c *call) {
+func (s *Server) listActions(c *call) error {
 	args := c.ctx.QueryArgs()
 	state := string(args.Peek("status"))
 	switch state {
 	case "", bridge.StatePending, bridge.StateApproved, bridge.StateDenied, bridge.StateExpired, bridge.StateCancelled:
 	default:
-		s.writeError(c.ctx, kernelValidation("invalid status filter "+strconv.Quote(state)))
-		return
+		return kernelValidation("invalid status filter " + strconv.Quote(state))
 	}
 	p := c.principal
 	if err := p.Can(auth.ActRead, auth.KindAction); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	var visible func(*bridge.Record) bool
 	if !p.Unconfined() {
@@ -65,27 +63,25 @@ func (s *Server) listActions(c *call) {
 	}
 	recs, next, err := s.opts.Bridge.List(c.ctx, state, visible, string(args.Peek("cursor")), limit)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"actions": recs, "next_cursor": next})
+	return nil
 }
 
-func (s *Server) getAction(c *call) {
+func (s *Server) getAction(c *call) error {
 	if err := c.principal.Can(auth.ActRead, auth.KindAction); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	rec, err := s.opts.Bridge.Get(c.params[0])
 	if err != nil {
-		s.writeError(c.ctx, actionError(err))
-		return
+		return actionError(err)
 	}
 	if err := allow(c.principal, auth.ActRead, actionResource(&rec), actionMissing(rec.ActionID)); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, rec)
+	return nil
 }
 
 // RespondRequest is the body of POST /v0/actions/{id}/respond.
@@ -98,18 +94,17 @@ type RespondRequest struct {
 
 // respondAction answers a prompt. The first valid answer wins; any later
 // one gets 409 with the recorded outcome in details.recorded.
-func (s *Server) respondAction(c *call) {
+func (s *Server) respondAction(c *call) error {
 	var req RespondRequest
 	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	status, body, after, err := s.respond(c.ctx, c.principal, c.params[0], req, meta(c.ctx))
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSONThen(c.ctx, status, body, after)
+	return nil
 }
 
 // respond is the shared answer path of HTTP, channel sockets and chat bots

@@ -47,9 +47,12 @@ func (s *Server) buildRoutes() *router {
 
 var statusOK = map[string]string{"status": "ok"}
 
-func (s *Server) health(c *call) { s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK) }
+func (s *Server) health(c *call) error {
+	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
+	return nil
+}
 
-func (s *Server) ready(c *call) {
+func (s *Server) ready(c *call) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2e9)
 	defer cancel()
 	if err := s.k.Ready(ctx); err != nil {
@@ -60,67 +63,62 @@ func (s *Server) ready(c *call) {
 			s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, protocol.ErrorBody{
 				Error: err.Error(), Code: CodeStorageFull, Details: spaceDetails(serr.Space),
 			})
-			return
+			return nil
 		}
 		s.log.Warn("not ready", "err", err)
 		s.writeJSON(c.ctx, fasthttp.StatusServiceUnavailable, protocol.ErrorBody{
 			Error: "service unavailable: database not reachable", Code: CodeUnavailable,
 		})
-		return
+		return nil
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]string{"status": "ready"})
+	return nil
 }
 
 // createExecution answers POST /v0/executions: 201 with the new execution,
 // owned by the caller, or 200 with the one an earlier create with the same
 // Idempotency-Key made.
-func (s *Server) createExecution(c *call) {
+func (s *Server) createExecution(c *call) error {
 	if err := c.principal.Can(auth.ActWrite, auth.KindExecution); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	var req kernel.CreateRequest
 	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	if err := s.maySessionWork(c.ctx, c.principal, req.SessionID); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	v, replayed, err := s.k.Create(c.ctx, req, meta(c.ctx))
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	status := fasthttp.StatusCreated
 	if replayed {
 		status = fasthttp.StatusOK
 	}
 	s.writeJSON(c.ctx, status, v)
+	return nil
 }
 
-func (s *Server) listExecutions(c *call) {
+func (s *Server) listExecutions(c *call) error {
 	p := c.principal
 	if err := p.Can(auth.ActRead, auth.KindExecution); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	args := c.ctx.QueryArgs()
 	req := kernel.ListRequest{AgentID: string(args.Peek("agent_id")), Cursor: string(args.Peek("cursor"))}
 	if st := string(args.Peek("status")); st != "" {
 		status, ok := kernel.ParseStatus(st)
 		if !ok {
-			s.writeError(c.ctx, kernelValidation("invalid status filter "+strconv.Quote(st)))
-			return
+			return kernelValidation("invalid status filter " + strconv.Quote(st))
 		}
 		req.Status = status
 	}
 	for _, l := range args.PeekMulti("label") {
 		key, val, ok := strings.Cut(string(l), ":")
 		if !ok || key == "" {
-			s.writeError(c.ctx, kernelValidation("invalid label filter "+strconv.Quote(string(l))+": want key:value"))
-			return
+			return kernelValidation("invalid label filter " + strconv.Quote(string(l)) + ": want key:value")
 		}
 		if req.Labels == nil {
 			req.Labels = map[string]string{}
@@ -133,66 +131,62 @@ func (s *Server) listExecutions(c *call) {
 	}
 	page, err := s.k.List(c.ctx, req)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, page)
+	return nil
 }
 
-func (s *Server) getExecution(c *call) {
+func (s *Server) getExecution(c *call) error {
 	v, err := s.execution(c.ctx, c.principal, auth.ActRead, c.params[0], nil)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, v)
+	return nil
 }
 
-func (s *Server) cancelExecution(c *call) {
+func (s *Server) cancelExecution(c *call) error {
 	if err := s.touch(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	v, err := s.k.Cancel(c.ctx, c.params[0], meta(c.ctx))
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, v)
+	return nil
 }
 
-func (s *Server) signalExecution(c *call) {
+func (s *Server) signalExecution(c *call) error {
 	if err := s.touch(c.ctx, c.principal, auth.ActWrite, c.params[0], nil); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	var req kernel.SignalRequest
 	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	after, err := s.signal(c.ctx, c.principal, c.params[0], req, meta(c.ctx))
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSONThen(c.ctx, fasthttp.StatusOK, statusOK, after)
+	return nil
 }
 
-func (s *Server) listEvents(c *call) {
+func (s *Server) listEvents(c *call) error {
 	if err := s.touch(c.ctx, c.principal, auth.ActRead, c.params[0], nil); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	args := c.ctx.QueryArgs()
 	after := parseSeq(args.Peek("after_sequence"))
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
 	page, err := s.k.Events(c.ctx, c.params[0], after, limit)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, page)
+	return nil
 }
 
 // parseSeq reads a sequence parameter; negative or unparsable means 0, as
@@ -220,8 +214,8 @@ const (
 
 // commandRoute serves a command over HTTP; the route's path parameter, if
 // any, is the command's path id.
-func (s *Server) commandRoute(name string) func(*call) {
-	return func(c *call) {
+func (s *Server) commandRoute(name string) func(*call) error {
+	return func(c *call) error {
 		var pathID string
 		if len(c.params) > 0 {
 			pathID = c.params[0]
@@ -231,6 +225,7 @@ func (s *Server) commandRoute(name string) func(*call) {
 			c.ctx.Response.Header.Set("Retry-After", "1")
 		}
 		s.writeJSONThen(c.ctx, status, resp, after)
+		return nil
 	}
 }
 
@@ -416,14 +411,14 @@ func decodeBody(body []byte, v any, max int) error {
 // deleteRunner unregisters a runner. It answers 204 with no body, as the
 // kernel API documents; unlike the original it also ends the runner's
 // streams and re-queues the jobs it held.
-func (s *Server) deleteRunner(c *call) {
+func (s *Server) deleteRunner(c *call) error {
 	runnerID := c.params[0]
 	if err := c.principal.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	s.k.RemoveRunner(runnerID)
 	c.ctx.SetStatusCode(fasthttp.StatusNoContent)
+	return nil
 }
 
 // declare records what an agent declares about itself: one JSON object

@@ -73,25 +73,23 @@ func channelError(err error) error {
 // (permission.requested) and their retractions (permission.resolved),
 // from the channel's durable outbox. A channel registering for the first
 // time first receives every prompt still pending.
-func (s *Server) streamChannel(c *call) {
+func (s *Server) streamChannel(c *call) error {
 	key, err := s.connectChannel(c)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
-	s.streamPeer(c, "channel", key, nil)
+	return s.streamPeer(c, "channel", key, nil)
 }
 
 // channelWS serves a human channel over WebSocket: the same deliveries as
 // the SSE stream, plus the commands respond (answer a prompt) and message.
-func (s *Server) channelWS(c *call) {
+func (s *Server) channelWS(c *call) error {
 	key, err := s.connectChannel(c)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	ps := &peerSocket{role: channel.RoleChannel, key: key}
-	s.upgradePeer(c, ps)
+	return s.upgradePeer(c, ps)
 }
 
 // connectChannel reads a channel's query, registers it for the caller and,
@@ -159,11 +157,10 @@ const (
 	cmdMessage = "message"
 )
 
-func (s *Server) listChannels(c *call) {
+func (s *Server) listChannels(c *call) error {
 	owner, err := person(c.principal, auth.ActRead)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	chans := []channel.Channel{}
 	if other := string(c.ctx.QueryArgs().Peek("owner")); other != "" {
@@ -178,15 +175,15 @@ func (s *Server) listChannels(c *call) {
 		chans = s.opts.Channels.List(owner)
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"channels": chans})
+	return nil
 }
 
 // channelEvents answers GET /v0/channels/events: the caller's channel.*
 // log, paged like an execution's events.
-func (s *Server) channelEvents(c *call) {
+func (s *Server) channelEvents(c *call) error {
 	owner, err := person(c.principal, auth.ActRead)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	args := c.ctx.QueryArgs()
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
@@ -195,10 +192,10 @@ func (s *Server) channelEvents(c *call) {
 	}
 	evs, latest, err := s.opts.Channels.Events(owner, parseSeq(args.Peek("after_sequence")), limit)
 	if err != nil {
-		s.writeError(c.ctx, channelError(err))
-		return
+		return channelError(err)
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"events": evs, "latest_sequence": latest})
+	return nil
 }
 
 type webhookRequest struct {
@@ -208,40 +205,36 @@ type webhookRequest struct {
 
 // setWebhook answers PUT /v0/channels/webhook: the caller's chat-bot
 // channel. A new webhook first receives every pending prompt.
-func (s *Server) setWebhook(c *call) {
+func (s *Server) setWebhook(c *call) error {
 	owner, err := person(c.principal, auth.ActWrite)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	var req webhookRequest
 	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	ch, fresh, err := s.opts.Channels.SetWebhook(c.ctx, owner, req.URL, req.Secret)
 	if err != nil {
-		s.writeError(c.ctx, channelError(err))
-		return
+		return channelError(err)
 	}
 	if fresh {
 		if err := s.opts.Channels.Backfill(c.ctx, ch, s.opts.Bridge.Pending(owner)); err != nil {
-			s.writeError(c.ctx, channelError(err))
-			return
+			return channelError(err)
 		}
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, ch)
+	return nil
 }
 
-func (s *Server) removeWebhook(c *call) {
+func (s *Server) removeWebhook(c *call) error {
 	owner, err := person(c.principal, auth.ActWrite)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	if err := s.opts.Channels.RemoveWebhook(c.ctx, owner); err != nil {
-		s.writeError(c.ctx, channelError(err))
-		return
+		return channelError(err)
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
+	return nil
 }

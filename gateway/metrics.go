@@ -49,10 +49,9 @@ func (m *metrics) observe(route, method string, code int, d time.Duration) {
 	m.latency.WithLabelValues(route).Observe(d.Seconds())
 }
 
-func (s *Server) serveMetrics(c *call) {
+func (s *Server) serveMetrics(c *call) error {
 	if err := c.principal.Authorize(auth.ActRead, auth.Resource{Kind: auth.KindMetrics}); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	families, err := s.metrics.reg.Gather()
 	if err != nil {
@@ -64,9 +63,10 @@ func (s *Server) serveMetrics(c *call) {
 	for _, f := range families {
 		if err := enc.Encode(f); err != nil {
 			s.log.Warn("encode metrics", "err", err)
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 // SnapshotCollector exports series read from one snapshot per scrape: a

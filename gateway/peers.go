@@ -29,19 +29,17 @@ const (
 // [&cursor=C]: the known consumers the caller may see, in key order, with
 // their presence and how far they have acknowledged, a page at a time.
 // next_cursor continues the list; it is "" on the last page.
-func (s *Server) listPeers(c *call) {
+func (s *Server) listPeers(c *call) error {
 	p := c.principal
 	if err := p.Can(auth.ActRead, auth.KindPeer); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	args := c.ctx.QueryArgs()
 	role := string(args.Peek("role"))
 	switch role {
 	case "", kernel.RoleAgent, kernel.RoleRunner, channel.RoleChannel:
 	default:
-		s.writeError(c.ctx, kernelValidation("role must be agent, runner or channel"))
-		return
+		return kernelValidation("role must be agent, runner or channel")
 	}
 	limit, err := strconv.Atoi(string(args.Peek("limit")))
 	if err != nil || limit <= 0 {
@@ -50,8 +48,7 @@ func (s *Server) listPeers(c *call) {
 	limit = min(limit, peersPageMax)
 	after, err := base64.RawURLEncoding.DecodeString(string(args.Peek("cursor")))
 	if err != nil {
-		s.writeError(c.ctx, kernelValidation("invalid cursor"))
-		return
+		return kernelValidation("invalid cursor")
 	}
 	page, more := s.hub.Peers(peer.Query{Role: role, After: string(after), Limit: limit})
 	next := ""
@@ -66,6 +63,7 @@ func (s *Server) listPeers(c *call) {
 		page = []peer.Info{}
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, map[string]any{"epoch": s.k.Epoch(), "peers": page, "next_cursor": next})
+	return nil
 }
 
 // peerResource is what a consumer is, for the access rule: an agent or
@@ -90,19 +88,16 @@ type ackRequest struct {
 
 // ackPeer answers POST /v0/peers/ack: an SSE consumer that opened its stream
 // with ack=explicit acknowledges its deliveries up to a sequence.
-func (s *Server) ackPeer(c *call) {
+func (s *Server) ackPeer(c *call) error {
 	var req ackRequest
 	if err := decode(c.ctx, &req, s.opts.MaxBodyBytes); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	if req.ID == "" || req.ConsumerID == "" {
-		s.writeError(c.ctx, kernelValidation("role, id and consumer_id are required"))
-		return
+		return kernelValidation("role, id and consumer_id are required")
 	}
 	if err := checkIDs(map[string]string{"id": req.ID, "consumer_id": req.ConsumerID}); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	k := peer.Key{Role: req.Role, ID: req.ID, Consumer: req.ConsumerID}
 	var err error
@@ -117,12 +112,11 @@ func (s *Server) ackPeer(c *call) {
 		err = kernelValidation("role must be agent, runner or channel")
 	}
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	if !s.hub.Ack(k, req.Sequence) {
-		s.writeError(c.ctx, notFound("consumer", k.String()))
-		return
+		return notFound("consumer", k.String())
 	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
+	return nil
 }

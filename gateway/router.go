@@ -15,7 +15,7 @@ type route struct {
 	pattern string
 	segs    []string
 	public  bool // no authentication (health and readiness probes)
-	handle  func(*call)
+	handle  func(*call) error
 	// surface, when set, is the protocol surface the route belongs to: it
 	// words the gateway's refusals in its protocol.
 	surface protocol.Surface
@@ -26,7 +26,7 @@ type router struct {
 	routes []*route
 }
 
-func (r *router) add(method, pattern string, public bool, h func(*call)) {
+func (r *router) add(method, pattern string, public bool, h func(*call) error) {
 	r.routes = append(r.routes, &route{
 		method: method, pattern: pattern, public: public, handle: h,
 		segs: strings.Split(strings.Trim(pattern, "/"), "/"),
@@ -37,15 +37,16 @@ func (r *router) add(method, pattern string, public bool, h func(*call)) {
 func (s *Server) mount(r *router, sf protocol.Surface) {
 	prefix := strings.TrimSuffix(sf.Mount(), "/")
 	for _, pr := range sf.Routes() {
-		h := func(c *call) {
+		h := func(c *call) error {
 			err := pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Gateway: s})
 			if err == nil {
-				return
+				return nil
 			}
 			sf.Fail(c.ctx, err)
 			if c.ctx.Response.StatusCode() == fasthttp.StatusInternalServerError {
 				s.log.Error("request failed", "method", string(c.ctx.Method()), "path", string(c.ctx.Path()), "err", err)
 			}
+			return nil
 		}
 		if pr.Stream {
 			h = s.admit(h)

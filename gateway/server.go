@@ -342,7 +342,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		s.refuse(ctx, r, err)
 		return
 	}
-	r.handle(c)
+	if err := r.handle(c); err != nil {
+		s.writeError(c.ctx, err)
+	}
 }
 
 // refuse answers a request the guard or the authenticator turned away,

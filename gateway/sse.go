@@ -171,40 +171,37 @@ func sequence(name string, b []byte) (uint64, error) {
 
 // streamExecution streams an execution's events from a cursor and ends
 // right after the terminal event, also when the cursor is already past it.
-func (s *Server) streamExecution(c *call) {
+func (s *Server) streamExecution(c *call) error {
 	id := c.params[0]
 	if _, err := s.execution(c.ctx, c.principal, auth.ActRead, id, nil); err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	after, err := cursor(c.ctx)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	src := newEventSource(s.k, id, after)
 	s.sseStream(c, "execution", renderEvent, false, func(o *stream.Options) (stream.Source, func()) {
 		o.Final = isTerminal
 		return src, nil
 	})
+	return nil
 }
 
-func (s *Server) streamAgent(c *call) {
+func (s *Server) streamAgent(c *call) error {
 	key, err := agentParams(c)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
-	s.streamPeer(c, "agent", key, nil)
+	return s.streamPeer(c, "agent", key, nil)
 }
 
-func (s *Server) streamRunner(c *call) {
+func (s *Server) streamRunner(c *call) error {
 	key, caps, err := runnerParams(c)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
-	s.streamPeer(c, "runner", key, caps)
+	return s.streamPeer(c, "runner", key, caps)
 }
 
 // checkIDs checks ids against package ident's rule; an empty one is an
@@ -233,12 +230,11 @@ func checkIDs(ids map[string]string) error {
 //
 // Who is connected is the hub's to know: attaching tells the kernel (and
 // the channels) through peer.Presence, with caps, what a runner serves.
-func (s *Server) streamPeer(c *call, kind string, key peer.Key, caps []string) {
+func (s *Server) streamPeer(c *call, kind string, key peer.Key, caps []string) error {
 	epoch := s.k.Epoch()
 	cur, other, err := peerCursor(c.ctx, epoch)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	explicit := string(c.ctx.QueryArgs().Peek("ack")) == "explicit"
 	// Runners settle by acting on jobs; agents and channels that cannot
@@ -252,6 +248,7 @@ func (s *Server) streamPeer(c *call, kind string, key peer.Key, caps []string) {
 		}
 		return newOutboxSource(conn, epoch, other, reset), nil
 	})
+	return nil
 }
 
 // attach takes over a consumer's outbox from a cursor; the reset, if any,

@@ -94,12 +94,11 @@ func admitAt(l *rate.Limiter, now time.Time) (time.Duration, bool) {
 // admit wraps a stream route with admission control: during a reconnect
 // storm, connections past Options.ConnectRate are refused with 429 before
 // any stream work is done, and told when to come back.
-func (s *Server) admit(h func(*call)) func(*call) {
-	return func(c *call) {
+func (s *Server) admit(h func(*call) error) func(*call) error {
+	return func(c *call) error {
 		wait, ok := admitAt(s.admission, time.Now())
 		if ok {
-			h(c)
-			return
+			return h(c)
 		}
 		secs := max(1, int(math.Ceil(wait.Seconds())))
 		c.ctx.Response.Header.Set("Retry-After", strconv.Itoa(secs))
@@ -107,6 +106,7 @@ func (s *Server) admit(h func(*call)) func(*call) {
 			Error: "rate limited: too many new connections, retry after " + strconv.Itoa(secs) + "s",
 			Code:  CodeRateLimited,
 		})
+		return nil
 	}
 }
 
@@ -162,42 +162,39 @@ type peerSocket struct {
 	other  string   // the other store's epoch the cursor names, if it does
 }
 
-func (s *Server) agentWS(c *call) {
+func (s *Server) agentWS(c *call) error {
 	key, err := agentParams(c)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	ps := &peerSocket{role: kernel.RoleAgent, key: key}
-	s.upgradePeer(c, ps)
+	return s.upgradePeer(c, ps)
 }
 
-func (s *Server) runnerWS(c *call) {
+func (s *Server) runnerWS(c *call) error {
 	key, caps, err := runnerParams(c)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	ps := &peerSocket{role: kernel.RoleRunner, key: key, caps: caps}
-	s.upgradePeer(c, ps)
+	return s.upgradePeer(c, ps)
 }
 
-func (s *Server) upgradePeer(c *call, ps *peerSocket) {
+func (s *Server) upgradePeer(c *call, ps *peerSocket) error {
 	cur, other, err := peerCursor(c.ctx, s.k.Epoch())
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	ps.cursor, ps.other = cur, other
 	s.upgrade(c, "ws_"+ps.role, func(w *wsConn) { s.servePeer(w, ps) })
+	return nil
 }
 
-func (s *Server) executionWS(c *call) {
+func (s *Server) executionWS(c *call) error {
 	id := c.params[0]
 	v, err := s.execution(c.ctx, c.principal, auth.ActRead, id, nil)
 	if err != nil {
-		s.writeError(c.ctx, err)
-		return
+		return err
 	}
 	res := executionResource(&v)
 	// The socket is Gatehouse's own: every one of its cursors is strict.
@@ -209,12 +206,12 @@ func (s *Server) executionWS(c *call) {
 		{"Last-Event-ID", c.ctx.Request.Header.Peek("Last-Event-ID")}} {
 		n, err := sequence(cur.name, cur.v)
 		if err != nil {
-			s.writeError(c.ctx, err)
-			return
+			return err
 		}
 		after = max(after, n)
 	}
 	s.upgrade(c, "ws_execution", func(w *wsConn) { s.serveExecution(w, res, after) })
+	return nil
 }
 
 // upgrade accepts the WebSocket handshake and runs serve on the socket once
