@@ -13,13 +13,11 @@ func TestConcurrentWrites(t *testing.T) {
 	var b Buffer
 	var wg sync.WaitGroup
 	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := range 100 {
 				fmt.Fprintf(&b, "g%d line %d\n", g, i)
 			}
-		}()
+		})
 	}
 	done := make(chan struct{})
 	go func() {

@@ -84,9 +84,7 @@ func TestConcurrentUse(t *testing.T) {
 	var s Set
 	var wg sync.WaitGroup
 	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			id := string(rune('a' + g%2))
 			for range 200 {
 				w := s.Watch(id)
@@ -95,7 +93,7 @@ func TestConcurrentUse(t *testing.T) {
 				<-w.C()
 				w.Stop()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if s.Watched("a") || s.Watched("b") {
