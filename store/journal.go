@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"hash/crc32"
 	"io"
 	"log/slog"
@@ -18,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 )
 
 // The journal is the store's write-ahead log, in the data folder's journal/

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 

@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"golang.org/x/sys/unix"
+
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
 func TestTableMapping(t *testing.T) {

@@ -29,8 +29,9 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
-	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is.

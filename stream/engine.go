@@ -3,10 +3,11 @@ package stream
 import (
 	"context"
 	"errors"
-	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 )
 
 // DefaultBatch is how many items a Stream asks its source for at a time

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
+
 	"github.com/gatehouse-dev/gatehouse/internal/option"
 )
 

@@ -25,9 +25,10 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/valyala/fasthttp"
+
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
-	"github.com/valyala/fasthttp"
 )
 
 // serverConfig is a fasthttp setup that changes what the hijack handler
