@@ -209,14 +209,10 @@ func (s *Server) checkHost(ctx *fasthttp.RequestCtx) error {
 	if !s.auth.Open() {
 		return nil
 	}
-	host := string(ctx.Host())
-	if LoopbackHost(host) {
+	host := hostName(string(ctx.Host()))
+	if loopbackName(host) {
 		return nil
 	}
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(host, ".")
 	for _, allowed := range s.opts.AllowedHosts {
 		if strings.EqualFold(allowed, host) {
 			return nil
@@ -229,15 +225,24 @@ func (s *Server) checkHost(ctx *fasthttp.RequestCtx) error {
 // without its port, names this machine's loopback interface: localhost, a
 // name under .localhost, or a loopback address. Anything else may be a
 // DNS name rebound to 127.0.0.1 by a page in a browser.
-func LoopbackHost(host string) bool {
+func LoopbackHost(host string) bool { return loopbackName(hostName(host)) }
+
+// hostName is the name a Host header gives: without its port or a final
+// dot, in lower case.
+func hostName(host string) string {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+	return strings.TrimSuffix(strings.ToLower(host), ".")
+}
+
+// loopbackName reports whether a host name (see hostName) is localhost, a
+// name under .localhost, or a loopback address.
+func loopbackName(name string) bool {
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
 		return true
 	}
-	a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	a, err := netip.ParseAddr(strings.Trim(name, "[]"))
 	return err == nil && a.Unmap().IsLoopback()
 }
 

@@ -143,7 +143,7 @@ var _ io.ReadCloser = (*thenReader)(nil)
 func (s *Server) writeError(ctx *fasthttp.RequestCtx, err error) {
 	status, body := statusOf(err)
 	if status == fasthttp.StatusInternalServerError {
-		s.log.Error("request failed", "method", string(ctx.Method()), "path", string(ctx.Path()), "err", err)
+		s.logFailed(ctx, err)
 	}
 	switch status {
 	case fasthttp.StatusServiceUnavailable:
@@ -152,6 +152,12 @@ func (s *Server) writeError(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 	}
 	s.writeJSON(ctx, status, body)
+}
+
+// logFailed logs a request answered 500, whose error the client is not
+// told.
+func (s *Server) logFailed(ctx *fasthttp.RequestCtx, err error) {
+	s.log.Error("request failed", "method", string(ctx.Method()), "path", string(ctx.Path()), "err", err)
 }
 
 // decode reads the request body as one JSON value into v.

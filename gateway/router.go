@@ -4,8 +4,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/gatehouse-dev/gatehouse/protocol"
 )
 
@@ -38,15 +36,7 @@ func (s *Server) mount(r *router, sf protocol.Surface) {
 	prefix := strings.TrimSuffix(sf.Mount(), "/")
 	for _, pr := range sf.Routes() {
 		h := func(c *call) error {
-			err := pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Gateway: s})
-			if err == nil {
-				return nil
-			}
-			sf.Fail(c.ctx, err)
-			if c.ctx.Response.StatusCode() == fasthttp.StatusInternalServerError {
-				s.log.Error("request failed", "method", string(c.ctx.Method()), "path", string(c.ctx.Path()), "err", err)
-			}
-			return nil
+			return pr.Handle(&protocol.Request{Ctx: c.ctx, Principal: c.principal, Params: c.params, Gateway: s})
 		}
 		if pr.Stream {
 			h = s.admit(h)

@@ -343,7 +343,21 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if err := r.handle(c); err != nil {
-		s.writeError(c.ctx, err)
+		s.fail(ctx, r, err)
+	}
+}
+
+// fail answers the error a route's handler returned, in the protocol of
+// the route (a surface's own words, or the /v0 API's), and logs it when it
+// is a 500: the client is told only "internal error".
+func (s *Server) fail(ctx *fasthttp.RequestCtx, r *route, err error) {
+	if r.surface == nil {
+		s.writeError(ctx, err)
+		return
+	}
+	r.surface.Fail(ctx, err)
+	if ctx.Response.StatusCode() == fasthttp.StatusInternalServerError {
+		s.logFailed(ctx, err)
 	}
 }
 
