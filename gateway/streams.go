@@ -53,21 +53,19 @@ func (s *eventSource) Next(buf []stream.Item) (int, error) {
 	}
 	s.arena = s.arena[:0]
 	n, err := s.read(buf)
-	if err != nil || n == len(buf) {
+	if err != nil || n > 0 {
 		return n, err
 	}
 	if !s.k.Live(s.id) {
 		// Finished before or while we read: everything is committed now,
-		// so one more read delivers the rest, and the stream ends.
-		m, err := s.read(buf[n:])
-		n += m
-		if err != nil || n == len(buf) {
+		// so a read that still finds nothing has reached the end.
+		if n, err = s.read(buf); err != nil || n > 0 {
 			return n, err
 		}
 		s.done = true
-		return n, stream.ErrEnd
+		return 0, stream.ErrEnd
 	}
-	return n, nil
+	return 0, nil
 }
 
 // read copies events after s.last into buf, within replayBatchBytes.

@@ -287,7 +287,9 @@ func (s *Stream) drainLocked() (reason Reason, err error, done bool) {
 			return Finished, nil, true
 		case serr != nil:
 			return Failed, serr, true
-		case n < len(buf):
+		case n == 0:
+			// Only an empty batch means the source has nothing now: a
+			// short one may be bounded by bytes, not by what it holds.
 			return 0, nil, false
 		}
 	}

@@ -42,11 +42,13 @@ type Item struct {
 // Source is a sequence read from a position. Implementations are safe for
 // use by one Stream at a time, plus OnWake and Close from any goroutine.
 type Source interface {
-	// Next fills buf with the items available now that follow the last one
-	// it returned, and reports how many. Zero items and a nil error mean
-	// nothing is available yet: the source calls the OnWake function when
-	// that may have changed. ErrEnd means the source is finished after the
-	// items returned with it; any other error ends the stream with it.
+	// Next fills buf with items available now that follow the last one it
+	// returned, and reports how many. It may return fewer than len(buf)
+	// while it holds more (a batch bounded by bytes): the stream calls it
+	// again. Only zero items and a nil error mean nothing is available yet:
+	// the source calls the OnWake function when that may have changed.
+	// ErrEnd means the source is finished after the items returned with it;
+	// any other error ends the stream with it.
 	Next(buf []Item) (int, error)
 	// OnWake makes f run whenever Next may have more to return, and when the
 	// source fails. f runs with the source's locks held: it must return

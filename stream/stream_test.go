@@ -54,11 +54,23 @@ func (l *memLog) reader(after uint64) *logReader {
 	return &logReader{l: l, last: after}
 }
 
+// readerFor reads the log from a request's "after" query parameter, at
+// most "most" items a Next.
+func (l *memLog) readerFor(ctx *fasthttp.RequestCtx) *logReader {
+	after, _ := strconv.ParseUint(string(ctx.QueryArgs().Peek("after")), 10, 64)
+	r := l.reader(after)
+	r.most, _ = strconv.Atoi(string(ctx.QueryArgs().Peek("most")))
+	return r
+}
+
 type logReader struct {
 	l      *memLog
 	last   uint64
 	closed bool
 	notice *stream.Item // given first
+	// most bounds the items of one Next below the buffer's length, as a
+	// source that bounds a batch by bytes does; zero fills the buffer.
+	most int
 }
 
 func (r *logReader) Next(buf []stream.Item) (int, error) {
@@ -70,7 +82,11 @@ func (r *logReader) Next(buf []stream.Item) (int, error) {
 		r.notice = nil
 		n++
 	}
-	for n < len(buf) && r.last < uint64(len(r.l.items)) {
+	limit := len(buf)
+	if r.most > 0 {
+		limit = min(limit, r.most)
+	}
+	for n < limit && r.last < uint64(len(r.l.items)) {
 		buf[n] = r.l.items[r.last]
 		r.last++
 		n++
@@ -131,7 +147,7 @@ type ended struct {
 func sseServer(t *testing.T, log *memLog, o stream.Options, so stream.SSEOptions) (string, <-chan ended) {
 	ends := make(chan ended, 16)
 	url := serve(t, func(ctx *fasthttp.RequestCtx) {
-		after, _ := strconv.ParseUint(string(ctx.QueryArgs().Peek("after")), 10, 64)
+		src := log.readerFor(ctx)
 		ctx.SetContentType("text/event-stream")
 		conn := ctx.Conn()
 		opts := o
@@ -140,16 +156,19 @@ func sseServer(t *testing.T, log *memLog, o stream.Options, so stream.SSEOptions
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 			tr := stream.NewSSE(w, conn, so)
 			tr.Open()
-			reason, err := stream.New(log.reader(after), render, tr, opts).Run(context.Background())
+			reason, err := stream.New(src, render, tr, opts).Run(context.Background())
 			ends <- ended{reason, err}
 		})
 	})
 	return url, ends
 }
 
+// get opens a response whose reading fails after 20 s rather than hang the
+// test when a stream stalls.
 func get(t *testing.T, url string) *http.Response {
 	t.Helper()
-	resp, err := http.Get(url)
+	hc := &http.Client{Timeout: 20 * time.Second}
+	resp, err := hc.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,10 +338,10 @@ func wsServer(t *testing.T, log *memLog, onStream func(*stream.Stream, *stream.W
 	var tr wsaccept.Tracker
 	t.Cleanup(func() { _ = tr.Shutdown(context.Background(), "bye") })
 	return serve(t, func(ctx *fasthttp.RequestCtx) {
-		after, _ := strconv.ParseUint(string(ctx.QueryArgs().Peek("after")), 10, 64)
+		src := log.readerFor(ctx)
 		err := tr.Accept(ctx, &websocket.AcceptOptions{}, func(ctx context.Context, c *websocket.Conn) {
 			ws := stream.NewWS(c, stream.WSOptions{Encode: encodeText, WriteTimeout: 200 * time.Millisecond})
-			s := stream.New(log.reader(after), render, ws, stream.Options{})
+			s := stream.New(src, render, ws, stream.Options{})
 			ws.OnEnd(s.Stop)
 			s.Start()
 			if onStream != nil {
@@ -458,4 +477,53 @@ func TestCloseReasonFitsAFrame(t *testing.T) {
 			t.Errorf("CloseReason(%d bytes) = %d bytes", len(tt.in), len(got))
 		}
 	}
+}
+
+// TestShortBatchesAreNotTheEnd: a source may give fewer items than asked
+// while it holds more (a batch bounded by bytes); the stream asks again
+// until it gets none, on SSE and WebSocket, whether the source has ended
+// or is still live.
+func TestShortBatchesAreNotTheEnd(t *testing.T) {
+	const total = 1000
+	fill := func(log *memLog) {
+		for i := range total {
+			log.append("e", strconv.Itoa(i+1))
+		}
+	}
+	t.Run("sse", func(t *testing.T) {
+		for _, ended := range []bool{true, false} {
+			log := &memLog{}
+			fill(log)
+			if ended {
+				log.end()
+			}
+			url, ends := sseServer(t, log, stream.Options{}, stream.SSEOptions{})
+			sr := ssetest.NewReader(bufio.NewReader(get(t, url+"/?most=3").Body))
+			evs, err := sr.Frames(total)
+			if err != nil {
+				t.Fatalf("ended %v: %v after %d frames", ended, err, len(evs))
+			}
+			if evs[total-1].ID != strconv.Itoa(total) {
+				t.Fatalf("ended %v: last frame %+v", ended, evs[total-1])
+			}
+			log.end()
+			waitEnd(t, ends, stream.Finished)
+		}
+	})
+	t.Run("ws", func(t *testing.T) {
+		log := &memLog{}
+		fill(log)
+		c := dialWS(t, wsServer(t, log, nil)+"/?most=3")
+		for i := range total {
+			if got, want := readWS(t, c), fmt.Sprintf("%d e %d", i+1, i+1); got != want {
+				t.Fatalf("frame %d: %q, want %q", i, got, want)
+			}
+		}
+		log.end()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, _, err := c.Read(ctx); websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+			t.Fatalf("end: %v", err)
+		}
+	})
 }
