@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -208,5 +209,51 @@ func TestHostConsumerID(t *testing.T) {
 		if got := hostConsumerID(in); got != want {
 			t.Errorf("hostConsumerID(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestServeRefusesNetworkWithoutCredentials: serve with no token or JWT
+// key on an address other hosts can reach exits 2 with one line that says
+// what to do, listening on nothing; --insecure-no-auth serves it and warns.
+func TestServeRefusesNetworkWithoutCredentials(t *testing.T) {
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	addr := "0.0.0.0:" + port
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", t.TempDir())
+	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("serve on %s without credentials: %v, want exit status 2\n%s", addr, err, out.String())
+	}
+	line := out.String()
+	if strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "gatehouse: serve: no credentials on a non-loopback address: ") {
+		t.Fatalf("want one line naming the refusal, got:\n%s", line)
+	}
+	for _, advice := range []string{addr, "--token", "--jwt-secret", "--addr 127.0.0.1:" + port, "--insecure-no-auth"} {
+		if !strings.Contains(line, advice) {
+			t.Errorf("the refusal does not say %q: %s", advice, line)
+		}
+	}
+	if conn, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+		conn.Close()
+		t.Fatalf("something listens on %s after the refusal", port)
+	}
+
+	c := newChild(addr, t.TempDir(), "--insecure-no-auth", "--log-level", "info")
+	c.base = "http://127.0.0.1:" + port
+	c.start(t)
+	resp, err := http.Get(c.base + "/v0/executions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v0/executions with --insecure-no-auth: %d", resp.StatusCode)
+	}
+	c.stop() // the log is read once the process has written it all
+	if !strings.Contains(c.logs.String(), "--insecure-no-auth") || !strings.Contains(c.logs.String(), "level=WARN") {
+		t.Fatalf("no warning about --insecure-no-auth in the log:\n%s", c.logs)
 	}
 }
