@@ -219,7 +219,10 @@ func TestServeRefusesNetworkWithoutCredentials(t *testing.T) {
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	addr := "0.0.0.0:" + port
 	var out bytes.Buffer
-	cmd := exec.Command(os.Args[0], "serve", "--addr", addr, "--data", t.TempDir())
+	// A serve that does not refuse would run until killed.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "serve", "--addr", addr, "--data", t.TempDir())
 	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
