@@ -33,8 +33,7 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return errors.New("tail: give one execution id")
+		return errors.New("tail: give one execution id; see 'gatehouse help tail'")
 	}
 	id := fs.Arg(0)
 	c, err := gf.client("tail", client.Options{RequestTimeout: timeout})
