@@ -62,7 +62,8 @@ const (
 // Options configure a run. URL is required; the zero value of every other
 // field is usable.
 type Options struct {
-	// URL is the gateway's base URL, for example "http://127.0.0.1:8080".
+	// URL is the gateway's base URL, for example "http://127.0.0.1:8080";
+	// a trailing "/v0" is dropped.
 	URL string
 	// Token is the bearer token with full (admin) rights, when the server
 	// requires one.
@@ -221,7 +222,8 @@ func (o *Options) normalize() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("conformance: URL %q: want http(s)://host:port", o.URL)
 	}
-	o.URL = strings.TrimRight(o.URL, "/")
+	// The kernel API's /v0 is part of every path the checks use.
+	o.URL = strings.TrimSuffix(strings.TrimRight(o.URL, "/"), "/v0")
 	if o.HTTPClient == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64
