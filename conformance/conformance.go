@@ -103,6 +103,10 @@ type Options struct {
 	// AAPAgent names a running AAP agent (one that declared its AgentInfo,
 	// such as `gatehouse agent`); empty skips the check that talks to it.
 	AAPAgent string
+	// Progress, when set, is called with each check's result as soon as
+	// the check ends, in the order they end, one call at a time; Run still
+	// returns every result in suite order.
+	Progress func(Result)
 }
 
 // Result is the outcome of one check.
@@ -177,29 +181,36 @@ func Run(ctx context.Context, o Options, only ...string) ([]Result, error) {
 		return nil, err
 	}
 	results := make([]Result, len(selected))
+	var progress sync.Mutex
+	done := func(i int, r Result) {
+		results[i] = r
+		if o.Progress != nil {
+			progress.Lock()
+			defer progress.Unlock()
+			o.Progress(r)
+		}
+	}
 	sem := make(chan struct{}, o.Parallel)
 	var wg sync.WaitGroup
 	for i, c := range selected {
 		if c.Restart {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				results[i] = Result{ID: c.ID, Spec: c.Spec, Name: c.Name, Status: Fail, Reason: "not run: " + ctx.Err().Error()}
+				done(i, Result{ID: c.ID, Spec: c.Spec, Name: c.Name, Status: Fail, Reason: "not run: " + ctx.Err().Error()})
 				return
 			}
 			defer func() { <-sem }()
-			results[i] = runOne(ctx, &o, c)
-		}()
+			done(i, runOne(ctx, &o, c))
+		})
 	}
 	wg.Wait()
 	for i, c := range selected {
 		if c.Restart {
-			results[i] = runOne(ctx, &o, c)
+			done(i, runOne(ctx, &o, c))
 		}
 	}
 	return results, nil
