@@ -16,7 +16,9 @@
 // (presence), the WebSocket twins /v0/agents/ws, /v0/runners/ws and
 // /v0/executions/{id}/ws, and GET /v0/actions (the permission bridge). A
 // route counts as missing when it answers 404, or 405 when only other
-// methods exist at its path.
+// methods exist at its path. A check whose made-up tool the server's policy
+// denies skips too, naming the tool and the policy's reason: a gateway may
+// run any policy.
 //
 // From the command line:
 //

@@ -297,7 +297,7 @@ func TestNoCommandShowsHelpAndServesNothing(t *testing.T) {
 		t.Fatalf("gatehouse: exit %d\n%s", code, out)
 	}
 	out, code = runMain(t, dir, "--addr", "127.0.0.1:0", "--in-memory")
-	if code != 2 || out != "gatehouse: --addr is not a command: flags come after one, as in 'gatehouse serve --addr'; see 'gatehouse help'\n" {
+	if code != 2 || out != "gatehouse: --addr is not a command: flags come after one, as in 'gatehouse serve --addr'; see 'gatehouse --help'\n" {
 		t.Fatalf("gatehouse --addr: exit %d\n%s", code, out)
 	}
 	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
@@ -314,17 +314,17 @@ func TestMistypedFlagOrCommandIsOneLine(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve", "--adr", "0.0.0.0:8080"}, "serve: unknown flag --adr (did you mean --addr?); see 'gatehouse help serve'"},
-		{[]string{"serve", "-polcy", "p.yaml"}, "serve: unknown flag --polcy (did you mean --policy?); see 'gatehouse help serve'"},
-		{[]string{"serve", "--frobnicate"}, "serve: unknown flag --frobnicate; see 'gatehouse help serve'"},
-		{[]string{"serve", "--max-body", "lots"}, `serve: invalid value "lots" for flag -max-body: parse error; see 'gatehouse help serve'`},
-		{[]string{"runner", "--runer-id", "edge-1"}, "runner: unknown flag --runer-id (did you mean --runner-id?); see 'gatehouse help runner'"},
-		{[]string{"conformance", "--restart-cm", "true"}, "conformance: unknown flag --restart-cm (did you mean --restart-cmd?); see 'gatehouse help conformance'"},
-		{[]string{"tail", "--url"}, "tail: flag needs an argument: -url; see 'gatehouse help tail'"},
-		{[]string{"tail"}, "tail: give one execution id; see 'gatehouse help tail'"},
-		{[]string{"serv"}, `unknown command "serv" (did you mean "serve"?); see 'gatehouse help'`},
-		{[]string{"help", "runer"}, `help: unknown command "runer" (did you mean "runner"?); see 'gatehouse help'`},
-		{[]string{"frobnicate"}, `unknown command "frobnicate"; see 'gatehouse help'`},
+		{[]string{"serve", "--adr", "0.0.0.0:8080"}, "serve: unknown flag --adr (did you mean --addr?); see 'gatehouse serve --help'"},
+		{[]string{"serve", "-polcy", "p.yaml"}, "serve: unknown flag --polcy (did you mean --policy?); see 'gatehouse serve --help'"},
+		{[]string{"serve", "--frobnicate"}, "serve: unknown flag --frobnicate; see 'gatehouse serve --help'"},
+		{[]string{"serve", "--max-body", "lots"}, `serve: invalid value "lots" for flag -max-body: parse error; see 'gatehouse serve --help'`},
+		{[]string{"runner", "--runer-id", "edge-1"}, "runner: unknown flag --runer-id (did you mean --runner-id?); see 'gatehouse runner --help'"},
+		{[]string{"conformance", "--restart-cm", "true"}, "conformance: unknown flag --restart-cm (did you mean --restart-cmd?); see 'gatehouse conformance --help'"},
+		{[]string{"tail", "--url"}, "tail: flag needs an argument: -url; see 'gatehouse tail --help'"},
+		{[]string{"tail"}, "tail: give one execution id; see 'gatehouse tail --help'"},
+		{[]string{"serv"}, `unknown command "serv" (did you mean "serve"?); see 'gatehouse --help'`},
+		{[]string{"help", "runer"}, `help: unknown command "runer" (did you mean "runner"?); see 'gatehouse --help'`},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"; see 'gatehouse --help'`},
 	} {
 		out, code := runMain(t, dir, tc.args...)
 		if code != 2 || out != "gatehouse: "+tc.want+"\n" {

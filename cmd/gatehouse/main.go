@@ -90,7 +90,7 @@ func newFlagSet(name string, out io.Writer) *flag.FlagSet {
 // noArgs fails when a command that takes no arguments got some.
 func noArgs(fs *flag.FlagSet) error {
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q (flags start with -; see 'gatehouse help %s')", fs.Name(), fs.Arg(0), fs.Name())
+		return fmt.Errorf("%s: unexpected argument %q (flags start with -; see 'gatehouse %s --help')", fs.Name(), fs.Arg(0), fs.Name())
 	}
 	return nil
 }
@@ -201,7 +201,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		name, args, stderr = c.name, []string{"-h"}, stdout
 	}
 	if strings.HasPrefix(name, "-") {
-		return fmt.Errorf("%s is not a command: flags come after one, as in 'gatehouse serve %s'; see 'gatehouse help'", name, name)
+		return fmt.Errorf("%s is not a command: flags come after one, as in 'gatehouse serve %s'; see 'gatehouse --help'", name, name)
 	}
 	c, ok := lookup(name)
 	if !ok || c.run == nil {
@@ -227,7 +227,7 @@ func unknownCommand(name string) string {
 	if near := nearest(name, names); near != "" {
 		msg += fmt.Sprintf(" (did you mean %q?)", near)
 	}
-	return msg + "; see 'gatehouse help'"
+	return msg + "; see 'gatehouse --help'"
 }
 
 // parseFlags parses args, then fills every flag not given on the command
@@ -276,7 +276,7 @@ func flagError(fs *flag.FlagSet, err error) error {
 			msg += " (did you mean --" + near + "?)"
 		}
 	}
-	return fmt.Errorf("%s: %s; see 'gatehouse help %s'", fs.Name(), msg, fs.Name())
+	return fmt.Errorf("%s: %s; see 'gatehouse %s --help'", fs.Name(), msg, fs.Name())
 }
 
 // nearest returns the candidate closest to name by edit distance, when it

@@ -35,7 +35,7 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if fs.NArg() != 1 {
-		return errors.New("tail: give one execution id; see 'gatehouse help tail'")
+		return errors.New("tail: give one execution id; see 'gatehouse tail --help'")
 	}
 	id := fs.Arg(0)
 	log, err := newLogger(stderr, logLevel, "text")
