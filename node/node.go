@@ -100,7 +100,10 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	n.Hub = hub
 	n.closers.push(release(hub.Close))
-	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: o.Logger, Retention: retention, WebhookAllow: o.WebhookAllow})
+	co := o.Channels
+	co.Store, co.Hub, co.Logger, co.Retention, co.WebhookAllow = st, hub, o.Logger, retention, o.WebhookAllow
+	adapters := co.Adapters
+	chans, err := channel.New(ctx, co)
 	if err != nil {
 		return err
 	}
@@ -131,6 +134,9 @@ func (n *Node) build(ctx context.Context) error {
 	if err := sessions.Start(ctx, k); err != nil {
 		return err
 	}
+	if err := chans.Start(ctx, decider{k: k, b: br}); err != nil {
+		return err
+	}
 	notes, err := memory.Open(ctx, memory.Options{Store: st})
 	if err != nil {
 		return err
@@ -141,6 +147,14 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	if err := so.Registry.Register(newStoreCollector(st)); err != nil {
 		return fmt.Errorf("node: store metrics: %w", err)
+	}
+	if err := so.Registry.Register(newChannelCollector(chans)); err != nil {
+		return fmt.Errorf("node: channel metrics: %w", err)
+	}
+	for _, a := range adapters {
+		if h, ok := a.(channel.Hooker); ok {
+			so.Hooks = append(so.Hooks, h.Hooks()...)
+		}
 	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -54,7 +55,13 @@ type Options struct {
 	PeerRetention time.Duration
 	// WebhookAllow lists the internal networks chat webhooks may reach
 	// (see channel.Options.WebhookAllow); nil: public addresses only.
+	// Push endpoints follow the same rules.
 	WebhookAllow []netip.Prefix
+	// Channels configure the human channels: the chat and push adapters
+	// (Adapters, an embedder's own), who may answer through them
+	// (Responders) and their send bounds. Store, Hub, Logger, Retention
+	// and WebhookAllow are filled in.
+	Channels channel.Options
 
 	// Retention deletes finished executions this long after they ended.
 	// RetentionCount, when positive, also keeps at most that many finished
@@ -89,6 +96,7 @@ func Defaults() Options {
 		Auth:              auth.Options{Leeway: auth.DefaultLeeway},
 		Kernel:            kernel.Defaults(),
 		Server:            gateway.Defaults(),
+		Channels:          channel.Defaults(),
 		OutboxLimit:       peers.OutboxLimit,
 		OutboxRetention:   peers.Retention,
 		PeerRetention:     peers.ConsumerRetention,

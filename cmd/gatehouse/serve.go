@@ -10,9 +10,11 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"sort"
 	"strings"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -38,6 +40,8 @@ type config struct {
 	idemKeys                        int
 	peerRetention                   time.Duration
 	webhookAllow                    prefixes
+	responders                      responders
+	channelSends                    int
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -102,6 +106,38 @@ func (p *prefixes) Set(v string) error {
 	return nil
 }
 
+// responders collects --channel-responders: rule=person,person groups,
+// separated by ';' (so that one environment variable holds several),
+// repeatable.
+type responders map[string][]string
+
+func (r *responders) String() string {
+	parts := make([]string, 0, len(*r))
+	for rule, who := range *r {
+		parts = append(parts, rule+"="+strings.Join(who, ","))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ";")
+}
+
+func (r *responders) Set(v string) error {
+	for group := range strings.SplitSeq(v, ";") {
+		if group = strings.TrimSpace(group); group == "" {
+			continue
+		}
+		rule, who, ok := strings.Cut(group, "=")
+		people := splitList(who)
+		if !ok || strings.TrimSpace(rule) == "" || len(people) == 0 {
+			return fmt.Errorf("%q: want rule=person[,person...]", group)
+		}
+		if *r == nil {
+			*r = responders{}
+		}
+		(*r)[strings.TrimSpace(rule)] = people
+	}
+	return nil
+}
+
 // flags declares serve's flags on fs; their defaults are node.Defaults.
 func (c *config) flags(fs *flag.FlagSet) {
 	d := node.Defaults()
@@ -131,6 +167,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.idemWindow, "idempotency-window", d.Kernel.IdempotencyWindow, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", d.Kernel.IdempotencyKeys, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", d.PeerRetention, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
+	fs.Var(&c.responders, "channel-responders", "who may answer a policy rule's prompts through chat and push channels: `rule=person[,person...]`, groups separated by ';'; repeatable. A rule not listed: its prompt's owner")
+	fs.IntVar(&c.channelSends, "channel-max-sends", d.Channels.MaxSends, "calls to chat and push platforms in flight at once, in all")
 	fs.Var(&c.webhookAllow, "webhook-allow-net", "comma-separated `CIDRs or addresses` of internal networks chat webhooks may reach (loopback, private, link-local...); repeatable")
 	fs.DurationVar(&c.headerTimeout, "header-timeout", d.Server.HeaderTimeout, "time to read a request's headers")
 	fs.DurationVar(&c.readTimeout, "read-timeout", d.Server.ReadTimeout, "time to read a request's body")
@@ -249,6 +287,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
+		Channels:   channel.Options{Responders: c.responders, MaxSends: c.channelSends},
 		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater), MemoryLimit: memLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
