@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
@@ -132,6 +133,12 @@ type Router interface {
 	Routes() []Route
 }
 
+// Binder is an Adapter that answers through the registry (Answer,
+// Refuse): New binds it to the registry it was given to.
+type Binder interface {
+	Bind(r *Registry)
+}
+
 // Runner is an Adapter with work of its own (Telegram's long polling):
 // Start runs it on its own goroutine until the registry closes.
 type Runner interface {
@@ -170,6 +177,17 @@ type card struct {
 
 func cardID(k peer.Key, actionID string) string { return k.String() + "|" + actionID }
 
+// destKey is the outbox key of owner's destination id of adapter. A
+// destination is registered per owner: several people may share a chat,
+// each with their own outbox, so its native peer id is "<id>@<owner>".
+func destKey(adapter, owner, id string) peer.Key { return Key(adapter, id+"@"+owner) }
+
+// destID is the destination id in an adapter registration's peer id.
+func destID(peerID string) string {
+	id, _, _ := strings.Cut(peerID, "@")
+	return id
+}
+
 // driver shows one destination's outbox through its adapter.
 type driver struct {
 	key    peer.Key
@@ -197,6 +215,9 @@ func (r *Registry) SetDest(ctx context.Context, owner, adapter, id string, data 
 	if err := checkIDs(owner, adapter, id); err != nil {
 		return Channel{}, false, err
 	}
+	if strings.Contains(id, "@") {
+		return Channel{}, false, fmt.Errorf("%w: destination id %q contains '@'", ErrInvalid, id)
+	}
 	a := r.adapterOf(adapter)
 	if a == nil {
 		return Channel{}, false, fmt.Errorf("%w: no %s adapter", ErrInvalid, adapter)
@@ -206,9 +227,9 @@ func (r *Registry) SetDest(ctx context.Context, owner, adapter, id string, data 
 		return Channel{}, false, err
 	}
 	defer release()
-	k := Key(adapter, id)
+	k := destKey(adapter, owner, id)
 	now := time.Now().UTC()
-	rc := record{Owner: owner, ChannelID: adapter, PeerID: id, Kind: KindAdapter, Data: data, CreatedAt: now, LastSeen: now}
+	rc := record{Owner: owner, ChannelID: adapter, PeerID: k.Consumer, Kind: KindAdapter, Data: data, CreatedAt: now, LastSeen: now}
 	r.mu.Lock()
 	cur := r.chans[k]
 	switch {
@@ -239,7 +260,7 @@ func (r *Registry) SetDest(ctx context.Context, owner, adapter, id string, data 
 	var b store.Batch
 	err = b.Put(kindChannel, k.String(), &rc)
 	if err == nil {
-		err = r.commit(ctx, ol, &b, fact{typ: typ, p: payload{ChannelID: adapter, NativePeerID: id, Kind: KindAdapter}})
+		err = r.commit(ctx, ol, &b, fact{typ: typ, p: payload{ChannelID: adapter, NativePeerID: k.Consumer, Kind: KindAdapter}})
 	}
 	if err != nil {
 		return Channel{}, false, fmt.Errorf("channel: set %s destination of %s: %w", adapter, owner, err)
@@ -267,7 +288,7 @@ func (r *Registry) RemoveDest(ctx context.Context, owner, adapter, id, reason st
 		return err
 	}
 	defer release()
-	rc, ok := r.recordOf(Key(adapter, id))
+	rc, ok := r.recordOf(destKey(adapter, owner, id))
 	if !ok || rc.Owner != owner || rc.Kind != KindAdapter {
 		return fmt.Errorf("%w: %s has no %s destination %s", ErrNotFound, owner, adapter, id)
 	}
@@ -285,7 +306,7 @@ func (r *Registry) Dests(adapter, owner string) []Dest {
 	var out []Dest
 	for _, rc := range r.chans {
 		if rc.Kind == KindAdapter && rc.ChannelID == adapter && (owner == "" || rc.Owner == owner) {
-			out = append(out, Dest{Owner: rc.Owner, ID: rc.PeerID, Data: slices.Clone(rc.Data)})
+			out = append(out, Dest{Owner: rc.Owner, ID: destID(rc.PeerID), Data: slices.Clone(rc.Data)})
 		}
 	}
 	slices.SortFunc(out, func(a, b Dest) int {
@@ -369,7 +390,7 @@ func (r *Registry) deciderOf() Decider {
 func (r *Registry) syncRoutes(ctx context.Context, adapter string, routes []Route) error {
 	want := map[peer.Key]string{}
 	for _, rt := range routes {
-		want[Key(adapter, rt.ID)] = rt.Owner
+		want[destKey(adapter, rt.Owner, rt.ID)] = rt.Owner
 		ch, fresh, err := r.SetDest(ctx, rt.Owner, adapter, rt.ID, nil)
 		if err != nil {
 			return fmt.Errorf("channel: %s route %s=%s: %w", adapter, rt.Owner, rt.ID, err)
@@ -381,7 +402,7 @@ func (r *Registry) syncRoutes(ctx context.Context, adapter string, routes []Rout
 		}
 	}
 	for _, d := range r.Dests(adapter, "") {
-		if want[Key(adapter, d.ID)] != d.Owner {
+		if want[destKey(adapter, d.Owner, d.ID)] != d.Owner {
 			if err := r.RemoveDest(ctx, d.Owner, adapter, d.ID, "unconfigured"); err != nil {
 				return err
 			}
@@ -409,7 +430,7 @@ func (r *Registry) recover(ctx context.Context) {
 		case err != nil:
 		case rec.State == bridge.StatePending:
 			if data, err := json.Marshal(&rec); err == nil {
-				if _, err := r.hub.Deliver(ctx, Key(p.adapter, p.dest), typeCardNote, data); err != nil {
+				if _, err := r.hub.Deliver(ctx, destKey(p.adapter, rec.Owner, p.dest), typeCardNote, data); err != nil {
 					r.log.Warn("card note not queued", "channel", p.adapter, "action", p.actionID, "err", err)
 				}
 			}
@@ -460,7 +481,7 @@ func (r *Registry) startDriver(rc *record) {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
-	dr := &driver{key: rc.key(), dest: Dest{Owner: rc.Owner, ID: rc.PeerID, Data: slices.Clone(rc.Data)}, a: a,
+	dr := &driver{key: rc.key(), dest: Dest{Owner: rc.Owner, ID: destID(rc.PeerID), Data: slices.Clone(rc.Data)}, a: a,
 		cancel: cancel, done: make(chan struct{})}
 	r.drivers[dr.key] = dr
 	go r.drive(ctx, dr)

@@ -478,7 +478,7 @@ func TestAdapterSecretsStayOut(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(string(list), `"channel_id":"fake","native_peer_id":"sub1","kind":"adapter"`) {
+	if !strings.Contains(string(list), `"channel_id":"fake","native_peer_id":"sub1@alice","kind":"adapter"`) {
 		t.Fatalf("channel list: %s", list)
 	}
 }

@@ -246,7 +246,7 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, user, principal, a
 		}
 		return bridge.Record{}, false, err
 	}
-	if rc, ok := r.recordOf(Key(adapter, dest)); !ok || rc.Owner != rec.Owner {
+	if _, ok := r.recordOf(destKey(adapter, rec.Owner, dest)); !ok {
 		return bridge.Record{}, false, r.Refuse(adapter, RefusedChat, "the prompt was not shown there")
 	}
 	if principal == "" {

@@ -20,14 +20,15 @@ func Title(rec bridge.Record) string {
 
 // Reason is why policy asks: the rule's reason, or a default.
 func Reason(rec bridge.Record) string {
-	if rec.Reason != "" {
-		return rec.Reason
+	if rec.Approval.Reason != "" {
+		return rec.Approval.Reason
 	}
 	return "Policy asks a person to approve this call."
 }
 
 // Arguments renders a prompt's arguments as indented JSON of at most limit
-// bytes, cut on a rune boundary with an ellipsis when longer.
+// bytes, cut on a rune boundary with an ellipsis when longer. The text is
+// not escaped for any markup.
 func Arguments(rec bridge.Record, limit int) string {
 	if len(rec.Arguments) == 0 || string(rec.Arguments) == "null" {
 		return "(no arguments)"
@@ -37,7 +38,37 @@ func Arguments(rec bridge.Record, limit int) string {
 		b.Reset()
 		b.Write(rec.Arguments)
 	}
-	return Clip(b.String(), limit)
+	// Go's encoder writes <, > and & as \u escapes; a person reads the
+	// characters (each channel escapes its own markup).
+	return Clip(unescapeHTML(b.String()), limit)
+}
+
+// unescapeHTML turns the \u003c, \u003e and \u0026 escapes of JSON text
+// back into their characters, leaving every other escape, an escaped
+// backslash included, as it is.
+func unescapeHTML(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch esc := s[i+1:]; {
+		case strings.HasPrefix(esc, "u003c"):
+			b.WriteByte('<')
+			i += 5
+		case strings.HasPrefix(esc, "u003e"):
+			b.WriteByte('>')
+			i += 5
+		case strings.HasPrefix(esc, "u0026"):
+			b.WriteByte('&')
+			i += 5
+		default:
+			b.WriteString(s[i : i+2])
+			i++
+		}
+	}
+	return b.String()
 }
 
 // Clip cuts s to at most limit bytes on a rune boundary, ending it with an

@@ -314,6 +314,11 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 		sends: make(chan struct{}, o.MaxSends), sendTimeout: o.SendTimeout, maxAttempts: o.MaxAttempts,
 		drivers: map[peer.Key]*driver{},
 	}
+	for _, a := range r.adapters {
+		if b, ok := a.(Binder); ok {
+			b.Bind(r)
+		}
+	}
 	err = store.EachRecord(ctx, r.st, kindChannel, "", func(_ string, rc *record) bool {
 		r.addLocked(rc)
 		return true

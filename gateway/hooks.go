@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -18,13 +20,21 @@ func (s *Server) hookRoutes(r *router) {
 	}
 }
 
+// hookTimeout bounds a hook's work for one request.
+const hookTimeout = 30 * time.Second
+
 func (s *Server) serveHook(h channel.Hook) func(*call) error {
 	return func(c *call) error {
 		hdr := make(http.Header)
 		for k, v := range c.ctx.Request.Header.All() {
 			hdr.Add(string(k), string(v))
 		}
-		reply := h.Serve(c.ctx, hdr, c.ctx.PostBody())
+		// A context of its own: the request's is recycled once answered,
+		// and the hook's calls (to the kernel, to the platform) may leave
+		// goroutines that still hold theirs.
+		ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
+		defer cancel()
+		reply := h.Serve(ctx, hdr, c.ctx.PostBody())
 		if reply.Status == 0 {
 			reply.Status = fasthttp.StatusOK
 		}

@@ -13,11 +13,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -102,6 +104,9 @@ func (n *Node) build(ctx context.Context) error {
 	n.closers.push(release(hub.Close))
 	co := o.Channels
 	co.Store, co.Hub, co.Logger, co.Retention, co.WebhookAllow = st, hub, o.Logger, retention, o.WebhookAllow
+	if err := n.adapters(&co); err != nil {
+		return err
+	}
 	adapters := co.Adapters
 	chans, err := channel.New(ctx, co)
 	if err != nil {
@@ -177,6 +182,22 @@ func (n *Node) build(ctx context.Context) error {
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
 	n.closers.push(n.startRetention())
+	return nil
+}
+
+// adapters adds the chat and push channels that o configures to co's.
+func (n *Node) adapters(co *channel.Options) error {
+	o := n.o
+	co.Adapters = slices.Clone(co.Adapters)
+	if o.Telegram != nil {
+		to := *o.Telegram
+		to.Logger = o.Logger.With("channel", channel.AdapterTelegram)
+		tg, err := telegram.New(to)
+		if err != nil {
+			return err
+		}
+		co.Adapters = append(co.Adapters, tg)
+	}
 	return nil
 }
 

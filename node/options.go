@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -62,6 +63,9 @@ type Options struct {
 	// (Responders) and their send bounds. Store, Hub, Logger, Retention
 	// and WebhookAllow are filled in.
 	Channels channel.Options
+	// Telegram, when set, adds the Telegram channel (its Logger is
+	// filled in).
+	Telegram *telegram.Options
 
 	// Retention deletes finished executions this long after they ended.
 	// RetentionCount, when positive, also keeps at most that many finished

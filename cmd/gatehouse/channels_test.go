@@ -5,6 +5,8 @@ import (
 	"io"
 	"reflect"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 // TestChannelRespondersFlag: --channel-responders takes rule=people
@@ -19,10 +21,10 @@ func TestChannelRespondersFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := responders{"ask": {"bob", "carol"}, "prod": {"dana"}, "brief": {"erin"}}
-	if !reflect.DeepEqual(c.responders, want) {
-		t.Fatalf("parsed %v, want %v", c.responders, want)
+	if !reflect.DeepEqual(c.channels.responders, want) {
+		t.Fatalf("parsed %v, want %v", c.channels.responders, want)
 	}
-	if got := c.responders.String(); got != "ask=bob,carol;brief=erin;prod=dana" {
+	if got := c.channels.responders.String(); got != "ask=bob,carol;brief=erin;prod=dana" {
 		t.Fatalf("String: %q", got)
 	}
 	for _, bad := range []string{"ask", "ask=", "=bob", "ask= , "} {
@@ -30,5 +32,41 @@ func TestChannelRespondersFlag(t *testing.T) {
 		if err := r.Set(bad); err == nil {
 			t.Errorf("%q accepted: %v", bad, r)
 		}
+	}
+}
+
+// TestTelegramFlags: the Telegram flags fill node.Options.Telegram; a
+// token without users, or users without a token, is refused.
+func TestTelegramFlags(t *testing.T) {
+	parse := func(args ...string) (node.Options, error) {
+		var c config
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.flags(fs)
+		if err := fs.Parse(args); err != nil {
+			return node.Options{}, err
+		}
+		var o node.Options
+		return o, c.channels.apply(&o)
+	}
+	o, err := parse("--telegram-token", "1:abc", "--telegram-users", "111=alice, 222=bob", "--telegram-chats", "bob=-100777,bob=222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]string{111: "alice", 222: "bob"}
+	if o.Telegram == nil || !reflect.DeepEqual(o.Telegram.Users, want) || !reflect.DeepEqual(o.Telegram.Chats["bob"], []int64{-100777, 222}) {
+		t.Fatalf("telegram options: %+v", o.Telegram)
+	}
+	for _, args := range [][]string{
+		{"--telegram-token", "1:abc"},
+		{"--telegram-users", "111=alice"},
+		{"--telegram-token", "1:abc", "--telegram-users", "alice=111"},
+	} {
+		if _, err := parse(args...); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	if o, err := parse(); err != nil || o.Telegram != nil {
+		t.Fatalf("no flags: %v %+v", err, o.Telegram)
 	}
 }

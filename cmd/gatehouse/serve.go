@@ -10,11 +10,9 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
-	"sort"
 	"strings"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -40,8 +38,7 @@ type config struct {
 	idemKeys                        int
 	peerRetention                   time.Duration
 	webhookAllow                    prefixes
-	responders                      responders
-	channelSends                    int
+	channels                        channelFlags
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -106,38 +103,6 @@ func (p *prefixes) Set(v string) error {
 	return nil
 }
 
-// responders collects --channel-responders: rule=person,person groups,
-// separated by ';' (so that one environment variable holds several),
-// repeatable.
-type responders map[string][]string
-
-func (r *responders) String() string {
-	parts := make([]string, 0, len(*r))
-	for rule, who := range *r {
-		parts = append(parts, rule+"="+strings.Join(who, ","))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ";")
-}
-
-func (r *responders) Set(v string) error {
-	for group := range strings.SplitSeq(v, ";") {
-		if group = strings.TrimSpace(group); group == "" {
-			continue
-		}
-		rule, who, ok := strings.Cut(group, "=")
-		people := splitList(who)
-		if !ok || strings.TrimSpace(rule) == "" || len(people) == 0 {
-			return fmt.Errorf("%q: want rule=person[,person...]", group)
-		}
-		if *r == nil {
-			*r = responders{}
-		}
-		(*r)[strings.TrimSpace(rule)] = people
-	}
-	return nil
-}
-
 // flags declares serve's flags on fs; their defaults are node.Defaults.
 func (c *config) flags(fs *flag.FlagSet) {
 	d := node.Defaults()
@@ -167,8 +132,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.idemWindow, "idempotency-window", d.Kernel.IdempotencyWindow, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", d.Kernel.IdempotencyKeys, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", d.PeerRetention, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
-	fs.Var(&c.responders, "channel-responders", "who may answer a policy rule's prompts through chat and push channels: `rule=person[,person...]`, groups separated by ';'; repeatable. A rule not listed: its prompt's owner")
-	fs.IntVar(&c.channelSends, "channel-max-sends", d.Channels.MaxSends, "calls to chat and push platforms in flight at once, in all")
+	c.channels.flags(fs, d)
 	fs.Var(&c.webhookAllow, "webhook-allow-net", "comma-separated `CIDRs or addresses` of internal networks chat webhooks may reach (loopback, private, link-local...); repeatable")
 	fs.DurationVar(&c.headerTimeout, "header-timeout", d.Server.HeaderTimeout, "time to read a request's headers")
 	fs.DurationVar(&c.readTimeout, "read-timeout", d.Server.ReadTimeout, "time to read a request's body")
@@ -281,13 +245,12 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
 	goLimit := applyMemoryLimit(memLimit)
 	origins := splitList(c.cors)
-	n, err := node.Open(ctx, node.Options{
+	o := node.Options{
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth: c.authOptions(), InsecureNoAuth: c.insecureNoAuth,
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
-		Channels:   channel.Options{Responders: c.responders, MaxSends: c.channelSends},
 		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater), MemoryLimit: memLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
@@ -299,7 +262,11 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 			HeaderTimeout: c.headerTimeout, ReadTimeout: c.readTimeout, IdleTimeout: c.idleTimeout,
 			MaxConns: c.maxConns, MaxConnsPerIP: c.maxConnsPerIP, AllowedHosts: splitList(c.allowedHosts),
 		},
-	})
+	}
+	if err := c.channels.apply(&o); err != nil {
+		return nil, err
+	}
+	n, err := node.Open(ctx, o)
 	if errors.Is(err, node.ErrNoAuthOnNetwork) {
 		return nil, fmt.Errorf("serve: %w: anyone who can reach %s would act as the admin; set --token (or --jwt-secret or --jwt-public-key), listen on loopback (--addr 127.0.0.1:%s), or add --insecure-no-auth if every host that can reach it is trusted",
 			node.ErrNoAuthOnNetwork, c.addr, port(c.addr))
