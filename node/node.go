@@ -19,6 +19,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
@@ -197,6 +198,15 @@ func (n *Node) adapters(co *channel.Options) error {
 			return err
 		}
 		co.Adapters = append(co.Adapters, tg)
+	}
+	if o.Slack != nil {
+		so := *o.Slack
+		so.Logger = o.Logger.With("channel", channel.AdapterSlack)
+		app, err := slack.New(so)
+		if err != nil {
+			return err
+		}
+		co.Adapters = append(co.Adapters, app)
 	}
 	return nil
 }

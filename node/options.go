@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
@@ -66,6 +67,8 @@ type Options struct {
 	// Telegram, when set, adds the Telegram channel (its Logger is
 	// filled in).
 	Telegram *telegram.Options
+	// Slack, when set, adds the Slack channel (its Logger is filled in).
+	Slack *slack.Options
 
 	// Retention deletes finished executions this long after they ended.
 	// RetentionCount, when positive, also keeps at most that many finished

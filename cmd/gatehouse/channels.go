@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
@@ -21,6 +22,10 @@ type channelFlags struct {
 	telegramUsers                   idPeople
 	telegramChats                   peopleIDs
 	telegramWebhook, telegramSecret string
+
+	slackToken, slackSecret, slackAPI string
+	slackUsers                        textPeople
+	slackConversations                peopleTexts
 }
 
 func (c *channelFlags) flags(fs *flag.FlagSet, d node.Options) {
@@ -32,6 +37,11 @@ func (c *channelFlags) flags(fs *flag.FlagSet, d node.Options) {
 	fs.StringVar(&c.telegramAPI, "telegram-api-url", telegram.DefaultAPIURL, "Telegram Bot API base `URL` (a local Bot API server)")
 	fs.StringVar(&c.telegramWebhook, "telegram-webhook-url", "", "public `URL` of "+telegram.HookPath+" on this gateway: Telegram POSTs updates there instead of being polled (needs --telegram-webhook-secret)")
 	fs.StringVar(&c.telegramSecret, "telegram-webhook-secret", "", "secret token Telegram sends with each webhook request (A-Z, a-z, 0-9, _, -; up to 256)")
+	fs.StringVar(&c.slackToken, "slack-token", "", "Slack app's bot `token` (xoxb-..., scope chat:write); set it to turn the Slack channel on. A secret: prefer GATEHOUSE_SLACK_TOKEN")
+	fs.StringVar(&c.slackSecret, "slack-signing-secret", "", "Slack app's signing `secret`, which signs its requests to "+slack.HookPath+". A secret: prefer GATEHOUSE_SLACK_SIGNING_SECRET")
+	fs.Var(&c.slackUsers, "slack-users", "Slack users and the people they are: `user_id=person[,...]` (U...); only they may answer; repeatable")
+	fs.Var(&c.slackConversations, "slack-conversations", "conversations each person's prompts are posted to: `person=channel_id[,...]` (C...); a mapped user with none: a direct message from the app; repeatable")
+	fs.StringVar(&c.slackAPI, "slack-api-url", slack.DefaultAPIURL, "Slack Web API base `URL`")
 }
 
 // apply sets o's channel options from the flags.
@@ -51,6 +61,75 @@ func (c *channelFlags) apply(o *node.Options) error {
 		}
 		o.Telegram = &telegram.Options{Token: c.telegramToken, APIURL: c.telegramAPI, Users: users,
 			Chats: c.telegramChats, WebhookURL: c.telegramWebhook, WebhookSecret: c.telegramSecret}
+	}
+	switch {
+	case c.slackToken == "" && c.slackSecret == "":
+		if len(c.slackUsers) > 0 || len(c.slackConversations) > 0 {
+			return errors.New("serve: --slack-users and --slack-conversations need --slack-token and --slack-signing-secret")
+		}
+	case c.slackToken == "" || c.slackSecret == "":
+		return errors.New("serve: the Slack channel needs both --slack-token and --slack-signing-secret")
+	case len(c.slackUsers) == 0:
+		return errors.New("serve: --slack-token needs --slack-users: the Slack users who may answer, and the people they are")
+	default:
+		o.Slack = &slack.Options{Token: c.slackToken, SigningSecret: c.slackSecret, APIURL: c.slackAPI,
+			Users: c.slackUsers, Conversations: c.slackConversations}
+	}
+	return nil
+}
+
+// textPeople collects id=person pairs of a platform whose ids are text.
+type textPeople map[string]string
+
+func (m *textPeople) String() string {
+	parts := make([]string, 0, len(*m))
+	for id, p := range *m {
+		parts = append(parts, id+"="+p)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (m *textPeople) Set(v string) error {
+	for _, pair := range splitList(v) {
+		id, person, ok := strings.Cut(pair, "=")
+		id, person = strings.TrimSpace(id), strings.TrimSpace(person)
+		if !ok || id == "" || person == "" {
+			return fmt.Errorf("%q: want user_id=person", pair)
+		}
+		if *m == nil {
+			*m = textPeople{}
+		}
+		(*m)[id] = person
+	}
+	return nil
+}
+
+// peopleTexts collects person=id pairs of a platform whose ids are text.
+type peopleTexts map[string][]string
+
+func (m *peopleTexts) String() string {
+	var parts []string
+	for p, ids := range *m {
+		for _, id := range ids {
+			parts = append(parts, p+"="+id)
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (m *peopleTexts) Set(v string) error {
+	for _, pair := range splitList(v) {
+		person, id, ok := strings.Cut(pair, "=")
+		id, person = strings.TrimSpace(id), strings.TrimSpace(person)
+		if !ok || id == "" || person == "" {
+			return fmt.Errorf("%q: want person=conversation_id", pair)
+		}
+		if *m == nil {
+			*m = peopleTexts{}
+		}
+		(*m)[person] = append((*m)[person], id)
 	}
 	return nil
 }

@@ -70,3 +70,35 @@ func TestTelegramFlags(t *testing.T) {
 		t.Fatalf("no flags: %v %+v", err, o.Telegram)
 	}
 }
+
+// TestSlackFlags: the Slack flags fill node.Options.Slack; a token
+// without the signing secret or without users is refused.
+func TestSlackFlags(t *testing.T) {
+	parse := func(args ...string) (node.Options, error) {
+		var c config
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.flags(fs)
+		if err := fs.Parse(args); err != nil {
+			return node.Options{}, err
+		}
+		var o node.Options
+		return o, c.channels.apply(&o)
+	}
+	o, err := parse("--slack-token", "xoxb-1", "--slack-signing-secret", "s", "--slack-users", "U1=alice,U2=bob", "--slack-conversations", "alice=C1,alice=C2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Slack == nil || o.Slack.Users["U2"] != "bob" || !reflect.DeepEqual(o.Slack.Conversations["alice"], []string{"C1", "C2"}) {
+		t.Fatalf("slack options: %+v", o.Slack)
+	}
+	for _, args := range [][]string{
+		{"--slack-token", "xoxb-1", "--slack-users", "U1=alice"},
+		{"--slack-token", "xoxb-1", "--slack-signing-secret", "s"},
+		{"--slack-users", "U1=alice"},
+	} {
+		if _, err := parse(args...); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
