@@ -35,6 +35,8 @@ type Options struct {
 	// Hooks are the endpoints through which chat platforms call the
 	// gateway (channel.Hooker), served without a bearer token.
 	Hooks []channel.Hook
+	// Push is the Web Push channel; nil: none.
+	Push Push
 	// Surfaces are the protocol surfaces mounted beside /v0.
 	Surfaces []protocol.Surface
 	// Sessions are the durable sessions executions may be filed under;
@@ -148,6 +150,7 @@ func New(o Options) (*Server, error) {
 	s.actionRoutes(s.routes)
 	s.channelRoutes(s.routes)
 	s.hookRoutes(s.routes)
+	s.pushRoutes(s.routes)
 	for _, sf := range o.Surfaces {
 		s.mount(s.routes, sf)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
+	"github.com/gatehouse-dev/gatehouse/channel/webpush"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -46,9 +47,10 @@ type Node struct {
 	Policy   *policy.Engine
 	Auth     *auth.Authenticator
 
-	ln  net.Listener
-	log *slog.Logger
-	o   Options
+	ln   net.Listener
+	log  *slog.Logger
+	push *webpush.Push // the Web Push channel, if any
+	o    Options
 	// closers release what Open built, last first.
 	closers closers
 }
@@ -162,6 +164,9 @@ func (n *Node) build(ctx context.Context) error {
 			so.Hooks = append(so.Hooks, h.Hooks()...)
 		}
 	}
+	if n.push != nil {
+		so.Push = n.push
+	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
@@ -207,6 +212,19 @@ func (n *Node) adapters(co *channel.Options) error {
 			return err
 		}
 		co.Adapters = append(co.Adapters, app)
+	}
+	if o.WebPush != nil {
+		wo := *o.WebPush
+		wo.Dir, wo.Allow, wo.Logger = o.Data, o.WebhookAllow, o.Logger.With("channel", channel.AdapterWebPush)
+		if o.InMemory {
+			wo.Dir = ""
+		}
+		p, err := webpush.New(wo)
+		if err != nil {
+			return err
+		}
+		n.push = p
+		co.Adapters = append(co.Adapters, p)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
+	"github.com/gatehouse-dev/gatehouse/channel/webpush"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -69,6 +70,10 @@ type Options struct {
 	Telegram *telegram.Options
 	// Slack, when set, adds the Slack channel (its Logger is filled in).
 	Slack *slack.Options
+	// WebPush, when set, adds the Web Push channel: its Dir is the data
+	// folder (none when InMemory), its Allow WebhookAllow and its Logger
+	// are filled in.
+	WebPush *webpush.Options
 
 	// Retention deletes finished executions this long after they ended.
 	// RetentionCount, when positive, also keeps at most that many finished

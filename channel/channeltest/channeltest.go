@@ -16,7 +16,7 @@ import (
 
 // Policy holds every tool whose id starts with "deploy" for a person
 // (rule "ask"), every "expire*" tool for 1s, then denied (rule "brief"),
-// and allows the rest.
+// every "timed*" tool for 10 minutes (rule "timed"), and allows the rest.
 const Policy = `
 rules:
   - id: ask
@@ -27,6 +27,10 @@ rules:
     priority: 2
     when: {tool_id: "expire*"}
     then: {decision: require_approval, reason: "answer quickly", expires_in: 1s}
+  - id: timed
+    priority: 3
+    when: {tool_id: "timed*"}
+    then: {decision: require_approval, reason: "answer within 10 minutes", expires_in: 10m}
 default:
   decision: allow
 `

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
+	"github.com/gatehouse-dev/gatehouse/channel/webpush"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
@@ -26,6 +27,9 @@ type channelFlags struct {
 	slackToken, slackSecret, slackAPI string
 	slackUsers                        textPeople
 	slackConversations                peopleTexts
+
+	webpush        bool
+	webpushSubject string
 }
 
 func (c *channelFlags) flags(fs *flag.FlagSet, d node.Options) {
@@ -42,6 +46,8 @@ func (c *channelFlags) flags(fs *flag.FlagSet, d node.Options) {
 	fs.Var(&c.slackUsers, "slack-users", "Slack users and the people they are: `user_id=person[,...]` (U...); only they may answer; repeatable")
 	fs.Var(&c.slackConversations, "slack-conversations", "conversations each person's prompts are posted to: `person=channel_id[,...]` (C...); a mapped user with none: a direct message from the app; repeatable")
 	fs.StringVar(&c.slackAPI, "slack-api-url", slack.DefaultAPIURL, "Slack Web API base `URL`")
+	fs.BoolVar(&c.webpush, "webpush", false, "turn the Web Push channel on: the approvals app (/ui/) subscribes phones and browsers to prompt notifications; the VAPID key pair is kept in --data ("+webpush.KeyFile+")")
+	fs.StringVar(&c.webpushSubject, "webpush-subject", "", "VAPID subject push services may contact about this gateway: a `mailto: address or https URL`")
 }
 
 // apply sets o's channel options from the flags.
@@ -74,6 +80,11 @@ func (c *channelFlags) apply(o *node.Options) error {
 	default:
 		o.Slack = &slack.Options{Token: c.slackToken, SigningSecret: c.slackSecret, APIURL: c.slackAPI,
 			Users: c.slackUsers, Conversations: c.slackConversations}
+	}
+	if c.webpush {
+		o.WebPush = &webpush.Options{Subject: c.webpushSubject}
+	} else if c.webpushSubject != "" {
+		return errors.New("serve: --webpush-subject needs --webpush")
 	}
 	return nil
 }

@@ -102,3 +102,23 @@ func TestSlackFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestWebPushFlags: --webpush turns the Web Push channel on, with its
+// subject; a subject alone is refused.
+func TestWebPushFlags(t *testing.T) {
+	var c config
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.flags(fs)
+	if err := fs.Parse([]string{"--webpush", "--webpush-subject", "mailto:ops@example.com"}); err != nil {
+		t.Fatal(err)
+	}
+	var o node.Options
+	if err := c.channels.apply(&o); err != nil || o.WebPush == nil || o.WebPush.Subject != "mailto:ops@example.com" {
+		t.Fatalf("%v %+v", err, o.WebPush)
+	}
+	c.channels.webpush = false
+	if err := c.channels.apply(&node.Options{}); err == nil {
+		t.Fatal("a subject without --webpush accepted")
+	}
+}
