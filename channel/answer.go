@@ -351,7 +351,7 @@ var decisionLetters = map[string]string{
 	bridge.DecisionDeny:        "d",
 }
 
-var b64 = base64.RawURLEncoding
+var b64 = base64.RawURLEncoding.Strict()
 
 // value signs a button of actionID's card at adapter's dest.
 func (k *keys) value(adapter, dest, actionID, decision string) string {

@@ -164,13 +164,34 @@ func TestSlackRefusesForgedStaleAndReplayedRequests(t *testing.T) {
 	if got := channeltest.Settled(t, s.Node, rec.ActionID); got.DecidedBy.NativePeerID != "U111" {
 		t.Fatalf("decided by %+v", got.DecidedBy)
 	}
+	// A signed body that is no interaction; one too large to be read.
+	junk := []byte("payload=%7Bnot-json")
+	if status := post(junk, slacktesting.Headers(secret, time.Now(), junk)); status != http.StatusBadRequest {
+		t.Fatalf("malformed payload: %d", status)
+	}
+	huge := append([]byte("payload="), make([]byte, 70<<10)...)
+	if status := post(huge, slacktesting.Headers(secret, time.Now(), huge)); status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized body: %d", status)
+	}
 	st := s.Node.Channels.Stats()
 	for reason, want := range map[string]uint64{
 		channel.RefusedSignature: 3, channel.RefusedStale: 2, channel.RefusedReplayed: 1,
-		channel.RefusedUnmapped: 1, channel.RefusedResponder: 1, channel.RefusedTampered: 1,
+		channel.RefusedUnmapped: 1, channel.RefusedResponder: 1, channel.RefusedTampered: 1, channel.RefusedMalformed: 1,
 	} {
 		if n := st.Counted("slack", channel.StatRefused, reason); n != want {
 			t.Fatalf("refused %s: %d, want %d", reason, n, want)
+		}
+	}
+	_, metrics, _ := nodetest.Do(t, nil, "GET", s.URL+"/metrics", nil)
+	for _, line := range []string{
+		`gatehouse_channel_refused_total{channel="slack",reason="signature"} 3`,
+		`gatehouse_channel_refused_total{channel="slack",reason="stale"} 2`,
+		`gatehouse_channel_refused_total{channel="slack",reason="replayed"} 1`,
+		`gatehouse_channel_refused_total{channel="slack",reason="tampered"} 1`,
+		`gatehouse_channel_answers_total{channel="slack",result="won"} 1`,
+	} {
+		if !strings.Contains(string(metrics), line) {
+			t.Fatalf("metrics lack %s:\n%s", line, metrics)
 		}
 	}
 }

@@ -96,6 +96,11 @@ type Bot struct {
 
 	mu        sync.Mutex
 	conflicts int // polls refused because a webhook is set
+	// seen remembers the webhook's recent update ids (seenRing holds them
+	// in arrival order, for eviction).
+	seen     map[int]struct{}
+	seenRing []int
+	seenNext int
 }
 
 // New checks o and returns the adapter; it makes no call to Telegram.
@@ -124,7 +129,8 @@ func New(o Options) (*Bot, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Bot{o: o, api: strings.TrimSuffix(o.APIURL, "/") + "/bot%s/%s", client: o.HTTPClient, log: o.Logger}, nil
+	return &Bot{o: o, api: strings.TrimSuffix(o.APIURL, "/") + "/bot%s/%s", client: o.HTTPClient, log: o.Logger,
+		seen: map[int]struct{}{}, seenRing: make([]int, seenUpdates)}, nil
 }
 
 func validSecret(s string) bool {
@@ -397,8 +403,33 @@ func (b *Bot) serveHook(ctx context.Context, h http.Header, body []byte) channel
 		_ = b.reg.Refuse(b.Name(), channel.RefusedMalformed, err.Error())
 		return channel.HookReply{Status: http.StatusBadRequest, ContentType: "text/plain; charset=utf-8", Body: []byte("not an update\n")}
 	}
+	if !b.firstSeen(u.UpdateID) {
+		// Telegram sends an update again only when it did not get our
+		// 200; any other copy is a replay. Either way it was handled.
+		_ = b.reg.Refuse(b.Name(), channel.RefusedReplayed, "update "+strconv.Itoa(u.UpdateID)+" seen before")
+		return channel.HookReply{Status: http.StatusOK}
+	}
 	b.handle(ctx, u)
 	return channel.HookReply{Status: http.StatusOK}
+}
+
+// seenUpdates bounds the webhook update ids remembered to refuse replays.
+const seenUpdates = 4096
+
+// firstSeen records update id and reports whether it is new.
+func (b *Bot) firstSeen(id int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen[id]; ok {
+		return false
+	}
+	if old := b.seenRing[b.seenNext]; old != 0 {
+		delete(b.seen, old)
+	}
+	b.seenRing[b.seenNext] = id
+	b.seenNext = (b.seenNext + 1) % len(b.seenRing)
+	b.seen[id] = struct{}{}
+	return true
 }
 
 // handle answers a callback query: it goes to the registry as the mapped

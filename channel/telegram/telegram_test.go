@@ -185,6 +185,18 @@ func TestTelegramWebhookNeedsItsSecretToken(t *testing.T) {
 	if got := callbackAnswered(t, api, "w1"); !strings.HasPrefix(got, "Recorded: Denied by alice via telegram (111)") {
 		t.Fatalf("callback answer %q", got)
 	}
+	// The same update again is a replay: taken (200) but not handled again.
+	status, _, _ = nodetest.Do(t, nil, "POST", s.URL+telegram.HookPath, update, "Content-Type", "application/json", telegram.SecretHeader, secret)
+	if status != 200 || len(api.Calls("answerCallbackQuery")) != 1 {
+		t.Fatalf("replayed update: %d, %d callback answers", status, len(api.Calls("answerCallbackQuery")))
+	}
+	if status, _, _ := nodetest.Do(t, nil, "POST", s.URL+telegram.HookPath, `{"update_id":"x"`, "Content-Type", "application/json", telegram.SecretHeader, secret); status != 400 {
+		t.Fatalf("malformed update: %d", status)
+	}
+	st := s.Node.Channels.Stats()
+	if st.Counted("telegram", channel.StatRefused, channel.RefusedReplayed) != 1 || st.Counted("telegram", channel.StatRefused, channel.RefusedMalformed) != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
 	if len(api.Calls("getUpdates")) != 0 {
 		t.Fatal("polled while a webhook is set")
 	}

@@ -243,6 +243,20 @@ func TestWebPushTokenIsBoundAndSingleUse(t *testing.T) {
 			t.Fatalf("refused %s: %d, want %d", reason, n, want)
 		}
 	}
+	admin, err := auth.MintHS256([]byte(jwtSecret), auth.Claims{Subject: "ops", Role: auth.RoleAdmin, TTL: time.Hour, Issuer: jwtIss, Audience: jwtAud}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, metrics, _ := nodetest.Do(t, nil, "GET", s.URL+"/metrics", nil, "Authorization", "Bearer "+admin)
+	for _, line := range []string{
+		`gatehouse_channel_refused_total{channel="webpush",reason="token_reused"} 1`,
+		`gatehouse_channel_refused_total{channel="webpush",reason="token_wrong_person"} 2`,
+		`gatehouse_channel_refused_total{channel="webpush",reason="token_wrong_prompt"} 1`,
+	} {
+		if !strings.Contains(string(metrics), line) {
+			t.Fatalf("metrics lack %s", line)
+		}
+	}
 	// The deep link's page reads the prompt with the token, spending nothing.
 	status, data := doAs(t, s, "", "POST", "/v0/channels/webpush/prompt", map[string]string{"token": tokens[b.ActionID], "endpoint": phone.Endpoint})
 	if status != 200 || !strings.Contains(string(data), `"state":"approved"`) {
