@@ -1,0 +1,80 @@
+package channel_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/channeltest"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/gatehouse-dev/gatehouse/store/storetest"
+)
+
+// TestAdapterAnswerCutByAStopIsToldOnItsCard: a gateway stopped after an
+// answer came in and before it was decided leaves the prompt pending; at
+// the next start the card of the channel it came through says it was not
+// recorded, keeps its buttons, and a new answer is recorded, once.
+func TestAdapterAnswerCutByAStopIsToldOnItsCard(t *testing.T) {
+	p := newPlatform(channel.Route{Owner: "alice", ID: "room1"}, channel.Route{Owner: "alice", ID: "room2"})
+	dir := t.TempDir()
+	s := startWith(t, p, fastRetry, node.Options{Data: dir})
+	rec := channeltest.Ask(t, s.Node, "alice", "deploy.app", nil)
+	c := p.waitCard(t, "room1", rec.ActionID)
+	p.waitCard(t, "room2", rec.ActionID)
+	s.Stop()
+	st := storetest.Open(t, store.Options{Dir: dir})
+	if err := channel.WritePress(st, rec.ActionID, "fake", "room1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	note := eventually.Value(t, "room1's card told", func() (channel.Card, bool) {
+		sh, _ := p.card("room1", rec.ActionID)
+		if len(sh.edits) == 0 {
+			return channel.Card{}, false
+		}
+		return sh.edits[0], true
+	})
+	if note.Note != channel.NoteNotRecorded || note.Record.State != bridge.StatePending || len(note.Values) != 3 {
+		t.Fatalf("room1's card: %+v", note)
+	}
+	if sh, _ := p.card("room2", rec.ActionID); len(sh.edits) != 0 {
+		t.Fatalf("room2's card edited: %+v", sh.edits)
+	}
+	got, won, err := s.Node.Channels.Answer(context.Background(), channel.Answer{Adapter: "fake", Dest: "room1", User: "U1", Principal: "alice", Value: c.card.Values[bridge.DecisionDeny]})
+	if err != nil || !won || got.State != bridge.StateDenied {
+		t.Fatalf("answer after the restart: %v %v %+v", err, won, got)
+	}
+	p.waitEdit(t, "room2", rec.ActionID, bridge.StateDenied)
+}
+
+// TestAdapterEditCutByAStopIsDoneAfterTheRestart: a gateway stopped while
+// a card's edit to the outcome hangs edits it at the next start, and the
+// answer stays recorded once.
+func TestAdapterEditCutByAStopIsDoneAfterTheRestart(t *testing.T) {
+	p := newPlatform(channel.Route{Owner: "alice", ID: "room1"})
+	s := startWith(t, p, fastRetry, node.Options{})
+	rec := channeltest.Ask(t, s.Node, "alice", "deploy.app", nil)
+	c := p.waitCard(t, "room1", rec.ActionID)
+	p.set(func(p *platform) { p.hold = true })
+	if _, won, err := s.Node.Channels.Answer(context.Background(), channel.Answer{Adapter: "fake", Dest: "room1", User: "U1", Principal: "alice", Value: c.card.Values[bridge.DecisionAllowOnce]}); err != nil || !won {
+		t.Fatalf("answer: %v %v", err, won)
+	}
+	eventually.True(t, "the edit hangs", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.inFlight == 1
+	})
+	s.Stop()
+	p.set(func(p *platform) { p.hold = false })
+	s.Restart()
+	p.waitEdit(t, "room1", rec.ActionID, bridge.StateApproved)
+	if got, _ := s.Node.Bridge.Get(rec.ActionID); got.DecidedBy.NativePeerID != "U1" {
+		t.Fatalf("record after the restart: %+v", got.DecidedBy)
+	}
+}
