@@ -33,6 +33,7 @@ type Server struct {
 	mu      sync.Mutex
 	updates []Update
 	posted  []slackapi.Message
+	at      []time.Time // when each of posted was sent
 }
 
 // Update is one chat.update call.
@@ -83,6 +84,7 @@ type recorder struct{ s *Server }
 
 func (r recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	method := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
+	sent := time.Now()
 	var form url.Values
 	if req.Body != nil && (method == "chat.postMessage" || method == "chat.postEphemeral") {
 		raw, err := io.ReadAll(req.Body)
@@ -112,6 +114,7 @@ func (r recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 		_ = json.Unmarshal([]byte(form.Get("blocks")), &m.Blocks)
 		r.s.mu.Lock()
 		r.s.posted = append(r.s.posted, m)
+		r.s.at = append(r.s.at, sent)
 		r.s.mu.Unlock()
 	}
 	return resp, nil
@@ -130,6 +133,20 @@ func (s *Server) Posted(channel, contains string) []slackapi.Message {
 		}
 	}
 	return out
+}
+
+// PostedAt returns when the first message posted to channel holding
+// contains was sent, and whether there is one.
+func (s *Server) PostedAt(channel, contains string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, m := range s.posted {
+		raw, _ := json.Marshal(m.Blocks)
+		if m.Channel == channel && (strings.Contains(m.Text, contains) || strings.Contains(string(raw), contains)) {
+			return s.at[i], true
+		}
+	}
+	return time.Time{}, false
 }
 
 // WaitPosted waits for a message posted to channel holding contains.

@@ -63,8 +63,12 @@ type Request struct {
 	// decrypted the message.
 	Status int
 	Answer string
-	At     time.Time
+	// At is when the push reached the proxy.
+	At time.Time
 }
+
+// arrival is the context key of a push's arrival time.
+type arrival struct{}
 
 // Subscription is a subscription of the service's: the PushSubscription
 // JSON a browser would give (its endpoint the proxy's), and its client
@@ -165,12 +169,15 @@ func Start(tb testing.TB) *Service {
 		}
 		resp.Body = io.NopCloser(bytes.NewReader(body))
 		s.mu.Lock()
+		at, _ := resp.Request.Context().Value(arrival{}).(time.Time)
 		s.requests = append(s.requests, Request{Client: strings.TrimPrefix(resp.Request.URL.Path, "/notify/"),
-			Header: resp.Request.Header.Clone(), Status: resp.StatusCode, Answer: string(body), At: time.Now()})
+			Header: resp.Request.Header.Clone(), Status: resp.StatusCode, Answer: string(body), At: at})
 		s.mu.Unlock()
 		return nil
 	}
-	s.proxy = httptest.NewServer(rp)
+	s.proxy = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), arrival{}, time.Now())))
+	}))
 	tb.Cleanup(s.proxy.Close)
 	return s
 }
