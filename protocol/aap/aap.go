@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -98,7 +99,7 @@ var errBusy = errors.New("session is busy")
 func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	status, body := protocol.Failure(err)
 	if errors.Is(err, errBusy) {
-		status, body = fasthttp.StatusConflict, protocol.ErrorBody{Error: err.Error(), Code: "CONFLICT"}
+		status, body = fasthttp.StatusConflict, protocol.ErrorBody{Error: protocol.Sentence(err.Error()), Code: "CONFLICT"}
 	}
 	body.Details = nil
 	wire().WriteFailure(ctx, status, body)
@@ -212,7 +213,7 @@ func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Actio
 	}
 	c := configOf(&sess)
 	if err != nil || c.Agent == "" || c.Deleted {
-		return session.Session{}, config{}, errors.Join(session.ErrNotFound, errors.New("unknown session "+id))
+		return session.Session{}, config{}, fmt.Errorf("%w: unknown session %s", session.ErrNotFound, id)
 	}
 	return sess, c, nil
 }

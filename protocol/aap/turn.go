@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -108,7 +109,7 @@ func (s *Surface) putSession(r *protocol.Request) error {
 	}
 	name := *req.Agent.Name
 	if _, ok := infos[name]; !ok {
-		return errors.Join(session.ErrNotFound, errors.New("unknown agent "+strconv.Quote(name)))
+		return fmt.Errorf("%w: unknown agent %q", session.ErrNotFound, name)
 	}
 	c := config{Agent: name, ServerTools: req.Agent.Tools, Options: req.Agent.Options, ClientTools: req.Tools}
 	attrs, _ := json.Marshal(&c)
@@ -175,7 +176,7 @@ func (s *Surface) postSession(r *protocol.Request) error {
 			return protocol.Invalid("a user message comes alone")
 		}
 		if active != "" {
-			return errors.Join(errBusy, errors.New("a turn of session "+sess.ID+" is running or waits for tool answers"))
+			return fmt.Errorf("%w: a turn of session %s is running or waits for tool answers", errBusy, sess.ID)
 		}
 		turn, from, err := s.submit(r.Ctx, &sess, c, req.Messages)
 		if err != nil {
