@@ -233,7 +233,7 @@ func TestAAPTurnsInEveryMode(t *testing.T) {
 }
 
 func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
-	_, c := aapWorld(t)
+	s, c := aapWorld(t)
 	evs, id := c.askEcho()
 	call := evs[len(evs)-2]
 	if call.name != "tool_call" || call.data["name"] != "gatehouse.echo" {
@@ -248,6 +248,16 @@ func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
 		t.Fatalf("after granting: %s", names(evs))
 	}
 	wantOneStop(t, evs, "end_turn")
+	// The answer is the owner's channel log's, as every door's is.
+	var action string
+	for _, x := range apiCall(t, s.URL, "", "GET", "/v0/actions", nil, 200)["actions"].([]any) {
+		if rec := x.(map[string]any); rec["step_id"] == callID {
+			action = rec["action_id"].(string)
+		}
+	}
+	if r := returnedEvent(t, s.URL, "", action); r["channel_id"] != "aap" || r["native_peer_id"] != "local" || r["decision"] != "allow_once" {
+		t.Fatalf("the AAP client's answer in the channel log: %v", r)
+	}
 	// Denied: the agent is told and says so.
 	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{userMsg("echo pong")}})
 	call = evs[len(evs)-2]
