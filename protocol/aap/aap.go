@@ -18,8 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -387,18 +385,4 @@ func modeOf(v string) string {
 		return v
 	}
 	return modeNone
-}
-
-// lastEventID reads the sequence a resuming client names; ok is false
-// without one. One that is not a sequence is an error: taken as none, the
-// turn would be replayed from its start into a client that has seen it.
-func lastEventID(ctx *fasthttp.RequestCtx) (n uint64, ok bool, err error) {
-	h := strings.TrimSpace(string(ctx.Request.Header.Peek("Last-Event-ID")))
-	if h == "" {
-		return 0, false, nil
-	}
-	if n, err = strconv.ParseUint(h, 10, 64); err != nil {
-		return 0, false, protocol.Invalid("Last-Event-ID must be an event id of the stream: decimal digits within 64 bits")
-	}
-	return n, true, nil
 }
