@@ -396,7 +396,11 @@ func (s *Surface) resumeStream(r *protocol.Request) error {
 	if mode == modeNone {
 		mode = modeDelta
 	}
-	seen := position{seq: t.FirstSeq - 1, sub: subSessionStart}
+	start, err := s.turnStart(r.Ctx, sess.ID, &t)
+	if err != nil {
+		return err
+	}
+	seen := position{seq: start, sub: subSessionStart}
 	if h := strings.TrimSpace(string(r.Ctx.Request.Header.Peek("Last-Event-ID"))); h != "" {
 		p, err := parsePosition(h)
 		if err != nil {
@@ -417,11 +421,7 @@ func (s *Surface) resumeStream(r *protocol.Request) error {
 	if seen.sub == subSessionStart {
 		first = []sseEvent{{position{seen.seq, subTurnStart}, "turn_start", map[string]any{}}}
 	}
-	src, err := s.turnSource(r.Ctx, sess.ID, t.ID, seen, mode, first)
-	if err != nil {
-		return err
-	}
-	s.streamTurn(r, src)
+	s.streamTurn(r, s.turnSourceAt(sess.ID, t.ID, start, seen, mode, first))
 	return nil
 }
 
@@ -444,6 +444,7 @@ type turnSource struct {
 	last  uint64   // the log position read up to
 	seen  position // events up to it are the client's already
 	first []sseEvent
+	open  bool // the log is folded up to seen
 	r     turnRender
 	watch *session.Watch
 	done  bool
@@ -452,17 +453,31 @@ type turnSource struct {
 }
 
 // turnSource returns the source of turn's stream for a client that has
-// its events up to seen, folding the turn from its first retained fact.
+// its events up to seen, folding the turn from its start.
 func (s *Surface) turnSource(ctx context.Context, id, turn string, seen position, mode string, first []sseEvent) (*turnSource, error) {
 	t, err := s.o.Sessions.Turn(ctx, id, turn)
 	if err != nil {
 		return nil, err
 	}
-	oldest, err := s.o.Sessions.First(ctx, id)
+	start, err := s.turnStart(ctx, id, &t)
 	if err != nil {
 		return nil, err
 	}
-	return s.turnSourceAt(id, turn, max(t.FirstSeq, oldest, 1)-1, seen, mode, first), nil
+	return s.turnSourceAt(id, turn, start, seen, mode, first), nil
+}
+
+// turnStart is the log position before turn t's first fact. A turn whose
+// beginning retention removed (an ended one: a running turn's facts are
+// kept) cannot be rendered as its streams were, and is CURSOR_EXPIRED.
+func (s *Surface) turnStart(ctx context.Context, id string, t *session.Turn) (uint64, error) {
+	oldest, err := s.o.Sessions.First(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if t.FirstSeq == 0 || oldest > t.FirstSeq {
+		return 0, fmt.Errorf("%w: the beginning of turn %s of session %s is no longer kept", session.ErrCursorExpired, t.ID, id)
+	}
+	return t.FirstSeq - 1, nil
 }
 
 // turnSourceAt returns the source of turn's stream, folding the log from
@@ -520,7 +535,8 @@ func (src *turnSource) fill(limit int) (more bool, err error) {
 		if f.Item.TurnID != src.turn {
 			continue
 		}
-		for _, ev := range src.r.events(f, evs[:0]) {
+		evs = src.r.events(f, evs[:0])
+		for _, ev := range evs {
 			stop := ev.name == "turn_stop"
 			if !ev.id.after(src.seen) {
 				// The client has it. Past the turn's last turn_stop there
@@ -545,15 +561,19 @@ func (src *turnSource) fill(limit int) (more bool, err error) {
 	return more, nil
 }
 
-// opened queues the stream's first events, once: the log is folded up to
-// what the client has.
+// opened queues the stream's first events, once the log is folded up to
+// what the client has. A turn_start, sent now or had by the client, ends
+// the client's blocks.
 func (src *turnSource) opened() {
-	if len(src.first) == 0 {
+	if src.open {
 		return
+	}
+	src.open = true
+	if len(src.first) > 0 || src.seen.sub == subTurnStart {
+		clear(src.r.acc)
 	}
 	src.queue = append(src.queue, src.first...)
 	src.first = nil
-	clear(src.r.acc) // turn_start ends the client's blocks
 }
 
 func (src *turnSource) OnWake(f func()) { src.watch.OnWake(f) }
