@@ -108,6 +108,15 @@ func suite() []check {
 		def("aap/turn-none", "seed002 PUT /session (stream none); aap-v1-facts", "PUT /session without a stream answers 201 with the session id and the agent's reply as an assistant message", checkAAPTurnNone),
 		def("aap/turn-delta", "seed002 Streaming (delta); aap-v1-facts (exactly one turn_stop)", "a delta stream carries turn_start, the agent's text_delta events in order and exactly one turn_stop, each with an id", checkAAPTurnDelta),
 		def("aap/history-list-delete", "seed002 GET /session/:id, GET /sessions, DELETE /session/:id", "history full holds the user's and the agent's messages; the session is listed; DELETE is 204 with no body and the session is then 404", checkAAPHistoryListDelete),
+		// What every mount does alike (issue 27 §3).
+		def("errors/v0-envelope", "issue 27 §3 (every error in its mount's JSON envelope); wire-facts §1", "under /v0, and on a path under no mount, an unknown path is 404 NOT_FOUND and a wrong method 405 METHOD_NOT_ALLOWED with Allow, as one-line JSON errors", checkEnvelopeV0),
+		def("errors/agent-runtime-envelope", "issue 27 §3 (every error in its mount's JSON envelope)", "under /agent-runtime, an unknown path is 404 NOT_FOUND and a wrong method 405 METHOD_NOT_ALLOWED with Allow, as one-line {error, code} JSON", checkEnvelopeAgentRuntime),
+		def("errors/aap-envelope", "issue 27 §3 (every error in its mount's JSON envelope); aap-v1-facts §7", "under /aap/v1, an unknown path is 404 NOT_FOUND and a wrong method 405 METHOD_NOT_ALLOWED with Allow, as one-line {error, code} JSON", checkEnvelopeAAP),
+		def("errors/runtime-envelope", "issue 27 §3 (every error in its mount's JSON envelope); runtime-api-facts", "under /runtime/v1, an unknown path is 404 and a wrong method 405 with Allow, as one-line {error, details: {code}} JSON", checkEnvelopeRuntime),
+		def("sse/unique-ids-v0", "issue 27 §3 (every event of a resumable stream has its own id); DESIGN Delivery contract 4", "every event of an execution stream and of an agent stream has an id, no two alike", checkUniqueIDsV0),
+		def("sse/unique-ids-agent-runtime", "issue 27 §3 (every event of a resumable stream has its own id)", "every event of a session's /agent-runtime event stream has an id, no two alike", checkUniqueIDsAgentRuntime),
+		def("sse/unique-ids-runtime", "issue 27 §3 (every event of a resumable stream has its own id)", "every event of a /runtime/v1 execution stream has an id, no two alike", checkUniqueIDsRuntime),
+		def("sse/unique-ids-aap", "issue 27 §3 (session_start and turn_start shared an id); seed002 Streaming", "every event of an AAP delta stream has an id, no two alike, and resuming from any gives exactly the events after it", checkUniqueIDsAAP),
 		def("aap/external-agent", "seed002; issue 16 (--aap-agent)", "the named AAP agent answers a delta turn with text and exactly one turn_stop", checkAAPExternalAgent),
 	}
 }

@@ -66,7 +66,6 @@ type Channels interface {
 	List(owner string) []channel.Channel
 	Events(owner string, after uint64, limit int) ([]json.RawMessage, uint64, error)
 	Message(owner, channelID, peerID string, body json.RawMessage) error
-	Returned(owner, channelID, peerID, actionID, decision string)
 	SetWebhook(ctx context.Context, owner, rawURL, secret string) (ch channel.Channel, fresh bool, err error)
 	RemoveWebhook(ctx context.Context, owner string) error
 }

@@ -32,8 +32,16 @@ const (
 	CodeMethodMissing = "METHOD_NOT_ALLOWED"
 )
 
-// statusOf maps an error to its HTTP status, code and client message.
+// statusOf maps an error to its HTTP status, code and client message,
+// one sentence on one line (protocol.Sentence).
 func statusOf(err error) (int, protocol.ErrorBody) {
+	status, body := classify(err)
+	body.Error = protocol.Sentence(body.Error)
+	return status, body
+}
+
+// classify maps an error to its HTTP status, code and client message.
+func classify(err error) (int, protocol.ErrorBody) {
 	var kerr *kernel.Error
 	details := any(nil)
 	if errors.As(err, &kerr) {

@@ -2,8 +2,8 @@ package gateway_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"log/slog"

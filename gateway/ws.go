@@ -102,11 +102,9 @@ func (s *Server) admit(h func(*call) error) func(*call) error {
 		}
 		secs := max(1, int(math.Ceil(wait.Seconds())))
 		c.ctx.Response.Header.Set("Retry-After", strconv.Itoa(secs))
-		s.writeJSON(c.ctx, fasthttp.StatusTooManyRequests, protocol.ErrorBody{
-			Error: "rate limited: too many new connections, retry after " + strconv.Itoa(secs) + "s",
-			Code:  CodeRateLimited,
-		})
-		return nil
+		// Answered by the route's protocol, as the guard's refusals are.
+		return &guardError{fasthttp.StatusTooManyRequests, CodeRateLimited,
+			errors.New("rate limited: too many new connections, retry after " + strconv.Itoa(secs) + "s")}
 	}
 }
 
@@ -238,7 +236,8 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		return
 	}
 	// Accept has answered in plain text; keep its status and headers
-	// (Upgrade, Sec-WebSocket-Version, ...) but answer in the API's JSON.
+	// (Upgrade, Sec-WebSocket-Version, ...) but answer in the JSON of the
+	// route's protocol.
 	status := c.ctx.Response.StatusCode()
 	code := CodeValidation
 	switch status {
@@ -249,7 +248,7 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		c.ctx.Response.Header.Set("Retry-After", "1")
 	}
 	reason := strings.TrimSpace(string(c.ctx.Response.Body()))
-	s.writeJSON(c.ctx, status, protocol.ErrorBody{Error: "websocket handshake refused: " + reason, Code: code})
+	s.refuse(c.ctx, s.surfaceAt(string(c.ctx.Path())), &guardError{status, code, errors.New("websocket handshake refused: " + reason)})
 }
 
 // wsConn is one accepted socket: the stream engine's WebSocket transport,

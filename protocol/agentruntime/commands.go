@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -190,14 +191,14 @@ func (s *Surface) answerInput(r *protocol.Request, in *commandInput, ref string)
 	}
 	v, err := s.o.Kernel.Get(r.Ctx, exec)
 	if err != nil {
-		return nil, errors.Join(kernel.ErrNotFound, errors.New("unknown action "+in.ActionID))
+		return nil, fmt.Errorf("%w: unknown action %s", kernel.ErrNotFound, in.ActionID)
 	}
 	res := auth.Resource{Kind: auth.KindExecution, ID: v.ID, Owner: auth.Owner{Principal: v.Owner, Tenant: v.Tenant}, AgentID: v.AgentID}
 	if r.Principal.Authorize(auth.ActWrite, res) != nil {
-		return nil, errors.Join(kernel.ErrNotFound, errors.New("unknown action "+in.ActionID))
+		return nil, fmt.Errorf("%w: unknown action %s", kernel.ErrNotFound, in.ActionID)
 	}
 	if v.Status != kernel.StatusBlocked || v.BlockReason != "signal" || v.BlockRef != signal {
-		return nil, errors.Join(kernel.ErrConflict, errors.New("action "+in.ActionID+" is not waiting for an answer"))
+		return nil, fmt.Errorf("%w: action %s is not waiting for an answer", kernel.ErrConflict, in.ActionID)
 	}
 	payload := in.Input
 	if len(payload) == 0 {

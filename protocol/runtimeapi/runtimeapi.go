@@ -163,7 +163,7 @@ func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	if ae.status == fasthttp.StatusInsufficientStorage {
 		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 	}
-	writeJSON(ctx, ae.status, map[string]any{"error": ae.msg, "details": details})
+	writeJSON(ctx, ae.status, map[string]any{"error": protocol.Sentence(ae.msg), "details": details})
 }
 
 // classify maps the kernel's, the sessions' and the access rule's errors:
