@@ -67,6 +67,8 @@ func statusOf(err error) (int, protocol.ErrorBody) {
 		return fasthttp.StatusUnauthorized, protocol.ErrorBody{Error: err.Error(), Code: CodeUnauthorized, Details: details}
 	case errors.Is(err, kernel.ErrUnavailable):
 		return fasthttp.StatusServiceUnavailable, protocol.ErrorBody{Error: err.Error(), Code: CodeUnavailable, Details: details}
+	case errors.Is(err, session.ErrQuota):
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: protocol.CodeQuotaExceeded, Details: details}
 	case errors.Is(err, auth.ErrToolNotAllowed):
 		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeToolNotAllowed}
 	case errors.Is(err, auth.ErrForbidden):

@@ -134,7 +134,7 @@ func (s *Surface) invocationSession(ctx context.Context, p *auth.Principal, name
 		return sess, nil
 	}
 	sess, err := s.newSession(ctx, p, id, "")
-	if errors.Is(err, session.ErrConflict) {
+	if errors.Is(err, session.ErrExists) || errors.Is(err, auth.ErrHidden) {
 		return s.session(ctx, p, auth.ActWrite, id) // a concurrent retry made it
 	}
 	return sess, err

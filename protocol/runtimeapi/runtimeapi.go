@@ -179,6 +179,10 @@ func classify(err error) *apiError {
 	if !known {
 		return &apiError{status, codeInternal, "internal error", nil}
 	}
+	var qerr *session.QuotaError
+	if errors.As(err, &qerr) {
+		return &apiError{status, code, err.Error(), map[string]any{"held": qerr.Held, "max": qerr.Max}}
+	}
 	return &apiError{status, code, err.Error(), nil}
 }
 
