@@ -33,7 +33,9 @@ import (
 
 // Options configure a Client. Only BaseURL is required.
 type Options struct {
-	// BaseURL is the gateway's address, e.g. "http://127.0.0.1:8080".
+	// BaseURL is the gateway's address, e.g. "http://127.0.0.1:8080". The
+	// kernel API's "/v0" at its end, which the routes add themselves, is
+	// dropped: "http://127.0.0.1:8080/v0" names the same gateway.
 	BaseURL string
 	// Token is sent as "Authorization: Bearer <Token>" when set.
 	Token string
@@ -82,7 +84,7 @@ type Client struct {
 
 // New returns a Client for o.BaseURL.
 func New(o Options) (*Client, error) {
-	u, err := url.Parse(strings.TrimRight(o.BaseURL, "/"))
+	u, err := url.Parse(strings.TrimSuffix(strings.TrimRight(o.BaseURL, "/"), "/v0"))
 	if err != nil {
 		return nil, fmt.Errorf("client: base URL: %w", err)
 	}

@@ -80,13 +80,15 @@ type APIError struct {
 	Details json.RawMessage
 }
 
-// Error formats the status, code and message.
+// Error formats the status, code and message, under the package's name
+// as its other errors are: a program that prefixes its own name to what it
+// prints would otherwise print "gatehouse: gatehouse: ".
 func (e *APIError) Error() string {
 	code := e.Code
 	if code == "" {
 		code = http.StatusText(e.Status)
 	}
-	return fmt.Sprintf("gatehouse: %d %s: %s", e.Status, code, e.Message)
+	return fmt.Sprintf("client: %d %s: %s", e.Status, code, e.Message)
 }
 
 // Is reports whether target is the sentinel for e's code (or, without a

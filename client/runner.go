@@ -164,10 +164,22 @@ func (c *Client) RunRunner(ctx context.Context, r *Runner) error {
 func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log *slog.Logger, opened func(context.Context), handle func(sse.Event)) error {
 	b := c.backoff()
 	lastID := ""
+	// down is when the last connection was lost (zero while one is up, or
+	// before the first), failed how many attempts to reconnect have failed
+	// since: a drop and a reconnect are one line each, however long the
+	// gateway is away.
+	var down time.Time
+	failed := 0
 	for {
 		s, err := c.openStream(ctx, path, q, lastID)
 		if err == nil {
-			log.Debug("stream connected", "path", path, "cursor", lastID)
+			if down.IsZero() {
+				log.Debug("stream connected", "path", path, "cursor", lastID)
+			} else {
+				log.Info("stream reconnected", "path", path, "cursor", lastID,
+					"down", time.Since(down).Round(time.Millisecond), "failed_attempts", failed)
+			}
+			down, failed = time.Time{}, 0
 			if opened != nil {
 				opened(ctx)
 			}
@@ -199,10 +211,17 @@ func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log
 			return err
 		}
 		wait := b.next()
-		if errors.Is(err, io.EOF) {
+		switch {
+		case !down.IsZero():
+			failed++
+			log.Debug("reconnect failed; retrying", "path", path, "in", wait, "err", err)
+		case errors.Is(err, io.EOF):
 			log.Info("stream ended by the gateway; reconnecting", "path", path, "in", wait)
-		} else {
+		default:
 			log.Warn("stream lost; reconnecting", "path", path, "in", wait, "err", err)
+		}
+		if down.IsZero() {
+			down = time.Now()
 		}
 		if sleep(ctx, wait) != nil {
 			return ctx.Err()

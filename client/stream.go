@@ -124,8 +124,18 @@ func (c *Client) StreamExecution(ctx context.Context, id string, after uint64, f
 	path := "/v0/executions/" + url.PathEscape(id) + "/stream"
 	last := after
 	b := c.backoff()
+	// As serveStream: one line when the stream drops, one when it is back.
+	var down time.Time
+	failed := 0
+	opened := func() {
+		if !down.IsZero() {
+			c.log.Info("execution stream resumed", "execution", id, "after", last,
+				"down", time.Since(down).Round(time.Millisecond), "failed_attempts", failed)
+		}
+		down, failed = time.Time{}, 0
+	}
 	for {
-		progressed, done, err := c.streamOnce(ctx, path, &last, fn)
+		progressed, done, err := c.streamOnce(ctx, path, &last, opened, fn)
 		if done {
 			return err
 		}
@@ -149,7 +159,18 @@ func (c *Client) StreamExecution(ctx context.Context, id string, after uint64, f
 			b.reset()
 		}
 		wait := b.next()
-		c.log.Debug("execution stream reconnecting", "execution", id, "after", last, "in", wait, "err", err)
+		switch {
+		case !down.IsZero():
+			failed++
+			c.log.Debug("execution stream reconnect failed; retrying", "execution", id, "after", last, "in", wait, "err", err)
+		case err == nil:
+			c.log.Info("execution stream ended by the gateway; resuming", "execution", id, "after", last, "in", wait)
+		default:
+			c.log.Warn("execution stream lost; resuming", "execution", id, "after", last, "in", wait, "err", err)
+		}
+		if down.IsZero() {
+			down = time.Now()
+		}
 		if sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
@@ -157,8 +178,9 @@ func (c *Client) StreamExecution(ctx context.Context, id string, after uint64, f
 }
 
 // streamOnce reads one connection of an execution stream. done means
-// StreamExecution must return err as is.
-func (c *Client) streamOnce(ctx context.Context, path string, last *uint64, fn func(Event) error) (progressed, done bool, err error) {
+// StreamExecution must return err as is. opened is called once the stream
+// is open.
+func (c *Client) streamOnce(ctx context.Context, path string, last *uint64, opened func(), fn func(Event) error) (progressed, done bool, err error) {
 	q := url.Values{}
 	lastID := ""
 	if *last > 0 {
@@ -170,6 +192,7 @@ func (c *Client) streamOnce(ctx context.Context, path string, last *uint64, fn f
 		return false, false, err
 	}
 	defer s.close()
+	opened()
 	for {
 		sev, err := s.next()
 		if errors.Is(err, io.EOF) {

@@ -298,6 +298,9 @@ func (r *run) accepted(in map[string]any) obj {
 	resp := r.intent(in)
 	o := r.a.t.expectJSON(resp, http.StatusOK)
 	if ok, _ := o.boolean("accepted"); !ok {
+		if tool, isTool := in["tool_id"].(string); isTool {
+			r.a.t.needAllowed(tool, resp)
+		}
 		r.a.t.fatalf("intent %v not accepted: %s", in["type"], resp)
 	}
 	return o

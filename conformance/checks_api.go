@@ -782,6 +782,7 @@ func checkIntentLocalTool(t *tc) {
 	resp := r.intent(map[string]any{"type": "invoke_tool", "tool_id": tool, "arguments": args, "remote": false})
 	o := t.expectJSON(resp, http.StatusOK)
 	if ok, _ := o.boolean("accepted"); !ok {
+		t.needAllowed(tool, resp)
 		t.fatalf("invoke_tool not accepted: %s", resp)
 	}
 	step := t.wantStr(o, "step_id", "invoke_tool answer")

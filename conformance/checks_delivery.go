@@ -88,6 +88,7 @@ func checkIdempotentIntent(t *tc) {
 	key := newID("idem-")
 	in := map[string]any{"type": "invoke_tool", "tool_id": tool, "arguments": map[string]any{"a": 1}, "idempotency_key": key}
 	first := r.intent(in)
+	t.needAllowed(tool, first)
 	o1 := t.expectJSON(first, http.StatusOK)
 	s1 := t.wantStr(o1, "step_id", "keyed invoke_tool")
 	again := r.intent(in)
@@ -582,6 +583,7 @@ func checkDurableRestart(t *tc) {
 	queued := r.invoke(remote, map[string]any{"x": 1}, true)
 	keyed := map[string]any{"type": "invoke_tool", "tool_id": newID("conformance.tool."), "idempotency_key": newID("idem-")}
 	firstAnswer := r.intent(keyed)
+	t.needAllowed(keyed["tool_id"].(string), firstAnswer)
 	t.expect(firstAnswer, http.StatusOK)
 	keyedStep := t.wantStr(t.object(firstAnswer), "step_id", "keyed invoke_tool")
 	t.signal(r.id, "conf.durable", map[string]any{"n": 1})

@@ -44,7 +44,9 @@ func objects(o obj, k string) []obj {
 // answer.
 func (t *tc) rtInvoke(tool string, body map[string]any) obj {
 	body["wait"] = true
-	o := t.expectJSON(t.call(http.MethodPost, rt+"/tools/"+url.PathEscape(tool), body), http.StatusOK)
+	r := t.call(http.MethodPost, rt+"/tools/"+url.PathEscape(tool), body)
+	t.needAllowed(tool, r)
+	o := t.expectJSON(r, http.StatusOK)
 	if st, _ := o.str("status"); st != "completed" {
 		t.fatalf("%s did not complete: %v", tool, o)
 	}
@@ -85,7 +87,9 @@ func checkRuntimeAccounts(t *tc) {
 	}
 	t.rtError(t.call(http.MethodPost, rt+"/tools/"+tool, map[string]any{"input": map[string]any{"q": "x"}, "connectedAccountId": "nope"}), http.StatusBadRequest, "UNKNOWN_ACCOUNT")
 	t.rtError(t.call(http.MethodPost, rt+"/tools/"+tool, map[string]any{"input": map[string]any{}, "connectedAccountId": "acc_a"}), http.StatusBadRequest, "INVALID_INPUT")
-	o := t.expectJSON(t.call(http.MethodPost, rt+"/tools/"+tool, map[string]any{"input": map[string]any{"q": "x"}, "connectedAccountId": "acc_b"}), http.StatusAccepted)
+	invoked := t.call(http.MethodPost, rt+"/tools/"+tool, map[string]any{"input": map[string]any{"q": "x"}, "connectedAccountId": "acc_b"})
+	t.needAllowed(tool, invoked)
+	o := t.expectJSON(invoked, http.StatusAccepted)
 	exec := t.wantStr(o, "executionId", "the invocation")
 	_, job := r.s.nextEvent(t, "job.assigned", func(p obj) bool { e, _ := p.str("execution_id"); return e == exec })
 	if acc, _ := job.str("account"); acc != "acc_b" {
@@ -163,7 +167,9 @@ func checkRuntimeSessions(t *tc) {
 			t.fatalf("session %s %q, want %q: %v", k, got, want, s)
 		}
 	}
-	o := t.expectJSON(t.call(http.MethodPost, rt+"/sessions/"+id+"/tools/memory_ls", map[string]any{"input": map[string]any{}, "wait": true}), http.StatusOK)
+	invoked := t.call(http.MethodPost, rt+"/sessions/"+id+"/tools/memory_ls", map[string]any{"input": map[string]any{}, "wait": true})
+	t.needAllowed("memory_ls", invoked)
+	o := t.expectJSON(invoked, http.StatusOK)
 	if sid, _ := o.str("sessionId"); sid != id {
 		t.fatalf("invocation filed in %q, want %q", sid, id)
 	}

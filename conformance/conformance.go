@@ -16,7 +16,9 @@
 // (presence), the WebSocket twins /v0/agents/ws, /v0/runners/ws and
 // /v0/executions/{id}/ws, and GET /v0/actions (the permission bridge). A
 // route counts as missing when it answers 404, or 405 when only other
-// methods exist at its path.
+// methods exist at its path. A check whose made-up tool the server's policy
+// denies skips too, naming the tool and the policy's reason: a gateway may
+// run any policy.
 //
 // From the command line:
 //
@@ -62,7 +64,8 @@ const (
 // Options configure a run. URL is required; the zero value of every other
 // field is usable.
 type Options struct {
-	// URL is the gateway's base URL, for example "http://127.0.0.1:8080".
+	// URL is the gateway's base URL, for example "http://127.0.0.1:8080";
+	// a trailing "/v0" is dropped.
 	URL string
 	// Token is the bearer token with full (admin) rights, when the server
 	// requires one.
@@ -102,6 +105,10 @@ type Options struct {
 	// AAPAgent names a running AAP agent (one that declared its AgentInfo,
 	// such as `gatehouse agent`); empty skips the check that talks to it.
 	AAPAgent string
+	// Progress, when set, is called with each check's result as soon as
+	// the check ends, in the order they end, one call at a time; Run still
+	// returns every result in suite order.
+	Progress func(Result)
 }
 
 // Result is the outcome of one check.
@@ -176,29 +183,36 @@ func Run(ctx context.Context, o Options, only ...string) ([]Result, error) {
 		return nil, err
 	}
 	results := make([]Result, len(selected))
+	var progress sync.Mutex
+	done := func(i int, r Result) {
+		results[i] = r
+		if o.Progress != nil {
+			progress.Lock()
+			defer progress.Unlock()
+			o.Progress(r)
+		}
+	}
 	sem := make(chan struct{}, o.Parallel)
 	var wg sync.WaitGroup
 	for i, c := range selected {
 		if c.Restart {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				results[i] = Result{ID: c.ID, Spec: c.Spec, Name: c.Name, Status: Fail, Reason: "not run: " + ctx.Err().Error()}
+				done(i, Result{ID: c.ID, Spec: c.Spec, Name: c.Name, Status: Fail, Reason: "not run: " + ctx.Err().Error()})
 				return
 			}
 			defer func() { <-sem }()
-			results[i] = runOne(ctx, &o, c)
-		}()
+			done(i, runOne(ctx, &o, c))
+		})
 	}
 	wg.Wait()
 	for i, c := range selected {
 		if c.Restart {
-			results[i] = runOne(ctx, &o, c)
+			done(i, runOne(ctx, &o, c))
 		}
 	}
 	return results, nil
@@ -221,7 +235,8 @@ func (o *Options) normalize() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("conformance: URL %q: want http(s)://host:port", o.URL)
 	}
-	o.URL = strings.TrimRight(o.URL, "/")
+	// The kernel API's /v0 is part of every path the checks use.
+	o.URL = strings.TrimSuffix(strings.TrimRight(o.URL, "/"), "/v0")
 	if o.HTTPClient == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64

@@ -11,8 +11,10 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,6 +289,9 @@ func TestWrongServer(t *testing.T) {
 		if r.Status == conformance.Pass {
 			t.Errorf("%s passed against a server that answers every request with {\"status\":\"nope\"}", r.ID)
 		}
+		if goBytes.MatchString(r.Reason) {
+			t.Errorf("%s: the reason prints bytes, not text: %s", r.ID, r.Reason)
+		}
 	}
 	if s := conformance.Summarize(results); s.Fail < len(results)/2 {
 		t.Errorf("only %d of %d checks failed against a wrong server", s.Fail, len(results))
@@ -362,5 +367,79 @@ func TestUnreachable(t *testing.T) {
 	}
 	if _, err := conformance.Run(context.Background(), conformance.Options{URL: "ftp://x"}); err == nil {
 		t.Fatal("Run accepted an ftp URL")
+	}
+}
+
+// goBytes matches a byte slice as fmt prints it ([34 112 111 ...]): a
+// JSON value printed with %v instead of as text.
+var goBytes = regexp.MustCompile(`\[\d+( \d+){3,}\]`)
+
+// TestExamplePolicyGateway runs the suite against the gateway the README
+// starts (docs/examples/policy.yaml, no token, loopback), with the base
+// URL as people copy it from the API docs (…/v0): nothing fails; the
+// checks that need a made-up tool the policy denies skip, saying so; every
+// reason is text; and each result was reported as its check ended, one at
+// a time. The two slowest checks, which no policy touches and TestGatehouse
+// runs, are left out (70 s of the run under the race detector).
+func TestExamplePolicyGateway(t *testing.T) {
+	pol, err := policy.Load("../docs/examples/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &testGateway{cfg: node.Options{Addr: "127.0.0.1:0", Data: t.TempDir(), Policy: pol,
+		Server: gateway.Options{Heartbeat: 500 * time.Millisecond, WriteTimeout: 2 * time.Second}}}
+	if err := g.open(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.stop(); err != nil {
+			t.Errorf("stop gateway: %v", err)
+		}
+	})
+	var inFlight atomic.Int32
+	var mu sync.Mutex
+	reported := map[string]conformance.Status{}
+	o := conformance.Options{URL: g.url() + "/v0", Timeout: 60 * time.Second, Progress: func(r conformance.Result) {
+		if inFlight.Add(1) != 1 {
+			t.Errorf("Progress called for %s while another call was running", r.ID)
+		}
+		defer inFlight.Add(-1)
+		mu.Lock()
+		defer mu.Unlock()
+		if _, twice := reported[r.ID]; twice {
+			t.Errorf("Progress called twice for %s", r.ID)
+		}
+		reported[r.ID] = r.Status
+	}}
+	var only []string
+	for _, c := range conformance.Checks() {
+		if c.ID != "delivery/slow-consumer" && c.ID != "api/list-pagination" {
+			only = append(only, "^"+regexp.QuoteMeta(c.ID)+"$")
+		}
+	}
+	results := run(t, o, only...)
+	report(t, results)
+	policySkips := 0
+	for _, r := range results {
+		switch {
+		case r.Status == conformance.Fail:
+			t.Errorf("%s failed: %s", r.ID, r.Reason)
+		case r.Status == conformance.Skip && strings.Contains(r.Reason, "the server's policy denies it (policy denied: "):
+			policySkips++
+		}
+		if goBytes.MatchString(r.Reason) {
+			t.Errorf("%s: the reason prints bytes, not text: %s", r.ID, r.Reason)
+		}
+		if reported[r.ID] != r.Status {
+			t.Errorf("%s: Progress reported %q, Run returned %q", r.ID, reported[r.ID], r.Status)
+		}
+	}
+	if policySkips == 0 {
+		t.Error("no check skipped for the policy, which denies every tool the suite makes up")
+	}
+	for _, id := range []string{"runtime/memory", "runtime/stream", "runtime/sessions", "api/policy-deny"} {
+		if reported[id] != conformance.Pass {
+			t.Errorf("%s: %s, want pass: the example policy allows the memory tools and denies shells", id, reported[id])
+		}
 	}
 }

@@ -60,6 +60,8 @@ func suite() []check {
 		def("delivery/peer-resume", "DESIGN delivery 2-4", "an agent reconnecting with Last-Event-ID gets the deliveries it missed, in order, once", checkPeerResume),
 		def("delivery/explicit-ack", "DESIGN delivery 3", "unacknowledged deliveries are sent again in order after a reconnect; acknowledged ones never", checkExplicitAck),
 		def("delivery/explicit-reset", "DESIGN delivery 5", "a peer cursor from another epoch or beyond the history gets an explicit reset with a snapshot to re-hydrate from", checkExplicitReset),
+		def("delivery/replay-large", "issue 27 §1 (replay past 2 MB); DESIGN delivery 4", "a finished execution of 3.5 MB replays whole, in order, to its terminal event on its SSE stream and its WebSocket", checkReplayLarge),
+		def("delivery/replay-large-session", "issue 27 §1 (every stream of every surface)", "the Agent Runtime event stream of the session holding a 3.5 MB execution delivers every result whole, through task.completed", checkReplayLargeSession),
 		def("delivery/slow-consumer", "DESIGN delivery 7", "a consumer that stops reading is disconnected and resumes from its cursor without a gap", checkSlowConsumer),
 		def("delivery/websocket-twins", "DESIGN Transports (WebSocket twins, subprotocols)", "agent, runner and execution WebSocket endpoints negotiate gatehouse.v1.json and gatehouse.v1.msgpack", checkWebSocketTwins),
 		defRestart("delivery/durable-restart", "DESIGN delivery 1; DESIGN users (agent reconnecting within the grace period)", "everything acknowledged before a restart (events, queued jobs, signals, idempotency records) is there after it, and the work completes", checkDurableRestart),

@@ -13,7 +13,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -1017,28 +1016,7 @@ func TestWSSlowConsumer(t *testing.T) {
 	s := start(t, node.Options{Kernel: ko, Server: gateway.Options{WriteTimeout: 300 * time.Millisecond, PingInterval: time.Minute}})
 	a := newAPI(t, s)
 	const path = "/v0/agents/ws?agent_id=slow-agent&consumer_id=c1"
-	// A small receive buffer, so that little data fills the way to the
-	// client.
-	dialer := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var err error
-		if cerr := rc.Control(func(fd uintptr) {
-			err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		}); cerr != nil {
-			return cerr
-		}
-		return err
-	}}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(s.URL, "http")+path, &websocket.DialOptions{
-		HTTPClient:   &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}},
-		Subprotocols: []string{gateway.SubprotocolJSON},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetReadLimit(1 << 20)
-	t.Cleanup(func() { _ = c.CloseNow() })
+	c := dialSmallBuffer(t, s.URL+path)
 	input := strings.Repeat("x", 128<<10)
 	const n = 40
 	created := make(chan struct{})
@@ -1094,6 +1072,25 @@ func TestWSSlowConsumer(t *testing.T) {
 		t.Fatalf("resumed at %d", seq)
 	}
 	t.Logf("%d of %d deliveries before 4001", got, n)
+}
+
+// dialSmallBuffer opens a JSON socket whose receive buffer is small, so
+// that little data fills the way to a client that does not read.
+func dialSmallBuffer(t *testing.T, url string) *websocket.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	dial := func(_ context.Context, _, addr string) (net.Conn, error) { return dialSmallTCP(t, addr), nil }
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(url, "http"), &websocket.DialOptions{
+		HTTPClient:   &http.Client{Transport: &http.Transport{DialContext: dial}},
+		Subprotocols: []string{gateway.SubprotocolJSON},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadLimit(1 << 20)
+	t.Cleanup(func() { _ = c.CloseNow() })
+	return c
 }
 
 func TestWSFrameLimits(t *testing.T) {

@@ -529,19 +529,29 @@ func (k *Kernel) Events(ctx context.Context, id string, after uint64, limit int)
 	if limit > 1000 {
 		limit = 1000
 	}
-	entries, err := k.store.Read(streamOf(id), after, limit)
-	if err != nil {
-		return EventPage{}, newErr(ErrUnavailable, "service unavailable: %v", err)
-	}
-	page := EventPage{Events: make([]json.RawMessage, len(entries))}
-	for i, e := range entries {
-		if page.Events[i], err = event.AppendStoredJSON(nil, e.Data, id); err != nil {
-			return EventPage{}, fmt.Errorf("decode event %d of %s: %w", e.Seq, id, err)
+	page := EventPage{Events: []json.RawMessage{}}
+	size := 0
+	err := k.eachEvent(id, after, func(seq uint64, raw []byte) (bool, error) {
+		data, err := event.AppendStoredJSON(nil, raw, id)
+		if err != nil {
+			return false, err
 		}
-		page.LatestSequence = e.Seq
+		page.Events = append(page.Events, data)
+		page.LatestSequence = seq
+		size += len(data)
+		return len(page.Events) < limit && size < PageBytes, nil
+	})
+	if err != nil {
+		return EventPage{}, err
 	}
 	return page, nil
 }
+
+// PageBytes bounds the event bytes of one page of Events: a page holds at
+// least one event and stops after the one that reaches the bound, so a
+// client pages on from LatestSequence rather than take a page of a
+// thousand large results at once.
+const PageBytes = 1 << 20
 
 // exists reports ErrNotFound for an unknown execution.
 func (k *Kernel) exists(id string) error {

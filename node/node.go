@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,6 +77,11 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	n.Auth = authn
+	if authn.Open() && !o.InsecureNoAuth {
+		if err := requireLoopback(ctx, o.Addr); err != nil {
+			return err
+		}
+	}
 	st, err := store.Open(store.Options{Dir: o.Data, InMemory: o.InMemory, Sync: o.Sync, Logger: o.Logger,
 		DiskBudget: o.DiskBudget, LowWater: o.DiskLowWater, MemoryLimit: o.MemoryLimit})
 	if err != nil {
@@ -157,6 +163,37 @@ func (n *Node) build(ctx context.Context) error {
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
 	n.closers.push(n.startRetention())
+	return nil
+}
+
+// ErrNoAuthOnNetwork is the error of Open for a node with no credential
+// (Options.Auth) on a listen address other hosts can reach, unless
+// Options.InsecureNoAuth says that is meant.
+var ErrNoAuthOnNetwork = errors.New("no credentials on a non-loopback address")
+
+// requireLoopback fails with ErrNoAuthOnNetwork unless every address addr
+// listens on is a loopback one: an IP literal of loopback, or a name all of
+// whose addresses are. An empty host listens on every interface.
+func requireLoopback(ctx context.Context, addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("node: listen address: %w", err)
+	}
+	var ips []netip.Addr
+	if ip, perr := netip.ParseAddr(host); perr == nil {
+		ips = []netip.Addr{ip}
+	} else if host != "" {
+		if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+			return fmt.Errorf("node: listen address %s: %w", addr, err)
+		}
+	}
+	loopback := len(ips) > 0
+	for _, ip := range ips {
+		loopback = loopback && ip.Unmap().IsLoopback()
+	}
+	if !loopback {
+		return fmt.Errorf("node: refusing to listen on %s: %w: anyone who can reach it would act as the admin (set Auth, listen on a loopback address, or set InsecureNoAuth)", addr, ErrNoAuthOnNetwork)
+	}
 	return nil
 }
 

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +20,7 @@ import (
 	"github.com/coder/websocket/wsjson"
 	"go.uber.org/goleak"
 
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
@@ -292,4 +296,61 @@ func post(t *testing.T, hc *http.Client, url string, body any, want int) obj {
 		t.Fatalf("POST %s: %v: %s", url, err, raw)
 	}
 	return o
+}
+
+// TestNoCredentialsServeOnlyLoopback: a node with no credential refuses,
+// before it opens anything, a listen address that other hosts can reach,
+// unless InsecureNoAuth says that is meant; with a token, or on a loopback
+// address or name, it serves. Each node that opens answers on a real
+// listener: the open ones with the admin's rights to a request whose Host
+// it cannot trust, the one with a token with 401 to a request without it.
+func TestNoCredentialsServeOnlyLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		addr     string
+		token    string
+		insecure bool
+		refused  bool
+		list     int // status of GET /v0/executions without credentials
+	}{
+		{name: "every IPv4 interface", addr: "0.0.0.0:0", refused: true},
+		{name: "every interface", addr: ":0", refused: true},
+		{name: "every IPv6 interface", addr: "[::]:0", refused: true},
+		{name: "loopback address", addr: "127.0.0.1:0", list: http.StatusOK},
+		{name: "loopback name", addr: "localhost:0", list: http.StatusOK},
+		{name: "network with a token", addr: "0.0.0.0:0", token: "s3cret", list: http.StatusUnauthorized},
+		{name: "network, insecure on purpose", addr: "0.0.0.0:0", insecure: true, list: http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			n, err := node.Open(t.Context(), node.Options{Addr: tc.addr, Data: dir,
+				Auth: auth.Options{StaticToken: tc.token}, InsecureNoAuth: tc.insecure})
+			if tc.refused {
+				if !errors.Is(err, node.ErrNoAuthOnNetwork) || !strings.Contains(err.Error(), tc.addr) {
+					t.Fatalf("Open = %v, want ErrNoAuthOnNetwork naming %s", err, tc.addr)
+				}
+				if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
+					t.Fatalf("a refused Open touched its data folder: %v", serr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer closeNode(t, n)
+			_, port, _ := net.SplitHostPort(n.Addr().String())
+			req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+port+"/v0/executions", nil)
+			req.Host = "127.0.0.1"
+			hc := &http.Client{Transport: &http.Transport{}}
+			defer hc.CloseIdleConnections()
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.list {
+				t.Fatalf("GET /v0/executions: %d, want %d", resp.StatusCode, tc.list)
+			}
+		})
+	}
 }

@@ -32,6 +32,13 @@ type Options struct {
 	Policy   *policy.Engine // nil: the built-in default
 	Logger   *slog.Logger
 
+	// InsecureNoAuth lets a node with no credential in Auth listen on an
+	// address other hosts can reach. Without it Open refuses such an
+	// address (ErrNoAuthOnNetwork): with no credential every request acts
+	// as the admin, and the Host check stops a browser's DNS rebinding,
+	// not a client that writes the header itself.
+	InsecureNoAuth bool
+
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
 

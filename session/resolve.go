@@ -28,14 +28,23 @@ type Resolved struct {
 // walkPage is how many items WalkResolved reads at a time.
 const walkPage = 1000
 
+// pageBytes bounds the bytes (fact data and resolved event payloads) of
+// one ReadResolved: a page holds at least one item, and no item past the
+// one that reached the bound. A session of large results is read in many
+// small pages rather than one that holds them all.
+const pageBytes = 1 << 20
+
 // ReadResolved appends to into up to limit items of session id's log after
 // sequence after, as Read gives them, each reference resolved through
-// events to its execution event.
+// events to its execution event, and stops early once the page holds
+// pageBytes: fewer items than limit do not mean that the log ends there.
 func (r *Registry) ReadResolved(ctx context.Context, events EventReader, id string, after uint64, limit int, into []Resolved) ([]Resolved, error) {
 	start := len(into)
+	size := 0
 	err := r.Read(ctx, id, after, func(it Item) bool {
 		into = append(into, Resolved{Item: it})
-		return len(into)-start < limit
+		size += len(it.Data) + len(it.Text)
+		return len(into)-start < limit && size < pageBytes
 	})
 	if err != nil {
 		return into, err
@@ -59,11 +68,16 @@ func (r *Registry) ReadResolved(ctx context.Context, events EventReader, id stri
 			cp := *ev
 			cp.Payload = bytes.Clone(ev.Payload)
 			batch[k].Event = &cp
+			size += len(cp.Payload)
 			k++
-			return k < j
+			return k < j && size < pageBytes
 		})
 		if err != nil {
 			return into, err
+		}
+		if k < j {
+			// The page is full: the rest is read by the next one.
+			return into[:start+k], nil
 		}
 		i = j
 	}
@@ -92,8 +106,11 @@ func (r *Registry) WalkResolved(ctx context.Context, events EventReader, id stri
 		if len(items) > 0 {
 			after = items[len(items)-1].Item.Seq
 		}
+		if len(items) == 0 {
+			return nil
+		}
 		more, err := page(items)
-		if err != nil || !more || len(items) < walkPage {
+		if err != nil || !more {
 			return err
 		}
 	}

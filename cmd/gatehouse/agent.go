@@ -66,7 +66,7 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if err := c.DeclareAgent(ctx, agentInfo(name)); err != nil {
-		return fmt.Errorf("agent: declare: %w", explainTLS(err))
+		return cliError("agent: declare", pf.url, err)
 	}
 	fmt.Fprintf(stdout, "agent %s (consumer %s) declared and serving on %s\n", name, pf.consumerID, pf.url)
 	log.Info("agent started", slog.String("agent_id", name), slog.String("consumer_id", pf.consumerID))
@@ -76,7 +76,7 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return explainTLS(err)
+	return cliError("agent", pf.url, err)
 }
 
 // exampleTurn runs one AAP turn of the example agent.

@@ -68,8 +68,7 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case 2:
 		return cliError("approve", gf.url, answerPrompt(ctx, c, stdout, pos[0], pos[1], reason))
 	}
-	fs.Usage()
-	return fmt.Errorf("approve: want no arguments (list) or <action-id> <decision>, got %q", pos)
+	return fmt.Errorf("approve: want no arguments (list) or <action-id> <decision>, got %q; see 'gatehouse approve --help'", pos)
 }
 
 // listPrompts prints every pending prompt, oldest first.

@@ -7,9 +7,12 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -30,9 +33,9 @@ func serveFlags() []string {
 	return names
 }
 
-// TestHelpShowsEveryCommandAndFlag: --help lists every command and the
-// flags of serve (the default command); help <command> and <command> -h
-// show that command's flags; all of them succeed.
+// TestHelpShowsEveryCommandAndFlag: --help lists every command, on one
+// screen; help <command> and <command> -h show that command's flags; all
+// of them succeed.
 func TestHelpShowsEveryCommandAndFlag(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		var out, errOut bytes.Buffer
@@ -44,10 +47,8 @@ func TestHelpShowsEveryCommandAndFlag(t *testing.T) {
 				t.Errorf("%v does not list %s:\n%s", args, c.name, out.String())
 			}
 		}
-		for _, f := range serveFlags() {
-			if !strings.Contains(out.String(), "  -"+f+" ") && !strings.Contains(out.String(), "  -"+f+"\n") {
-				t.Errorf("%v does not show serve's flag -%s", args, f)
-			}
+		if lines := strings.Count(out.String(), "\n"); lines > 24 {
+			t.Errorf("%v is %d lines, more than a screen:\n%s", args, lines, out.String())
 		}
 	}
 	var out bytes.Buffer
@@ -86,7 +87,6 @@ func TestHelpShowsEveryCommandAndFlag(t *testing.T) {
 func TestStrayArgumentsAreRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "--in-memory", "--addr", "127.0.0.1:0", "extra"},
-		{"--in-memory", "--addr", "127.0.0.1:0", "extra", "--log-level", "debug"},
 		{"runner", "--url", "http://127.0.0.1:1", "extra"},
 		{"token", "--secret", strings.Repeat("s", 32), "extra"},
 		{"version", "extra"},
@@ -207,6 +207,173 @@ func TestHostConsumerID(t *testing.T) {
 	} {
 		if got := hostConsumerID(in); got != want {
 			t.Errorf("hostConsumerID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestServeRefusesNetworkWithoutCredentials: serve with no token or JWT
+// key on an address other hosts can reach exits 2 with one line that says
+// what to do, listening on nothing; --insecure-no-auth serves it and warns.
+func TestServeRefusesNetworkWithoutCredentials(t *testing.T) {
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	addr := "0.0.0.0:" + port
+	var out bytes.Buffer
+	// A serve that does not refuse would run until killed.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "serve", "--addr", addr, "--data", t.TempDir())
+	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("serve on %s without credentials: %v, want exit status 2\n%s", addr, err, out.String())
+	}
+	line := out.String()
+	if strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "gatehouse: serve: no credentials on a non-loopback address: ") {
+		t.Fatalf("want one line naming the refusal, got:\n%s", line)
+	}
+	for _, advice := range []string{addr, "--token", "--jwt-secret", "--addr 127.0.0.1:" + port, "--insecure-no-auth"} {
+		if !strings.Contains(line, advice) {
+			t.Errorf("the refusal does not say %q: %s", advice, line)
+		}
+	}
+	if conn, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+		conn.Close()
+		t.Fatalf("something listens on %s after the refusal", port)
+	}
+
+	c := newChild(addr, t.TempDir(), "--insecure-no-auth", "--log-level", "info")
+	c.base = "http://127.0.0.1:" + port
+	c.start(t)
+	resp, err := http.Get(c.base + "/v0/executions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v0/executions with --insecure-no-auth: %d", resp.StatusCode)
+	}
+	c.stop() // the log is read once the process has written it all
+	if !strings.Contains(c.logs.String(), "--insecure-no-auth") || !strings.Contains(c.logs.String(), "level=WARN") {
+		t.Fatalf("no warning about --insecure-no-auth in the log:\n%s", c.logs)
+	}
+}
+
+// runMain runs the binary as main with args in the folder dir and returns
+// what it wrote (stdout and stderr together) and its exit status. A run
+// that does not end within 20s is killed: a gateway serving by mistake.
+func runMain(t *testing.T, dir string, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &exit) && ctx.Err() == nil:
+		return out.String(), exit.ExitCode()
+	}
+	t.Fatalf("gatehouse %v: %v\n%s", args, err, out.String())
+	return "", 0
+}
+
+// TestNoCommandShowsHelpAndServesNothing: a bare gatehouse shows the
+// commands and fails with one last line saying how to serve, without
+// creating a data folder; flags with no command before them are refused
+// in one line.
+func TestNoCommandShowsHelpAndServesNothing(t *testing.T) {
+	dir := t.TempDir()
+	out, code := runMain(t, dir)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 2 || !strings.Contains(out, "gatehouse serve [flags]") ||
+		lines[len(lines)-1] != "gatehouse: no command given; 'gatehouse serve' runs the gateway" {
+		t.Fatalf("gatehouse: exit %d\n%s", code, out)
+	}
+	out, code = runMain(t, dir, "--addr", "127.0.0.1:0", "--in-memory")
+	if code != 2 || out != "gatehouse: --addr is not a command: flags come after one, as in 'gatehouse serve --addr'; see 'gatehouse --help'\n" {
+		t.Fatalf("gatehouse --addr: exit %d\n%s", code, out)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("the working folder holds %v (%v), want nothing", entries, err)
+	}
+}
+
+// TestMistypedFlagOrCommandIsOneLine: a flag or command that does not
+// exist, or a flag's bad value, is one line, with the nearest name for a
+// typo and where to look, instead of the usage.
+func TestMistypedFlagOrCommandIsOneLine(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--adr", "0.0.0.0:8080"}, "serve: unknown flag --adr (did you mean --addr?); see 'gatehouse serve --help'"},
+		{[]string{"serve", "-polcy", "p.yaml"}, "serve: unknown flag --polcy (did you mean --policy?); see 'gatehouse serve --help'"},
+		{[]string{"serve", "--frobnicate"}, "serve: unknown flag --frobnicate; see 'gatehouse serve --help'"},
+		{[]string{"serve", "--max-body", "lots"}, `serve: invalid value "lots" for flag -max-body: parse error; see 'gatehouse serve --help'`},
+		{[]string{"runner", "--runer-id", "edge-1"}, "runner: unknown flag --runer-id (did you mean --runner-id?); see 'gatehouse runner --help'"},
+		{[]string{"conformance", "--restart-cm", "true"}, "conformance: unknown flag --restart-cm (did you mean --restart-cmd?); see 'gatehouse conformance --help'"},
+		{[]string{"tail", "--url"}, "tail: flag needs an argument: -url; see 'gatehouse tail --help'"},
+		{[]string{"tail"}, "tail: give one execution id; see 'gatehouse tail --help'"},
+		{[]string{"serv"}, `unknown command "serv" (did you mean "serve"?); see 'gatehouse --help'`},
+		{[]string{"help", "runer"}, `help: unknown command "runer" (did you mean "runner"?); see 'gatehouse --help'`},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"; see 'gatehouse --help'`},
+	} {
+		out, code := runMain(t, dir, tc.args...)
+		if code != 2 || out != "gatehouse: "+tc.want+"\n" {
+			t.Errorf("gatehouse %v: exit %d\n%s\nwant exit 2 and the one line\ngatehouse: %s", tc.args, code, out, tc.want)
+		}
+	}
+}
+
+// TestVersionNamesTheBuild: --version, -version and the version command
+// print one line naming the build: the module version, and Go's.
+func TestVersionNamesTheBuild(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"-version"}, {"version"}} {
+		out, code := runMain(t, t.TempDir(), args...)
+		if code != 0 || strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "gatehouse ") || !strings.Contains(out, runtime.Version()) {
+			t.Errorf("gatehouse %v: exit %d: %q", args, code, out)
+		}
+	}
+}
+
+// TestDescribeBuild: the version line names the module version, the VCS
+// revision (12 digits), its time and a modified tree, from the build
+// information the Go tool stamps.
+func TestDescribeBuild(t *testing.T) {
+	platform := " go1.26.0 " + runtime.GOOS + "/" + runtime.GOARCH
+	vcs := func(kv ...string) []debug.BuildSetting {
+		var out []debug.BuildSetting
+		for i := 0; i < len(kv); i += 2 {
+			out = append(out, debug.BuildSetting{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{"tagged", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v1.4.0"},
+			Settings: vcs("vcs", "git", "vcs.revision", "0123456789abcdef0123", "vcs.time", "2026-11-27T03:32:50Z", "vcs.modified", "false")},
+			"gatehouse v1.4.0 (revision 0123456789ab, 2026-11-27T03:32:50Z)" + platform},
+		{"modified checkout", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v0.0.0-20261127033250-0123456789ab+dirty"},
+			Settings: vcs("vcs.revision", "0123456789abcdef0123", "vcs.time", "2026-11-27T03:32:50Z", "vcs.modified", "true")},
+			"gatehouse v0.0.0-20261127033250-0123456789ab+dirty (revision 0123456789ab, 2026-11-27T03:32:50Z, modified)" + platform},
+		{"no VCS (go run, -buildvcs=false)", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "(devel)"}},
+			"gatehouse (devel)" + platform},
+		{"no module version", &debug.BuildInfo{GoVersion: "go1.26.0"}, "gatehouse (devel)" + platform},
+		{"no build information", nil, "gatehouse (no build information) " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH},
+	} {
+		if got := describeBuild(tc.bi); got != tc.want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
 		}
 	}
 }

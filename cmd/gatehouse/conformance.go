@@ -76,6 +76,14 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		tr.TLSClientConfig = tc
 		o.HTTPClient = &http.Client{Transport: tr}
 	}
+	// Each check's line as it ends: on stdout as the table, or on stderr
+	// while stdout waits for the JSON.
+	progress := stdout
+	if asJSON {
+		progress = stderr
+	}
+	table := conformance.NewTable(progress, conformance.Checks())
+	o.Progress = func(r conformance.Result) { _ = table.Row(r) }
 	results, err := conformance.Run(ctx, o, patterns...)
 	if err != nil {
 		return explainTLS(err)
@@ -86,7 +94,7 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	if asJSON {
 		err = conformance.WriteJSON(stdout, results)
 	} else {
-		err = conformance.WriteTable(stdout, results)
+		err = conformance.WriteSummary(stdout, results)
 	}
 	if err != nil {
 		return err

@@ -130,7 +130,7 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return explainTLS(err)
+	return cliError("runner", pf.url, err)
 }
 
 // hostConsumerID is the default consumer id: the host name, folded to

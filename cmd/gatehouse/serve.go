@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"runtime"
 	"strings"
@@ -22,7 +24,7 @@ import (
 // config is everything `serve` can be told.
 type config struct {
 	addr, data, token, policy, sync string
-	inMemory                        bool
+	inMemory, insecureNoAuth        bool
 	cors                            string
 	logLevel, logFormat             string
 	stepTimeout, execTimeout        time.Duration
@@ -107,7 +109,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", d.Addr, "listen address `host:port`")
 	fs.StringVar(&c.data, "data", d.Data, "data folder (Badger database)")
 	fs.BoolVar(&c.inMemory, "in-memory", false, "keep all state in memory (nothing survives a restart)")
-	fs.StringVar(&c.token, "token", "", "static bearer token required on every endpoint but health and ready (empty: open)")
+	fs.StringVar(&c.token, "token", "", "static bearer token required on every endpoint but health and ready (empty: open, which only a loopback --addr allows)")
+	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false, "serve a non-loopback --addr with no --token or JWT key: anyone who can reach it acts as the admin")
 	fs.StringVar(&c.policy, "policy", "", "policy `file or folder` (YAML); empty: built-in default, which denies shell-like tools")
 	fs.StringVar(&c.sync, "sync", d.Sync.String(), "durability: always (fsync before every answer), batch (fsync every 10ms), none")
 	fs.StringVar(&c.cors, "cors-origins", "", "comma-separated allowed CORS origins, or *")
@@ -244,7 +247,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 	origins := splitList(c.cors)
 	n, err := node.Open(ctx, node.Options{
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
-		Auth:        c.authOptions(),
+		Auth: c.authOptions(), InsecureNoAuth: c.insecureNoAuth,
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
 		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow, SessionsPerPrincipal: c.sessionsPerPrincipal,
@@ -260,6 +263,10 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 			MaxConns: c.maxConns, MaxConnsPerIP: c.maxConnsPerIP, AllowedHosts: splitList(c.allowedHosts),
 		},
 	})
+	if errors.Is(err, node.ErrNoAuthOnNetwork) {
+		return nil, fmt.Errorf("serve: %w: anyone who can reach %s would act as the admin; set --token (or --jwt-secret or --jwt-public-key), listen on loopback (--addr 127.0.0.1:%s), or add --insecure-no-auth if every host that can reach it is trusted",
+			node.ErrNoAuthOnNetwork, c.addr, port(c.addr))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -284,6 +291,9 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 	}
 	log.Info("gatehouse listening", append(attrs, "data", where, "sync", mode.String(),
 		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))...)
+	if n.Auth.Open() && c.insecureNoAuth {
+		log.Warn("no credentials (--insecure-no-auth): anyone who can reach the gateway acts as the admin", "addr", n.Addr().String())
+	}
 	if memLimit > 0 {
 		log.Info("memory limit", "limit", byteSize(memLimit).String(), "from", memSource, "go_heap_limit", byteSize(goLimit).String())
 	}
@@ -292,6 +302,14 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 			"low_water", byteSize(sp.LowWater).String(), "reserve", byteSize(sp.Reserve).String())
 	}
 	return n, nil
+}
+
+// port is the port of a listen address, or 8080 when it has none.
+func port(addr string) string {
+	if _, p, err := net.SplitHostPort(addr); err == nil && p != "" {
+		return p
+	}
+	return "8080"
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

@@ -25,7 +25,9 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var after uint64
 	var raw bool
 	var timeout time.Duration
+	var logLevel string
 	gf.add(fs, "bearer token")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error (of the lines on stderr about the connection dropping and resuming)")
 	fs.Uint64Var(&after, "after", 0, "start after this sequence")
 	fs.BoolVar(&raw, "json", false, "print each event as one line of JSON")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit for reaching the gateway and each request")
@@ -33,11 +35,14 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return errors.New("tail: give one execution id")
+		return errors.New("tail: give one execution id; see 'gatehouse tail --help'")
 	}
 	id := fs.Arg(0)
-	c, err := gf.client("tail", client.Options{RequestTimeout: timeout})
+	log, err := newLogger(stderr, logLevel, "text")
+	if err != nil {
+		return err
+	}
+	c, err := gf.client("tail", client.Options{RequestTimeout: timeout, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -84,7 +89,12 @@ func cliError(cmd, base string, err error) error {
 		if code == "" {
 			code = http.StatusText(aerr.Status)
 		}
-		return &apiFailure{msg: cmd + ": " + code + ": " + printable(aerr.Message), err: err}
+		msg := cmd + ": " + code + ": " + printable(aerr.Message)
+		if aerr.Code == "" && aerr.Status == http.StatusNotFound {
+			// Not the API's answer: the URL leads elsewhere.
+			msg += " (is " + base + " a gateway's base URL?)"
+		}
+		return &apiFailure{msg: msg, err: err}
 	case untrustedCert(err):
 		return fmt.Errorf("%s: %w", cmd, explainTLS(err))
 	case errors.As(err, &nerr):

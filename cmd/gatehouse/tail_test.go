@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -73,5 +74,42 @@ func TestTailFollowsUntilTheEnd(t *testing.T) {
 	}
 	if err := tailCmd(ctx, []string{"--url", s.URL}, io.Discard, io.Discard); err == nil {
 		t.Fatal("tail without an id succeeded")
+	}
+}
+
+// TestTailLogsItsDropAndResume: tail across a gateway restart logs one
+// line when the stream drops and one when it resumes, on stderr, and
+// prints every event once.
+func TestTailLogsItsDropAndResume(t *testing.T) {
+	s := nodetest.Start(t, node.Options{})
+	post := func(path, body string) string {
+		t.Helper()
+		resp, err := http.Post(s.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ex struct{ ID string }
+		_ = json.NewDecoder(resp.Body).Decode(&ex)
+		return ex.ID
+	}
+	id := post("/v0/executions", `{"agent_id":"tail-agent"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, logs syncbuf.Buffer
+	done := make(chan error, 1)
+	go func() { done <- tailCmd(ctx, []string{"--url", s.URL, "--log-level", "debug", id}, &out, &logs) }()
+	eventually.True(t, "the first event", func() bool { return strings.Contains(out.String(), "execution.created") })
+	s.Stop()
+	eventually.True(t, "a failed reconnect", func() bool { return strings.Contains(logs.String(), "reconnect failed; retrying") })
+	s.Restart()
+	eventually.True(t, "the resume line", func() bool { return strings.Contains(logs.String(), "execution stream resumed") })
+	post("/v0/executions/"+id+"/cancel", "")
+	if err := <-done; err != nil {
+		t.Fatalf("tail: %v", err)
+	}
+	reconnectLines(t, logs.String(), "resuming", "execution stream resumed")
+	if n := strings.Count(out.String(), "\n"); n != 2 || !strings.Contains(out.String(), "execution.cancelled") {
+		t.Fatalf("tail printed %d lines, want execution.created and execution.cancelled:\n%s", n, out.String())
 	}
 }

@@ -26,6 +26,8 @@ func TestExamplePolicy(t *testing.T) {
 		{"gatehouse.sleep", `{"ms":500}`, RequireApproval},
 		{"gatehouse.sleep", `{"ms":900000}`, Deny},
 		{"gatehouse.sleep", `{}`, Deny},
+		{"save_memory_note", `{"path":"/topics/icp.md","content":"Ideal customer: B2B SaaS"}`, Allow},
+		{"memory_search", `{"query":"ideal customer"}`, Allow},
 		{"bash", `{"cmd":"ls"}`, Deny},
 		{"web.search", `{}`, Deny},
 	} {

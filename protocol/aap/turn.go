@@ -438,25 +438,33 @@ func (src *turnSource) Next(buf []stream.Item) (int, error) {
 		src.first = src.first[1:]
 		n++
 	}
-	facts, err := src.s.read(context.Background(), src.id, src.last, len(buf)-n)
-	if err != nil {
-		return n, err
-	}
-	for i := range facts {
-		src.last = facts[i].Item.Seq
-		if facts[i].Item.TurnID != src.turn {
-			continue
+	// Facts of other turns and facts the mode does not show give no item:
+	// read on until one does or the log has nothing more, since an empty
+	// batch tells the stream to wait for the log to grow.
+	for n == 0 && !src.done {
+		facts, err := src.s.read(context.Background(), src.id, src.last, len(buf))
+		if err != nil {
+			return n, err
 		}
-		ev, show, end := render(&facts[i], src.mode)
-		if !show {
-			continue
-		}
-		src.held = append(src.held, ev)
-		buf[n] = stream.Item{Seq: facts[i].Item.Seq, Type: ev.name}
-		n++
-		if end {
-			src.done = true
+		if len(facts) == 0 {
 			break
+		}
+		for i := range facts {
+			src.last = facts[i].Item.Seq
+			if facts[i].Item.TurnID != src.turn {
+				continue
+			}
+			ev, show, end := render(&facts[i], src.mode)
+			if !show {
+				continue
+			}
+			src.held = append(src.held, ev)
+			buf[n] = stream.Item{Seq: facts[i].Item.Seq, Type: ev.name}
+			n++
+			if end {
+				src.done = true
+				break
+			}
 		}
 	}
 	for i := range n {

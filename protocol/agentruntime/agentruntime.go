@@ -21,6 +21,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/protocol"
 	"github.com/gatehouse-dev/gatehouse/session"
@@ -40,19 +41,24 @@ type Kernel interface {
 type Options struct {
 	Kernel   Kernel
 	Sessions *session.Registry
+	// Exports bounds the exports written at once; zero means
+	// DefaultExports.
+	Exports int
 }
 
 // Surface is the Agent Runtime surface; see the package doc.
 type Surface struct {
 	o Options
 
-	mu     sync.Mutex
-	models map[string]*cachedModel
+	mu      sync.Mutex
+	models  map[string]*cachedModel
+	exports chan struct{} // a slot per export being written
 }
 
 // New returns the surface.
 func New(o Options) *Surface {
-	return &Surface{o: o, models: map[string]*cachedModel{}}
+	option.Default(&o.Exports, DefaultExports)
+	return &Surface{o: o, models: map[string]*cachedModel{}, exports: make(chan struct{}, o.Exports)}
 }
 
 // Mount is where the surface is served.
@@ -96,6 +102,11 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) { wire().Write(ctx, 
 // Fail answers an error a handler returned with the status, code and
 // details every surface gives it (protocol.Failure).
 func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, errExportsBusy) {
+		ctx.Response.Header.Set("Retry-After", "1")
+		wire().Write(ctx, fasthttp.StatusTooManyRequests, protocol.ErrorBody{Error: err.Error(), Code: "RATE_LIMITED"})
+		return
+	}
 	status, body := protocol.Failure(err)
 	wire().WriteFailure(ctx, status, body)
 }
@@ -252,11 +263,22 @@ func (s *Surface) events(r *protocol.Request) error {
 		Events []Event `json:"events"`
 		Next   string  `json:"next,omitempty"`
 	}{Events: []Event{}}
-	for i := range facts {
-		if i == limit {
-			page.Next = strconv.FormatUint(facts[i-1].item.Seq, 10)
-			break
+	if len(facts) > limit {
+		facts = facts[:limit]
+		page.Next = strconv.FormatUint(facts[limit-1].item.Seq, 10)
+	} else if n := len(facts); n > 0 {
+		// A page bounded by bytes can end before the log does: one more
+		// item tells.
+		last := facts[n-1].item.Seq
+		more, err := s.read(r.Ctx, id, last, 1, nil)
+		if err != nil {
+			return err
 		}
+		if len(more) > 0 {
+			page.Next = strconv.FormatUint(last, 10)
+		}
+	}
+	for i := range facts {
 		if e, ok := render(&facts[i]); ok {
 			page.Events = append(page.Events, e)
 		}

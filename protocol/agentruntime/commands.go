@@ -97,6 +97,10 @@ func (s *Surface) command(r *protocol.Request) error {
 	if err != nil {
 		return err
 	}
+	if x, ok := out.(*exportWriter); ok {
+		x.send(r.Ctx)
+		return nil
+	}
 	writeJSON(r.Ctx, fasthttp.StatusOK, out)
 	return nil
 }

@@ -1,11 +1,14 @@
 package agentruntime
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -42,29 +45,78 @@ type Digest struct {
 // last retained events, and the export says where it starts.
 const maxExportEvents = 100000
 
+// DefaultExports is how many exports a surface writes at once when
+// Options.Exports is zero; more are refused with 429 until one ends.
+const DefaultExports = 2
+
+// errExportsBusy refuses an export while the surface writes its most.
+var errExportsBusy = errors.New("too many exports at once; retry shortly")
+
 // export answers GET /exports/{sessionId}.
 func (s *Surface) export(r *protocol.Request) error {
-	out, err := s.exportFor(r, r.Params[0], "evidence")
+	x, err := s.exportFor(r, r.Params[0], "evidence")
 	if err != nil {
 		return err
 	}
-	writeJSON(r.Ctx, fasthttp.StatusOK, out)
+	x.send(r.Ctx)
 	return nil
 }
 
-func (s *Surface) exportFor(r *protocol.Request, id, kind string) (*Export, error) {
+// exportFor checks that r's principal may read session id and takes an
+// export slot; the export is written by its send.
+func (s *Surface) exportFor(r *protocol.Request, id, kind string) (*exportWriter, error) {
 	if _, err := s.session(r.Ctx, r.Principal, auth.ActRead, id); err != nil {
 		return nil, err
 	}
-	return s.exportSession(r.Ctx, id, kind)
+	select {
+	case s.exports <- struct{}{}:
+	default:
+		return nil, errExportsBusy
+	}
+	return &exportWriter{s: s, id: id, kind: kind}, nil
 }
 
-// exportSession builds the export of session id.
-func (s *Surface) exportSession(ctx context.Context, id, kind string) (*Export, error) {
-	x := &Export{SchemaVersion: SchemaVersion, Kind: kind, SessionID: id, ExportedAt: timestamp(time.Now()), Events: []json.RawMessage{}}
+// exportWriter streams one export as its response body: the events leave
+// as they are read, a page of the session's log at a time, so an export
+// costs the memory of one page and the read model, whatever the size of
+// the session.
+type exportWriter struct {
+	s        *Surface
+	id, kind string
+}
+
+// send answers with the export, streamed. A failure once the body has
+// begun leaves the JSON unterminated, which no client takes for an export
+// (and the digest of a cut export cannot match).
+func (x *exportWriter) send(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer func() { <-x.s.exports }()
+		_ = x.s.writeExport(context.Background(), w, x.id, x.kind)
+	})
+}
+
+// writeExport writes the export of session id to w: the JSON encoding of
+// an Export, byte for byte, without holding its events.
+func (s *Surface) writeExport(ctx context.Context, w io.Writer, id, kind string) error {
+	head, err := json.Marshal(&Export{SchemaVersion: SchemaVersion, Kind: kind, SessionID: id, ExportedAt: timestamp(time.Now())})
+	if err != nil {
+		return err
+	}
+	// The head ends with the empty events list and what follows it: cut
+	// there, the events are written in, then the rest.
+	cut := bytes.Index(head, []byte(`"events":null`))
+	if _, err := w.Write(head[:cut]); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, `"events":[`); err != nil {
+		return err
+	}
 	m := newModel(id)
 	h := sha256.New()
-	err := s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, 0, func(items []session.Resolved) (bool, error) {
+	n := 0
+	err = s.o.Sessions.WalkResolved(ctx, s.o.Kernel, id, 0, func(items []session.Resolved) (bool, error) {
 		for i := range items {
 			f := factOf(id, &items[i])
 			e, ok := render(&f)
@@ -80,21 +132,40 @@ func (s *Surface) exportSession(ctx context.Context, id, kind string) (*Export, 
 			}
 			h.Write(data)
 			h.Write([]byte{'\n'})
-			x.Events = append(x.Events, data)
+			if n > 0 {
+				if _, err := io.WriteString(w, ","); err != nil {
+					return false, err
+				}
+			}
+			if _, err := w.Write(data); err != nil {
+				return false, err
+			}
+			if n++; n == maxExportEvents {
+				return false, nil
+			}
 		}
-		return len(x.Events) < maxExportEvents, nil
+		return true, nil
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	snap := m.snapshot()
 	data, err := json.Marshal(&snap)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	x.Snapshot = data
-	x.Digest = Digest{Algorithm: "sha256", Value: hex.EncodeToString(h.Sum(nil)), Events: len(x.Events)}
-	return x, nil
+	tail, err := json.Marshal(struct {
+		Snapshot json.RawMessage `json:"snapshot"`
+		Digest   Digest          `json:"digest"`
+	}{data, Digest{Algorithm: "sha256", Value: hex.EncodeToString(h.Sum(nil)), Events: n}})
+	if err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, "],"); err != nil {
+		return err
+	}
+	_, err = w.Write(tail[1:])
+	return err
 }
 
 // Verify checks an export: its digest matches its events, and folding the

@@ -64,9 +64,16 @@ func (s *Surface) source(v kernel.View, from position) *execSource {
 }
 
 func (src *execSource) Next(buf []stream.Item) (int, error) {
-	if len(src.pending) == 0 && !src.ended {
-		if err := src.read(len(buf)); err != nil {
+	// Events the API shows nothing of give no frame: read on until one
+	// does or the log has nothing more, since an empty batch tells the
+	// stream to wait for the log to grow.
+	for len(src.pending) == 0 && !src.ended {
+		n, err := src.read(len(buf))
+		if err != nil {
 			return 0, err
+		}
+		if n == 0 {
+			break
 		}
 	}
 	src.out = append(src.out[:0], src.pending[:min(len(buf), len(src.pending))]...)
@@ -80,15 +87,20 @@ func (src *execSource) Next(buf []stream.Item) (int, error) {
 	return len(src.out), nil
 }
 
-// read renders up to limit kernel events after the stream's position. A
+// readBytes bounds the frame bytes one read renders, so a batch of large
+// results stays small.
+const readBytes = 1 << 20
+
+// read renders up to limit kernel events after the stream's position,
+// fewer once their frames hold readBytes, and reports how many it read. A
 // position past the terminal event (a client that saw everything) ends the
 // stream at once.
-func (src *execSource) read(limit int) error {
+func (src *execSource) read(limit int) (int, error) {
 	after := src.from.seq
 	if src.from.sub >= 0 && after > 0 {
 		after-- // the event is read again, its first frames skipped
 	}
-	n := 0
+	n, size := 0, 0
 	err := src.k.ReadEventValues(src.v.ID, after, func(e *event.Event) bool {
 		frames := src.render(e)
 		skip := 0
@@ -98,6 +110,7 @@ func (src *execSource) read(limit int) error {
 		for i := skip; i < len(frames); i++ {
 			frames[i].id = strconv.FormatUint(e.Sequence, 10) + "." + strconv.Itoa(i)
 			src.pending = append(src.pending, frames[i])
+			size += len(frames[i].data)
 		}
 		src.from = position{seq: e.Sequence, sub: -1}
 		n++
@@ -105,13 +118,13 @@ func (src *execSource) read(limit int) error {
 			src.ended = true
 			return false
 		}
-		return n < limit
+		return n < limit && size < readBytes
 	})
 	if err != nil || n > 0 || !src.v.Status.Terminal() {
-		return err
+		return n, err
 	}
 	src.ended = true
-	return nil
+	return 0, nil
 }
 
 func terminal(typ string) bool {
