@@ -142,7 +142,8 @@ type Channel struct {
 	PeerID string `json:"native_peer_id"`
 	// Kind is KindNative or KindWebhook.
 	Kind string `json:"kind"`
-	// URL is a webhook's URL, with any password redacted.
+	// URL is a webhook's origin: the scheme and host of its URL, nothing
+	// else (see origin).
 	URL string `json:"url,omitempty"`
 	// CreatedAt is when the channel was first registered.
 	CreatedAt time.Time `json:"created_at"`
@@ -168,18 +169,19 @@ func (rc *record) key() peer.Key { return Key(rc.ChannelID, rc.PeerID) }
 
 func (rc *record) channel() Channel {
 	return Channel{Owner: rc.Owner, ChannelID: rc.ChannelID, PeerID: rc.PeerID, Kind: rc.Kind,
-		URL: redact(rc.URL), CreatedAt: rc.CreatedAt, LastSeen: rc.LastSeen}
+		URL: origin(rc.URL), CreatedAt: rc.CreatedAt, LastSeen: rc.LastSeen}
 }
 
-func redact(s string) string {
-	if s == "" {
+// origin is all that is ever shown of a webhook's URL, in logs, events,
+// exports and answers: its scheme and host (with the port). Slack,
+// Discord and Telegram put the webhook's secret in its path or query, and
+// a password may sit in its user info; only the sender uses the rest.
+func origin(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
 		return ""
 	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return ""
-	}
-	return u.Redacted()
+	return u.Scheme + "://" + u.Host
 }
 
 // ownerLog serialises the writes of one owner's channel log, so sequences
@@ -382,7 +384,7 @@ func (r *Registry) drop(ctx context.Context, ol *ownerLog, rc *record, reason st
 // for reason.
 func disconnectedFact(rc *record, reason string) fact {
 	return fact{typ: TypeDisconnected, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: rc.Kind,
-		URL: redact(rc.URL), Reason: reason}}
+		URL: origin(rc.URL), Reason: reason}}
 }
 
 // recordOf returns a copy of channel k's registration; ok is false

@@ -78,6 +78,7 @@ func suite() []check {
 		def("security/cursor-syntax", "issue 13 §5 (cursors)", "malformed cursors (x.y, 5., .5, -1, overflow) are 400 before a stream starts or a socket upgrades", checkCursorSyntax),
 		def("security/execution-cursor-syntax", "issue 13 §5 (cursors)", "the execution socket's cursors and the execution stream's Last-Event-ID that are not a sequence are 400 before the upgrade or the first stream byte", checkExecutionCursorSyntax),
 		def("security/id-syntax", "issue 13 §5 (ids)", "an id with a control or format character (LF, NUL, U+202E, U+200B), in a body, a query or a path, is 400 VALIDATION_ERROR that echoes nothing of it", checkIDSyntax),
+		def("security/tool-squatting", "DESIGN Security; issue 27 §2 (tool squatting); runtime-api.md (memory names reserved)", "a runner declaring a built-in memory tool, by query (SSE, WebSocket), HTTP or frame, is 403 TOOL_NOT_ALLOWED and never listed as serving it", checkToolSquatting),
 		def("security/host", "issue 13 §3 (DNS rebinding)", "with no token, a Host that is not a loopback name is 421 HOST_NOT_ALLOWED; with one, any Host is served", checkHost),
 		// Ownership: every door checks the same rule.
 		def("security/foreign-execution-404", "DESIGN Security; issue 13 §2 (an owner on every resource)", "another client's execution answers 404, word for word as an unknown id, on every route, and is not listed", checkForeignExecution),

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -279,5 +280,49 @@ func TestChannelWebSocketAnswersAndMessages(t *testing.T) {
 				t.Fatalf("permission_returned: %v", r)
 			}
 		})
+	}
+}
+
+// TestWebhookURLSecretsReachNoLogEventOrExport: a chat webhook whose URL
+// holds its secret in the path, the query and the user info, set through
+// the API, with prompts it fails to deliver: neither the server's log nor
+// any answer, channel event, execution event or session export shows more
+// of the URL than its scheme and host.
+func TestWebhookURLSecretsReachNoLogEventOrExport(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // every delivery fails to connect, and is logged
+	var logs syncbuf.Buffer
+	a := bridgeServer(t, node.Options{WebhookAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	hook := "http://bot:PWSECRET@" + closed + "/services/T0SECRET/B0SECRET/XOXSECRET?token=QSECRET"
+	set := a.json("PUT", "/v0/channels/webhook", obj{"url": hook, "secret": "0123456789abcdef-secret"}, 200)
+	origin, _ := set["url"].(string)
+	shown := []string{origin}
+	ag := a.agent("hook-agent", "c1")
+	ex := a.json("POST", "/v0/executions", obj{"agent_id": "hook-agent", "session_id": "hook-s"}, 201)
+	id := ex["id"].(string)
+	lease := ag.expect("execution.assigned")["session_id"].(string)
+	a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "deploy.hook"}, 200)
+	eventually.True(t, "a failed delivery logged", func() bool { return strings.Contains(logs.String(), "webhook delivery failed") })
+	for _, path := range []string{"/v0/channels", "/v0/channels/events", "/v0/executions/" + id + "/events", "/v0/actions", "/agent-runtime/exports/hook-s"} {
+		_, body, _ := a.do("GET", path, nil)
+		shown = append(shown, path+": "+string(body))
+	}
+	a.json("DELETE", "/v0/channels/webhook", nil, 200)
+	_, body, _ := a.do("GET", "/v0/channels/events", nil)
+	shown = append(shown, string(body), logs.String())
+	for _, text := range shown {
+		for _, s := range []string{"T0SECRET", "B0SECRET", "XOXSECRET", "QSECRET", "PWSECRET"} {
+			if strings.Contains(text, s) {
+				t.Fatalf("the webhook URL's %s shows in:\n%s", s, text)
+			}
+		}
+	}
+	if shown[0] != "http://"+closed || !strings.Contains(logs.String(), "http://"+closed) {
+		t.Fatalf("the webhook's origin http://%s is neither the answer's url (%s) nor in the log", closed, shown[0])
 	}
 }

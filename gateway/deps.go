@@ -34,6 +34,8 @@ type Kernel interface {
 	DescribeTools(runnerID string, info map[string]json.RawMessage)
 	UpdateCapabilities(runnerID string, tools []string)
 	RemoveRunner(runnerID string)
+	ReservedTool(capability string) (runnerID string, reserved bool)
+	BuiltinRunner(runnerID string) bool
 
 	ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error
 	Watch(id string) *kernel.Watch

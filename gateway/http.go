@@ -30,6 +30,9 @@ const (
 	CodeStorageFull   = "STORAGE_FULL"
 	CodeTooLarge      = "PAYLOAD_TOO_LARGE"
 	CodeMethodMissing = "METHOD_NOT_ALLOWED"
+	// CodeToolNotAllowed refuses a runner's declaration of a tool it is
+	// not trusted with, or that a built-in runner serves (403).
+	CodeToolNotAllowed = "TOOL_NOT_ALLOWED"
 )
 
 // statusOf maps an error to its HTTP status, code and client message,
@@ -72,6 +75,10 @@ func classify(err error) (int, protocol.ErrorBody) {
 		return fasthttp.StatusUnauthorized, protocol.ErrorBody{Error: err.Error(), Code: CodeUnauthorized, Details: details}
 	case errors.Is(err, kernel.ErrUnavailable):
 		return fasthttp.StatusServiceUnavailable, protocol.ErrorBody{Error: err.Error(), Code: CodeUnavailable, Details: details}
+	case errors.Is(err, session.ErrQuota):
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: protocol.CodeQuotaExceeded, Details: details}
+	case errors.Is(err, auth.ErrToolNotAllowed):
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeToolNotAllowed}
 	case errors.Is(err, auth.ErrForbidden):
 		// The error says "forbidden: …" itself.
 		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeForbidden}

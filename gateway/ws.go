@@ -126,8 +126,10 @@ func agentParams(c *call) (peer.Key, error) {
 }
 
 // runnerParams reads and checks the query of a runner stream, SSE or
-// WebSocket, and the caller's right to it.
-func runnerParams(c *call) (peer.Key, []string, error) {
+// WebSocket, and the caller's right to it and to serve the capabilities it
+// declares: a declaration the gateway refuses refuses the connection,
+// before any stream byte or the upgrade, so that the runner is told why.
+func (s *Server) runnerParams(c *call) (peer.Key, []string, error) {
 	args := c.ctx.QueryArgs()
 	runnerID, consumerID := string(args.Peek("runner_id")), string(args.Peek("consumer_id"))
 	if runnerID == "" || consumerID == "" {
@@ -145,7 +147,10 @@ func runnerParams(c *call) (peer.Key, []string, error) {
 	if err := validTools(caps); err != nil {
 		return peer.Key{}, nil, err
 	}
-	if err := c.principal.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
+	if err := s.actAsRunner(c.principal, runnerID); err != nil {
+		return peer.Key{}, nil, err
+	}
+	if err := s.mayServe(c.principal, caps); err != nil {
 		return peer.Key{}, nil, err
 	}
 	return peer.Key{Role: kernel.RoleRunner, ID: runnerID, Consumer: consumerID}, caps, nil
@@ -170,7 +175,7 @@ func (s *Server) agentWS(c *call) error {
 }
 
 func (s *Server) runnerWS(c *call) error {
-	key, caps, err := runnerParams(c)
+	key, caps, err := s.runnerParams(c)
 	if err != nil {
 		return err
 	}
@@ -588,7 +593,7 @@ func (p *peerSession) say(fr inFrame) bool {
 func (p *peerSession) scope(pr *auth.Principal) error {
 	switch p.ps.role {
 	case kernel.RoleRunner:
-		return pr.Authorize(auth.ActAct, runnerResource(p.ps.key.ID))
+		return p.s.actAsRunner(pr, p.ps.key.ID)
 	case channel.RoleChannel:
 		_, err := person(pr, auth.ActWrite) // the refresh already requires the same subject
 		return err

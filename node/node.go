@@ -112,7 +112,7 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	n.Bridge = br
-	sessions, err := session.New(session.Options{Store: st, Logger: o.Logger})
+	sessions, err := session.New(session.Options{Store: st, Logger: o.Logger, MaxPerOwner: o.SessionsPerPrincipal})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -55,6 +56,10 @@ type Options struct {
 	// WebhookAllow lists the internal networks chat webhooks may reach
 	// (see channel.Options.WebhookAllow); nil: public addresses only.
 	WebhookAllow []netip.Prefix
+	// SessionsPerPrincipal is the most durable sessions one principal (an
+	// owner within its tenant) may hold, archived ones included (see
+	// session.Options.MaxPerOwner).
+	SessionsPerPrincipal int
 
 	// Retention deletes finished executions this long after they ended.
 	// RetentionCount, when positive, also keeps at most that many finished
@@ -94,6 +99,8 @@ func Defaults() Options {
 		PeerRetention:     peers.ConsumerRetention,
 		Retention:         168 * time.Hour,
 		RetentionInterval: 10 * time.Minute,
+
+		SessionsPerPrincipal: session.DefaultMaxPerOwner,
 	}
 }
 

@@ -43,6 +43,10 @@ func Sentence(msg string) string {
 	return strings.Join(kept, "; ")
 }
 
+// CodeQuotaExceeded is the machine code of a refusal past a principal's
+// quota (sessions, session.ErrQuota): 403 on every wire.
+const CodeQuotaExceeded = "QUOTA_EXCEEDED"
+
 // ErrorBody is the error answer of the kernel API, which seed 001's and
 // AAP's surfaces share: a sentence and a machine code, and details where
 // the error has some.
@@ -64,6 +68,10 @@ func Failure(err error) (int, ErrorBody) {
 	var kerr *kernel.Error
 	if errors.As(err, &kerr) {
 		body.Details = kerr.Details
+	}
+	var qerr *session.QuotaError
+	if errors.As(err, &qerr) {
+		body.Details = qerr.Details()
 	}
 	return status, body
 }
@@ -91,6 +99,8 @@ func Status(err error) (status int, code string, known bool) {
 		return fasthttp.StatusGone, "CURSOR_EXPIRED", true
 	case errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived), errors.Is(err, kernel.ErrConflict):
 		return fasthttp.StatusConflict, "CONFLICT", true
+	case errors.Is(err, session.ErrQuota):
+		return fasthttp.StatusForbidden, CodeQuotaExceeded, true
 	case errors.Is(err, auth.ErrForbidden):
 		return fasthttp.StatusForbidden, "FORBIDDEN", true
 	case errors.Is(err, kernel.ErrStorageFull):

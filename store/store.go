@@ -1708,8 +1708,13 @@ func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
 }
 
 // Scan calls fn for each entry of stream after sequence after, in order; data
-// is valid only during the call. fn returns false to stop.
+// is valid only during the call. fn returns false to stop. Nothing comes
+// after the largest sequence: a cursor of 2^64-1 reads nothing (after+1
+// would wrap to 0 and read everything).
 func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	if after == math.MaxUint64 {
+		return nil
+	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -379,5 +380,24 @@ func TestBadgerLoggerLevels(t *testing.T) {
 				t.Errorf("Warningf(%q) logged %q, want level %s", tc.format, out.String(), tc.level)
 			}
 		})
+	}
+}
+
+// TestNothingFollowsTheLargestSequence: a read after 2^64-1 gives nothing.
+// after+1 wrapped to 0 and gave the whole log.
+func TestNothingFollowsTheLargestSequence(t *testing.T) {
+	s := openWith(t, Options{InMemory: true})
+	defer s.Close()
+	var b Batch
+	for i := uint64(1); i <= 3; i++ {
+		b.Append("x/a", i, []byte(fmt.Sprint("event-", i)))
+	}
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	for _, after := range []uint64{3, math.MaxUint64 - 1, math.MaxUint64} {
+		if got, err := s.Read("x/a", after, 0); err != nil || len(got) != 0 {
+			t.Fatalf("Read after %d: %d entries (%v), want none", after, len(got), err)
+		}
 	}
 }

@@ -31,6 +31,7 @@ type config struct {
 	agentGrace, runnerGrace         time.Duration
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
+	sessionsPerPrincipal            int
 	outboxRetention, writeTimeout   time.Duration
 	retention, retentionInterval    time.Duration
 	retentionCount                  int
@@ -123,6 +124,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", node.ShutdownTimeout, "how long shutdown waits for requests in flight")
 	fs.IntVar(&c.maxBody, "max-body", d.Server.MaxBodyBytes, "maximum request body in bytes")
 	fs.IntVar(&c.outboxLimit, "outbox-limit", d.OutboxLimit, "maximum unacknowledged pushes kept per agent or runner consumer")
+	fs.IntVar(&c.sessionsPerPrincipal, "max-sessions-per-principal", d.SessionsPerPrincipal, "durable sessions one principal may hold, archived ones included; past it a new one is 403 QUOTA_EXCEEDED")
 	fs.DurationVar(&c.outboxRetention, "outbox-retention", d.OutboxRetention, "how long unacknowledged pushes are kept for an absent consumer")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", d.Server.WriteTimeout, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.DurationVar(&c.retention, "retention", d.Retention, "finished executions are deleted this long after they end")
@@ -248,7 +250,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 		Auth: c.authOptions(), InsecureNoAuth: c.insecureNoAuth,
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
-		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
+		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow, SessionsPerPrincipal: c.sessionsPerPrincipal,
 		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater), MemoryLimit: memLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,

@@ -105,9 +105,12 @@ func (c *clockedParser) clock() time.Time { return c.now }
 // tokenClaims is the JWT payload this gateway understands.
 type tokenClaims struct {
 	jwt.RegisteredClaims
-	Role     Role     `json:"role"`
-	Agents   []string `json:"agents,omitempty"`
-	Runners  []string `json:"runners,omitempty"`
+	Role    Role     `json:"role"`
+	Agents  []string `json:"agents,omitempty"`
+	Runners []string `json:"runners,omitempty"`
+	// Tools is kept apart from empty: a claim of no patterns allows no
+	// tool, a missing claim leaves the role's default (see MayServe).
+	Tools    []string `json:"tools,omitzero"`
 	Sessions []string `json:"sessions,omitempty"`
 	Tenant   string   `json:"tenant,omitempty"`
 }
@@ -301,11 +304,15 @@ func (a *Authenticator) parseJWT(token string, now time.Time) (*Principal, error
 			return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
 		}
 	}
+	if err := checkToolPatterns(claims.Tools); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
+	}
 	return &Principal{
 		Subject:   claims.Subject,
 		Role:      claims.Role,
 		Agents:    claims.Agents,
 		Runners:   claims.Runners,
+		Tools:     claims.Tools,
 		Sessions:  claims.Sessions,
 		Tenant:    claims.Tenant,
 		ExpiresAt: claims.ExpiresAt.Time,

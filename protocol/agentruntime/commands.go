@@ -119,10 +119,10 @@ func need(v, name string) error {
 func (s *Surface) submitTurn(r *protocol.Request, in *commandInput) (any, error) {
 	id := in.SessionID
 	if _, err := s.session(r.Ctx, r.Principal, auth.ActWrite, id); errors.Is(err, session.ErrNotFound) && in.AgentID != "" {
-		if err := r.Principal.Can(auth.ActWrite, auth.KindSession); err != nil {
-			return nil, err
+		sess, err := protocol.CreateSession(r.Ctx, s.o.Sessions, r.Principal, session.CreateRequest{ID: id, Title: in.Title, AgentID: in.AgentID})
+		if errors.Is(err, auth.ErrHidden) {
+			return nil, session.NotFound(id) // someone else's: as a read of it answers
 		}
-		sess, err := s.o.Sessions.Create(r.Ctx, session.CreateRequest{ID: id, Title: in.Title, AgentID: in.AgentID, Owner: r.Principal.Subject, Tenant: r.Principal.Tenant})
 		if err != nil {
 			return nil, err
 		}

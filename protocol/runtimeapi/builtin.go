@@ -20,6 +20,10 @@ const memoryConsumer = "builtin"
 // that a memory invocation goes through policy and the bridge, and its job
 // survives a restart in the runner's durable outbox (a job taken but not
 // answered when the process stops is delivered again at the next start).
+//
+// The memory tools' names, and the runner's id, are reserved for it first:
+// a job of a memory tool carries another tenant's notes query or note, and
+// must reach no runner but this one. Call Start before the server serves.
 func (s *Surface) Start(log *slog.Logger) {
 	if len(s.memory) == 0 {
 		return
@@ -36,6 +40,7 @@ func (s *Surface) Start(log *slog.Logger) {
 		tools = append(tools, name)
 	}
 	sort.Strings(tools)
+	s.o.Kernel.Reserve(memoryRunner, tools)
 	key := peer.Key{Role: kernel.RoleRunner, ID: memoryRunner, Consumer: memoryConsumer}
 	conn, _ := s.o.Hub.Attach(key, nil, tools...)
 	go func() {

@@ -134,7 +134,7 @@ func (s *Surface) invocationSession(ctx context.Context, p *auth.Principal, name
 		return sess, nil
 	}
 	sess, err := s.newSession(ctx, p, id, "")
-	if errors.Is(err, session.ErrConflict) {
+	if errors.Is(err, session.ErrExists) || errors.Is(err, auth.ErrHidden) {
 		return s.session(ctx, p, auth.ActWrite, id) // a concurrent retry made it
 	}
 	return sess, err
@@ -322,6 +322,25 @@ func summarize(tool *kernel.ToolCall, output json.RawMessage) string {
 	return "completed"
 }
 
+// errExternalRef refuses a reference out of a tool's parameters schema.
+var errExternalRef = errors.New("a tool's parameters may reference only their own document")
+
+// inDocumentOnly is the schema compiler's loader: it refuses every URL, so
+// that "$ref" and "$schema" resolve within the schema the runner sent (and
+// the standard's own meta-schemas, which the library carries), and nowhere
+// else. The library's default loader reads file URLs: a runner's
+// "$ref":"file:///..." read the gateway's files into a schema that then
+// judged, and quoted, people's input, and a file that did not exist
+// answered differently from one that did. Nothing is read, and compile
+// answers every refused reference with errExternalRef alone, not the
+// library's wording of it.
+type inDocumentOnly struct{ refused bool }
+
+func (l *inDocumentOnly) Load(string) (any, error) {
+	l.refused = true
+	return nil, errExternalRef
+}
+
 // schemaCache compiles capability parameter schemas once, by content.
 type schemaCache struct {
 	mu sync.Mutex
@@ -377,10 +396,15 @@ func (c *schemaCache) compile(schema json.RawMessage) (*jsonschema.Schema, error
 		return nil, err
 	}
 	comp := jsonschema.NewCompiler()
+	loader := &inDocumentOnly{}
+	comp.UseLoader(loader)
 	if err := comp.AddResource("tool.json", doc); err != nil {
 		return nil, err
 	}
 	sch, err := comp.Compile("tool.json")
+	if loader.refused {
+		return nil, errExternalRef
+	}
 	if err != nil {
 		return nil, err
 	}

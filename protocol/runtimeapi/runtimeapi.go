@@ -40,6 +40,8 @@ type Kernel interface {
 	ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error
 	Watch(id string) *kernel.Watch
 	RunnerResult(ctx context.Context, runnerID string, req kernel.RunnerResultRequest, meta kernel.Meta) (kernel.After, error)
+	// Reserve makes the memory tools the built-in runner's alone.
+	Reserve(runnerID string, tools []string)
 }
 
 // Hub is what the built-in memory runner needs of the delivery hub: it
@@ -176,6 +178,10 @@ func classify(err error) *apiError {
 	status, code, known := protocol.Status(err)
 	if !known {
 		return &apiError{status, codeInternal, "internal error", nil}
+	}
+	var qerr *session.QuotaError
+	if errors.As(err, &qerr) {
+		return &apiError{status, code, err.Error(), map[string]any{"held": qerr.Held, "max": qerr.Max}}
 	}
 	return &apiError{status, code, err.Error(), nil}
 }
