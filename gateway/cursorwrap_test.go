@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +17,8 @@ const maxCursor = "18446744073709551615"
 
 // TestLargestCursorReplaysNothing: a cursor of 2^64-1 is a position after
 // everything: every stream and page that takes a cursor gives nothing
-// after it (or says the cursor is ahead, for a peer's outbox), and none
-// replays its log from the start.
+// after it (or says the cursor is ahead: a peer's outbox resets, AAP's turn
+// stream refuses it), and none replays its log from the start.
 func TestLargestCursorReplaysNothing(t *testing.T) {
 	a := newAPI(t, start(t, node.Options{}))
 	ag := a.agent("wrap-agent", "c1")
@@ -69,7 +70,11 @@ func TestLargestCursorReplaysNothing(t *testing.T) {
 			a.dialWS("/agent-runtime/sessions/wrap-s/ws?after="+maxCursor, "").quiet(300 * time.Millisecond)
 		}},
 		{"AAP turn stream", func(t *testing.T, a *api) {
-			sseQuiet(t, a, "/aap/v1/session/"+aapSession+"/stream", "Last-Event-ID", maxCursor)
+			// AAP refuses a position its turn never reached.
+			s, status, body := a.trySSE("/aap/v1/session/"+aapSession+"/stream", "Last-Event-ID", maxCursor)
+			if s != nil || status != 400 || !strings.Contains(body, "VALIDATION_ERROR") {
+				t.Fatalf("AAP stream after the largest cursor: %d %s, want 400 VALIDATION_ERROR", status, body)
+			}
 		}},
 		{"runtime API stream", func(t *testing.T, a *api) {
 			for _, last := range []string{maxCursor, maxCursor + ".0"} {
