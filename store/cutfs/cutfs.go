@@ -50,6 +50,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // The child process learns what to serve from its environment.
@@ -80,6 +81,10 @@ type CutOptions struct {
 	Tear bool
 	// Seed picks the tear's boundary.
 	Seed uint64
+	// KeepPageCache makes the cut a crash of the process alone, as kill -9
+	// is: everything written so far is kept, synced or not, shared
+	// mappings included. Tear is then ignored.
+	KeepPageCache bool
 }
 
 // FS is a mounted power-cut file system.
@@ -206,11 +211,16 @@ func (m *FS) Cut(o CutOptions) (CutReport, error) {
 	if m.closed {
 		return CutReport{}, errors.New("cutfs: cut after close")
 	}
-	tear := 0
-	if o.Tear {
-		tear = 1
+	cmd := fmt.Sprintf("cut %d %d", btoi(o.Tear), o.Seed)
+	if o.KeepPageCache {
+		// The kernel holds pages written through shared mappings until it
+		// writes them back: have it hand them to the server first.
+		if err := syncfs(m.dir); err != nil {
+			return CutReport{}, err
+		}
+		cmd = "crash"
 	}
-	line, err := m.command(fmt.Sprintf("cut %d %d", tear, o.Seed), 30*time.Second)
+	line, err := m.command(cmd, 30*time.Second)
 	if err != nil {
 		return CutReport{}, err
 	}
@@ -252,6 +262,26 @@ func (m *FS) Close() error {
 		}
 	}
 	return err
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// syncfs has the kernel write back what it holds for the mount at dir.
+func syncfs(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("cutfs: %w", err)
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("cutfs: syncfs %s: %w", dir, err)
+	}
+	return nil
 }
 
 // command sends one line to the server and returns its answer.
@@ -350,6 +380,14 @@ func serve(backing, mnt string, in io.Reader, out, logw io.Writer) int {
 		}
 		if f[0] == "close" {
 			break
+		}
+		if f[0] == "crash" {
+			if err := m.crash(); err != nil {
+				fmt.Fprintf(out, "err %v\n", err)
+				continue
+			}
+			fmt.Fprintln(out, "ok {}")
+			continue
 		}
 		if f[0] != "cut" || len(f) != 3 {
 			fmt.Fprintf(out, "err cutfs: unknown command %q\n", sc.Text())

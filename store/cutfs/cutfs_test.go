@@ -393,3 +393,26 @@ func TestPowerCutFSMmapWritesNeedMsync(t *testing.T) {
 	dir := f.closeMount()
 	want(t, dir, "mapped", append(bytes.Repeat([]byte("s"), 4096), make([]byte, 3*4096)...))
 }
+
+// TestPowerCutFSKeepPageCacheIsAKill: a cut that keeps the page cache, as
+// kill -9 does, keeps everything written, synced or not: bytes, new
+// names, and pages written through a shared mapping.
+func TestPowerCutFSKeepPageCacheIsAKill(t *testing.T) {
+	f := mount(t)
+	f.create("mapped", make([]byte, 4096), true)
+	f.create("unsynced", []byte("written"), false)
+	w := f.open("mapped", os.O_RDWR)
+	mem, err := unix.Mmap(int(w.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem, bytes.Repeat([]byte("m"), 4096))
+	f.cut(cutfs.CutOptions{KeepPageCache: true})
+	if err := unix.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	dir := f.closeMount()
+	want(t, dir, "unsynced", []byte("written"))
+	want(t, dir, "mapped", bytes.Repeat([]byte("m"), 4096))
+}

@@ -101,6 +101,9 @@ type CutReport struct {
 	TornAt, TornBytes int64
 	// TornFile is the live path of the torn write's file, if known.
 	TornFile string
+	// DurableWrites, Syncs and DirSyncs count the O_SYNC/O_DSYNC writes,
+	// the file syncs and the folder syncs before the cut.
+	DurableWrites, Syncs, DirSyncs uint64
 }
 
 func (m *model) attic() string { return filepath.Join(m.root, stateDir, "attic") }
@@ -497,6 +500,7 @@ func (m *model) freeze(tear bool, seed uint64) CutReport {
 		return r
 	}
 	m.cut = true
+	r.DurableWrites, r.Syncs, r.DirSyncs = m.durableWrites, m.syncs, m.dirSyncs
 	var last *fileState
 	var lastIno uint64
 	for ino, f := range m.files {
@@ -539,6 +543,47 @@ func (m *model) freeze(tear bool, seed uint64) CutReport {
 	r.TornAt, r.TornBytes = w.off, int64(len(data))
 	r.TornFile = m.livePath(lastIno, last)
 	return r
+}
+
+// crash ends the process but spares the page cache, as kill -9 does:
+// everything the server was given is kept, as if synced now.
+func (m *model) crash() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cut {
+		return nil
+	}
+	var walk func(dir string, ino uint64) error
+	walk = func(dir string, ino uint64) error {
+		entries, err := m.snapshot(dir)
+		if err != nil {
+			return err
+		}
+		m.dirs[ino] = entries
+		for name, e := range entries {
+			p := filepath.Join(dir, name)
+			switch e.typ {
+			case syscall.S_IFDIR:
+				if err := walk(p, e.ino); err != nil {
+					return err
+				}
+			case syscall.S_IFREG:
+				var st syscall.Stat_t
+				if err := syscall.Lstat(p, &st); err != nil {
+					return fmt.Errorf("cutfs: %w", err)
+				}
+				f := m.file(e.ino)
+				f.durable, f.undo, f.last = st.Size, nil, nil
+			}
+		}
+		return nil
+	}
+	if err := walk(m.root, m.rootIno); err != nil {
+		return err
+	}
+	m.renames = nil
+	m.cut = true
+	return nil
 }
 
 // livePath finds a path to the live inode: its attic link, else a walk of
