@@ -239,6 +239,9 @@ type Store struct {
 	next      uint64
 	acked     atomic.Uint64
 	applied   atomic.Uint64
+	// batchSynced is, under SyncBatch, the newest version the journal
+	// holds durably: a sync covers every group acknowledged before it.
+	batchSynced atomic.Uint64
 	applyMu   sync.Mutex
 	applyCond *sync.Cond
 	stuck     bool
@@ -363,6 +366,11 @@ func Open(o Options) (*Store, error) {
 	}
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
+	}
+	if !o.InMemory {
+		if err := recoverBadger(bo, log); err != nil {
+			return nil, err
+		}
 	}
 	// Managed mode: the store picks each write's version, so a journal
 	// record replays at the version it was first applied at.
@@ -657,9 +665,11 @@ func (s *Store) commitLoop() {
 				continue
 			}
 			dirty = false
+			at := s.acked.Load()
 			if err := s.journal.sync(); err != nil {
 				s.fail(err)
 			} else {
+				s.batchSynced.Store(at)
 				s.countSync()
 			}
 		case done := <-s.idle:
@@ -1278,6 +1288,14 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 				return s.applied.Load()
 			}
 		}
+		// Badger names a table it writes out in its MANIFEST without
+		// syncing the folder: until the folder is synced, a power cut
+		// takes the table's name (see recoverBadger), and so its writes,
+		// which only the journal then holds.
+		if err := syncDir(s.opts.Dir); err != nil {
+			s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+			return s.applied.Load()
+		}
 		if _, err := s.journal.release(s.releasable(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
 		}
@@ -1331,7 +1349,13 @@ func (s *Store) syncRelease() bool {
 	if err != nil || len(mems) != 1 {
 		return false
 	}
+	// The memory table's log is synced, and the folder, which names it
+	// and the tables written out before it.
 	if err := s.db.Sync(); err != nil {
+		s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+		return false
+	}
+	if err := syncDir(s.opts.Dir); err != nil {
 		s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
 		return false
 	}
