@@ -239,12 +239,12 @@ type Store struct {
 	next      uint64
 	acked     atomic.Uint64
 	applied   atomic.Uint64
-	// batchSynced is, under SyncBatch, the newest version the journal
-	// holds durably: a sync covers every group acknowledged before it.
-	batchSynced atomic.Uint64
 	applyMu   sync.Mutex
 	applyCond *sync.Cond
 	stuck     bool
+	// batchSynced is, under SyncBatch, the newest version the journal
+	// holds durably: a sync covers every group acknowledged before it.
+	batchSynced atomic.Uint64
 	// backlog is the bytes of the groups acknowledged and not yet applied,
 	// under applyMu.
 	backlog int64
