@@ -1049,6 +1049,9 @@ func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 				r.from = ts
 			}
 			r.at = max(r.at, v)
+		case found && v == ts && s.valueLost(txn, o):
+			keep = append(keep, o)
+			continue
 		case found && v == ts, !found && o.del:
 		default:
 			keep = append(keep, o)
@@ -1061,6 +1064,26 @@ func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 		return nil
 	}
 	return s.apply(ts, keep)
+}
+
+// valueLost reports whether Badger, holding o's key at o's version, lost
+// its value: a value of valueThreshold bytes or more lives in the value
+// log, which only a checkpoint syncs, while the table that points into it
+// may have been synced, and named, before. A power cut in between leaves
+// the pointer and not the value, which reads back empty; the journal's
+// copy is then written again, at the same version, where reads find it
+// first.
+func (s *Store) valueLost(txn *badger.Txn, o op) bool {
+	if o.del || int64(len(o.val)) < s.valueThreshold {
+		return false
+	}
+	item, err := txn.Get(o.key)
+	if err != nil {
+		return true
+	}
+	same := false
+	err = item.Value(func(v []byte) error { same = bytes.Equal(v, o.val); return nil })
+	return err != nil || !same
 }
 
 // latestVersion returns the newest version Badger has of key, a deletion

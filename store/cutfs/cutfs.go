@@ -50,7 +50,6 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
 )
 
 // The child process learns what to serve from its environment.
@@ -215,7 +214,7 @@ func (m *FS) Cut(o CutOptions) (CutReport, error) {
 	if o.KeepPageCache {
 		// The kernel holds pages written through shared mappings until it
 		// writes them back: have it hand them to the server first.
-		if err := syncfs(m.dir); err != nil {
+		if err := flushAll(m.dir); err != nil {
 			return CutReport{}, err
 		}
 		cmd = "crash"
@@ -271,17 +270,26 @@ func btoi(b bool) int {
 	return 0
 }
 
-// syncfs has the kernel write back what it holds for the mount at dir.
-func syncfs(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cutfs: %w", err)
-	}
-	defer d.Close()
-	if err := unix.Syncfs(int(d.Fd())); err != nil {
-		return fmt.Errorf("cutfs: syncfs %s: %w", dir, err)
-	}
-	return nil
+// flushAll has the kernel hand the server every page it holds for a
+// file of the mount at dir, and waits until the server has them: an fsync
+// of each file, which waits for the writes in flight, where syncfs(2)
+// does not for FUSE. The fsyncs make the files durable in the model too,
+// as the crash that follows does anyway.
+func flushAll(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil // gone meanwhile, or not a file: nothing to flush
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return nil
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("cutfs: flush %s: %w", p, err)
+		}
+		return nil
+	})
 }
 
 // command sends one line to the server and returns its answer.
