@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -35,6 +36,7 @@ type cutLedger struct {
 	execs   map[string]int    // execution -> signals acknowledged
 	notes   map[string]string // line -> note path
 	session map[string]bool   // runtime API sessions of acknowledged appends
+	turns   map[string]string // AAP session -> the user's words of its answered turn
 }
 
 // record runs fn under the ledger's lock unless the cut has begun.
@@ -49,7 +51,7 @@ func (l *cutLedger) record(fn func()) {
 func (l *cutLedger) size() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.execs) + len(l.notes)
+	return len(l.execs) + len(l.notes) + len(l.turns)
 }
 
 // cutFigures are a run's counts.
@@ -75,7 +77,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	backing := t.TempDir()
 	addr := freeAddr(t)
-	ledger := &cutLedger{execs: map[string]int{}, notes: map[string]string{}, session: map[string]bool{}}
+	ledger := &cutLedger{execs: map[string]int{}, notes: map[string]string{}, session: map[string]bool{}, turns: map[string]string{}}
 	var fig cutFigures
 	client := &http.Client{Timeout: 10 * time.Second}
 	for cycle := range cycles {
@@ -111,8 +113,8 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	c.stop()
 
 	slices.Sort(fig.restarts)
-	t.Logf("%d cuts: %d executions (%d signals) and %d memory appends acknowledged; %d lost, %d corrupted, 0 failed starts; restart p50 %v, max %v",
-		fig.cycles, len(ledger.execs), fig.signals, len(ledger.notes), fig.lost, fig.corrupted,
+	t.Logf("%d cuts: %d executions (%d signals), %d memory appends and %d AAP turns acknowledged; %d lost, %d corrupted, 0 failed starts; restart p50 %v, max %v",
+		fig.cycles, len(ledger.execs), fig.signals, len(ledger.notes), len(ledger.turns), fig.lost, fig.corrupted,
 		fig.restarts[len(fig.restarts)/2].Round(time.Millisecond), fig.restarts[len(fig.restarts)-1].Round(time.Millisecond))
 	if fig.lost > 0 || fig.corrupted > 0 {
 		t.Errorf("%d acknowledged writes lost, %d corrupted", fig.lost, fig.corrupted)
@@ -120,13 +122,31 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 }
 
 // loadAndCut loads the gateway c, on mount m, with executions and their
-// signals and with memory appends, cuts the power at a random moment,
-// and kills the process.
+// signals, memory appends, and AAP turns answered by the example agent,
+// cuts the power at a random moment, and kills the process.
 func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cutLedger, cycle int, rng *rand.Rand) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
+	})
+	waitAgentOnline(t, client, c.base)
+	for w := range 2 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				words := fmt.Sprintf("hello c%d-w%d-%d", cycle, w, i)
+				status, out, err := send(ctx, client, http.MethodPut, c.base+"/aap/v1/session", map[string]any{
+					"agent": map[string]any{"name": "example"}, "messages": []any{map[string]any{"role": "user", "content": words}}})
+				if err != nil || status != 201 {
+					continue
+				}
+				id, _ := out["sessionId"].(string)
+				l.record(func() { l.turns[id] = words })
+			}
+		})
+	}
 	for w := range 4 {
 		wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
@@ -179,6 +199,25 @@ func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cut
 	_ = c.cmd.Wait()
 	cancel()
 	wg.Wait()
+}
+
+// waitAgentOnline waits for the example agent to be online on the gateway
+// at base.
+func waitAgentOnline(t *testing.T, client *http.Client, base string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := client.Get(base + "/aap/v1/meta")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), `"online":true`) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the example agent did not come online")
+		}
+	}
 }
 
 // checkLedger checks that every acknowledged write is there, counting
@@ -247,6 +286,29 @@ func checkLedger(t *testing.T, client *http.Client, base string, l *cutLedger, f
 		if !strings.Contains(paths[p], "\n"+line+"\n") {
 			fig.lost++
 			t.Errorf("acknowledged append %q to %s is gone", line, p)
+		}
+	}
+	for id, words := range l.turns {
+		resp, err := client.Get(base + "/aap/v1/session/" + id + "?history=full")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), words) || !strings.Contains(string(body), `"role":"assistant"`) {
+			fig.lost++
+			t.Errorf("AAP session %s, its turn answered: %d %.300s", id, resp.StatusCode, body)
+			continue
+		}
+		resp, err = client.Get(base + "/agent-runtime/sessions/" + id + "/events?limit=1000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"turn.completed"`) {
+			fig.lost++
+			t.Errorf("AAP session %s: its events lack turn.completed: %d %.300s", id, resp.StatusCode, body)
 		}
 	}
 	for sess := range l.session {
