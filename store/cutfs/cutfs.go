@@ -42,6 +42,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -242,6 +243,10 @@ func (m *FS) Close() error {
 		return nil
 	}
 	m.closed = true
+	// A file the code under test dropped without closing it stays open,
+	// and the mount busy, until its finalizer runs; a process that ends
+	// would close it.
+	runtime.GC()
 	_, err := m.command("close", 2*time.Minute)
 	if err != nil {
 		m.abandon()
@@ -425,7 +430,7 @@ func unmount(server *fuse.Server, mnt string, logw io.Writer) error {
 	if err := server.Unmount(); err == nil {
 		return nil
 	} else {
-		fmt.Fprintf(logw, "cutfs: unmount %s: %v; detaching it\n", mnt, err)
+		fmt.Fprintf(logw, "cutfs: unmount %s: %v; detaching it; in use by %s\n", mnt, err, holders(mnt))
 	}
 	if err := syscall.Unmount(mnt, syscall.MNT_DETACH); err != nil {
 		return fmt.Errorf("cutfs: detach %s: %w", mnt, err)
@@ -438,6 +443,37 @@ func unmount(server *fuse.Server, mnt string, logw io.Writer) error {
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("cutfs: %s is still in use 30s after it was detached", mnt)
 	}
+}
+
+// holders names the processes that hold files of the mount at mnt open
+// or mapped, and the first such file of each, for the log of a mount
+// that will not go.
+func holders(mnt string) string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, proc := range procs {
+		var held []string
+		fds, _ := filepath.Glob(proc + "/fd/*")
+		for _, fd := range fds {
+			if p, err := os.Readlink(fd); err == nil && (p == mnt || strings.HasPrefix(p, mnt+"/")) {
+				held = append(held, "fd "+p)
+			}
+		}
+		if maps, err := os.ReadFile(proc + "/maps"); err == nil {
+			for _, line := range strings.Split(string(maps), "\n") {
+				if i := strings.Index(line, mnt+"/"); i >= 0 {
+					held = append(held, "map "+line[i:])
+				}
+			}
+		}
+		if len(held) > 0 {
+			out = append(out, fmt.Sprintf("pid %s (%d files, %s)", filepath.Base(proc), len(held), held[0]))
+		}
+	}
+	if len(out) == 0 {
+		return "no process"
+	}
+	return strings.Join(out, "; ")
 }
 
 // lockedBuffer keeps what the server logs, for errors, and passes it on.
