@@ -131,6 +131,12 @@ func TestPowerCutFSKeepsSyncedDataAndLosesTheRest(t *testing.T) {
 	if _, err := w.WriteAt([]byte("O"), 0); err != nil {
 		t.Fatal(err)
 	}
+	// Through a descriptor opened for writing only, too.
+	wo := f.open("synced", os.O_WRONLY)
+	if _, err := wo.WriteAt([]byte("N"), 1); err != nil {
+		t.Fatal(err)
+	}
+	wo.Close()
 	d := f.open("datasynced", os.O_RDWR)
 	if _, err := d.Write([]byte("kept")); err != nil {
 		t.Fatal(err)
@@ -141,7 +147,7 @@ func TestPowerCutFSKeepsSyncedDataAndLosesTheRest(t *testing.T) {
 	if _, err := d.Write([]byte(" lost")); err != nil {
 		t.Fatal(err)
 	}
-	if live, _ := os.ReadFile(f.path("synced")); string(live) != "Onetwo" {
+	if live, _ := os.ReadFile(f.path("synced")); string(live) != "ONetwo" {
 		t.Fatalf("the mount reads %q before the cut, want the live bytes", live)
 	}
 	f.cut(cutfs.CutOptions{})

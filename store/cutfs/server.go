@@ -52,15 +52,22 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	return n.LoopbackNode.Lookup(ctx, name, out)
 }
 
-// syncFlags are the open flags whose promise the model keeps; noDirect
-// drops the ones the backing file is not opened with.
-const (
-	syncFlags = unix.O_DSYNC // O_SYNC includes it
-	noDirect  = ^uint32(unix.O_DIRECT | unix.O_SYNC | unix.O_DSYNC | unix.O_TRUNC)
-)
+// syncFlags are the open flags whose promise the model keeps.
+const syncFlags = unix.O_DSYNC // O_SYNC includes it
+
+// backingFlags are the flags to open the backing file with: without the
+// ones the model keeps or does itself (truncation), and readable, since
+// the model reads the durable bytes a write is about to replace.
+func backingFlags(flags uint32) uint32 {
+	flags &^= unix.O_DIRECT | unix.O_SYNC | unix.O_DSYNC | unix.O_TRUNC
+	if flags&unix.O_ACCMODE == unix.O_WRONLY {
+		flags = flags&^unix.O_ACCMODE | unix.O_RDWR
+	}
+	return flags
+}
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	fh, ff, errno := n.LoopbackNode.Open(ctx, flags&noDirect)
+	fh, ff, errno := n.LoopbackNode.Open(ctx, backingFlags(flags))
 	if errno != 0 {
 		return nil, 0, errno
 	}
@@ -72,7 +79,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if n.hidden(name) {
 		return nil, nil, 0, syscall.EPERM
 	}
-	ch, fh, ff, errno := n.LoopbackNode.Create(ctx, name, flags&noDirect, mode, out)
+	ch, fh, ff, errno := n.LoopbackNode.Create(ctx, name, backingFlags(flags), mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
