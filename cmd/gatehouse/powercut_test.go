@@ -25,7 +25,9 @@ import (
 // random moment, kill what is left of the process, and start it again on
 // what the disk holds. Every write acknowledged before the cut must be
 // there, and the folder must open every time. A few cycles run in the
-// suite; GATEHOUSE_POWERCUT_CYCLES=100 runs more and logs the figures.
+// suite; GATEHOUSE_POWERCUT_CYCLES=100 runs more and logs the figures, and
+// GATEHOUSE_POWERCUT_PRELOAD=10000 stores that many executions first, for
+// the restart time of a fuller folder.
 
 // cutLedger is what the gateway acknowledged before a cut began; acks
 // that come once it has begun (from the process running on, a ghost) are
@@ -80,6 +82,9 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	ledger := &cutLedger{execs: map[string]int{}, notes: map[string]string{}, session: map[string]bool{}, turns: map[string]string{}}
 	var fig cutFigures
 	client := &http.Client{Timeout: 10 * time.Second}
+	if n, err := strconv.Atoi(os.Getenv("GATEHOUSE_POWERCUT_PRELOAD")); err == nil && n > 0 {
+		preload(t, client, backing, addr, ledger, n)
+	}
 	for cycle := range cycles {
 		m := cutfs.MountForTest(t, backing, cutfs.Options{})
 		c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
@@ -119,6 +124,48 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	if fig.lost > 0 || fig.corrupted > 0 {
 		t.Errorf("%d acknowledged writes lost, %d corrupted", fig.lost, fig.corrupted)
 	}
+}
+
+// preload stores n executions in the folder backing, through a gateway on
+// a power-cut file system closed cleanly after, and records them.
+func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedger, n int) {
+	t.Helper()
+	m := cutfs.MountForTest(t, backing, cutfs.Options{})
+	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+	c.start(t)
+	began := time.Now()
+	var wg sync.WaitGroup
+	var next sync.Mutex
+	i := 0
+	for w := range 8 {
+		wg.Go(func() {
+			for {
+				next.Lock()
+				i++
+				mine := i
+				next.Unlock()
+				if mine > n {
+					return
+				}
+				status, ex, err := post(context.Background(), client, c.base+"/v0/executions", map[string]any{"agent_id": fmt.Sprintf("pre-%d", w), "input": mine})
+				if err != nil || status != 201 {
+					t.Errorf("preload %d: %d %v", mine, status, err)
+					return
+				}
+				id, _ := ex["id"].(string)
+				l.record(func() { l.execs[id] = 0 })
+			}
+		})
+	}
+	wg.Wait()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("preloaded %d executions in %v", n, time.Since(began).Round(time.Second))
 }
 
 // loadAndCut loads the gateway c, on mount m, with executions and their
