@@ -14,7 +14,16 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 )
+
+// TestMain lets the test binary serve the power-cut file systems the
+// tests mount (see cutfs.Main).
+func TestMain(m *testing.M) {
+	cutfs.Main()
+	os.Exit(m.Run())
+}
 
 // open opens a store in dir that syncs as mode says.
 func open(t *testing.T, dir string, mode SyncMode) *Store {
