@@ -34,7 +34,7 @@ type Options struct {
 
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
-	Memory memory.Options  // Store and Logger are filled in
+	Memory memory.Options  // Store and Logger are filled in, LegacyOwner when empty (auth's sole subject)
 
 	OutboxLimit     int           // see peer.Options
 	OutboxRetention time.Duration // see peer.Options
