@@ -101,6 +101,7 @@ func suite() []check {
 		def("runtime/capabilities", "seed000/003 Capabilities; runtime-api-facts §1 (memory tool names)", "GET /runtime/v1/capabilities lists both memory tool sets as kind memory with an object schema", checkRuntimeCapabilities),
 		def("runtime/accounts", "seed000 Capabilities (409 listing the accounts); runtime-api-facts §2", "a tool on two accounts is 409 listing them without connectedAccountId, 400 for an unknown one, and runs on the named one's runner", checkRuntimeAccounts),
 		def("runtime/memory", "seed000/003 Memory; runtime-api-facts §2 (memory tool I/O)", "memory_search finds nothing, save_memory_note saves, memory_search finds it ranked with a snippet; a path with .. is 400", checkRuntimeMemory),
+		def("runtime/notes-isolated", "seed000/003 Memory; runtime-api-facts §2 (notes are scoped); issue 27 §2", "another client's note answers as an unknown one: its read fails word for word alike, search and listing do not show it", checkRuntimeNotesIsolated),
 		def("runtime/stream", "seed000/003 Event stream; runtime-api-facts §2", "a finished execution's stream replays session, run_status, tool_use, tool_result, run_status, done with ids, then ends; Last-Event-ID resumes after any of them", checkRuntimeStream),
 		def("runtime/sessions", "seed000/003 Sessions; runtime-api-facts §2", "a session has the seeds' fields and defaults, lists its executions, and refuses invocations once archived (409)", checkRuntimeSessions),
 		// The Agent Application Protocol v1 (seed 002) under /aap/v1.

@@ -131,7 +131,12 @@ func (n *Node) build(ctx context.Context) error {
 	if err := sessions.Start(ctx, k); err != nil {
 		return err
 	}
-	notes, err := memory.Open(ctx, memory.Options{Store: st})
+	mo := o.Memory
+	mo.Store, mo.Logger = st, o.Logger
+	if mo.LegacyOwner == "" {
+		mo.LegacyOwner = authn.SoleSubject()
+	}
+	notes, err := memory.Open(ctx, mo)
 	if err != nil {
 		return err
 	}

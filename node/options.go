@@ -11,6 +11,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -41,6 +42,7 @@ type Options struct {
 
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
+	Memory memory.Options  // Store and Logger are filled in, LegacyOwner when empty (auth's sole subject)
 
 	OutboxLimit     int           // see peer.Options
 	OutboxRetention time.Duration // see peer.Options
@@ -80,9 +82,9 @@ type Options struct {
 }
 
 // Defaults returns the Options `gatehouse serve` starts from: every value
-// Open gives a zero field, the kernel's, the server's and the peer hub's
-// included, and the data folder serve uses unless told (Open itself
-// fills no Data). Fields whose default follows from others (the server's
+// Open gives a zero field, the kernel's, the server's, the memory's and
+// the peer hub's included, and the data folder serve uses unless told
+// (Open itself fills no Data). Fields whose default follows from others (the server's
 // MaxFrameBytes and ConnectBurst, the store's disk marks) and fields with
 // no default stay zero.
 func Defaults() Options {
@@ -94,6 +96,7 @@ func Defaults() Options {
 		Auth:              auth.Options{Leeway: auth.DefaultLeeway},
 		Kernel:            kernel.Defaults(),
 		Server:            gateway.Defaults(),
+		Memory:            memory.Defaults(),
 		OutboxLimit:       peers.OutboxLimit,
 		OutboxRetention:   peers.Retention,
 		PeerRetention:     peers.ConsumerRetention,

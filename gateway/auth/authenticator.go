@@ -251,6 +251,25 @@ func New(o Options) (*Authenticator, error) {
 // request is the local admin.
 func (a *Authenticator) Open() bool { return a.open }
 
+// The subjects of the admins the configuration makes.
+const (
+	openSubject   = "local"
+	staticSubject = "static"
+)
+
+// SoleSubject is the subject every caller has when the credentials make
+// only one principal: "local" in open mode, "static" with a static token
+// and no JWT keys. It is empty when JWTs may name several.
+func (a *Authenticator) SoleSubject() string {
+	switch {
+	case a.open:
+		return openSubject
+	case a.hasStatic && !a.hasJWT:
+		return staticSubject
+	}
+	return ""
+}
+
 // Authenticate checks the raw Authorization header value at time now. In
 // open mode the header is ignored. Otherwise it must be exactly
 // "Bearer <token>" — scheme case-sensitive, one space, a non-empty token of
@@ -260,7 +279,7 @@ func (a *Authenticator) Open() bool { return a.open }
 // kid every key of the token's method is tried.
 func (a *Authenticator) Authenticate(authorization []byte, now time.Time) (*Principal, error) {
 	if a.open {
-		return &Principal{Subject: "local", Role: RoleAdmin}, nil
+		return &Principal{Subject: openSubject, Role: RoleAdmin}, nil
 	}
 	token, err := bearer(authorization)
 	if err != nil {
@@ -269,7 +288,7 @@ func (a *Authenticator) Authenticate(authorization []byte, now time.Time) (*Prin
 	if a.hasStatic {
 		sum := sha256.Sum256(token)
 		if subtle.ConstantTimeCompare(sum[:], a.staticSum[:]) == 1 {
-			return &Principal{Subject: "static", Role: RoleAdmin}, nil
+			return &Principal{Subject: staticSubject, Role: RoleAdmin}, nil
 		}
 	}
 	if !a.hasJWT {

@@ -55,12 +55,15 @@ type Hub interface {
 type Memory interface {
 	// Tools describes the memory tools of both of the seeds' name sets.
 	Tools() []memory.Tool
-	// Check validates a call's input (its path, say) before it is run.
-	Check(name string, input json.RawMessage) error
-	// Call runs memory tool name for tenant on input and returns its
+	// Check validates a call of owner before it is run: its input (a path,
+	// say) and, for a write, the room its quotas leave.
+	Check(ctx context.Context, owner memory.Owner, name string, input json.RawMessage) error
+	// Call runs memory tool name for owner on input and returns its
 	// output. Errors that are the caller's (a version conflict, a missing
 	// note) fail the invocation with their message.
-	Call(ctx context.Context, tenant, name string, input json.RawMessage) (json.RawMessage, error)
+	Call(ctx context.Context, owner memory.Owner, name string, input json.RawMessage) (json.RawMessage, error)
+	// Capacity is how many calls Call holds at once, waiting or running.
+	Capacity() int
 }
 
 // Options configure the surface. Kernel and Sessions are required; without
@@ -127,6 +130,7 @@ const (
 	codeArchived        = "SESSION_ARCHIVED"
 	codeInvalidInput    = "INVALID_INPUT"
 	codeTooLarge        = "PAYLOAD_TOO_LARGE"
+	codeQuota           = "QUOTA_EXCEEDED"
 	codeInternal        = "INTERNAL_ERROR"
 )
 
@@ -162,7 +166,8 @@ func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	for k, v := range ae.details {
 		details[k] = v
 	}
-	if ae.status == fasthttp.StatusInsufficientStorage {
+	// A full disk is passing; a quota is not.
+	if ae.status == fasthttp.StatusInsufficientStorage && ae.code != codeQuota {
 		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 	}
 	writeJSON(ctx, ae.status, map[string]any{"error": protocol.Sentence(ae.msg), "details": details})
