@@ -34,6 +34,7 @@ func (a *api) metric(series string) float64 {
 // connect once and vanish are forgotten after the retention: by the kernel,
 // by the delivery hub and by the channel registry.
 func TestVanishedPeersAreCollected(t *testing.T) {
+	t.Parallel()
 	s := start(t, node.Options{PeerRetention: 300 * time.Millisecond})
 	a := newAPI(t, s)
 	const agents, runners, tabs = 150, 150, 40

@@ -82,6 +82,7 @@ func head(t *testing.T, data []byte) string {
 // whole, and the stream ends after the terminal one. The replay used to
 // stop after 2 MB, the limit of two byte-bounded batches.
 func TestReplayDeliversEverythingToTheEnd(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t, start(t, node.Options{}))
 	id, want := bigExecution(t, a, 5, 480<<10)
 	if len(want) < 17 || !strings.Contains(head(t, want[len(want)-1]), "execution.completed") {
@@ -175,6 +176,7 @@ func TestReplayDeliversEverythingToTheEnd(t *testing.T) {
 // verifies. A direct execution with 900 KB of arguments and of result
 // reaches the Runtime API's done.
 func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
+	t.Parallel()
 	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ws := a.dialWS("/v0/agents/ws?agent_id=big-agent&consumer_id=c1", gateway.SubprotocolJSON)

@@ -173,6 +173,7 @@ func TestFullStoreDoesNotSpin(t *testing.T) {
 // size of an empty one: the store compacts what was deleted away, and the
 // idle journal lets its segments go.
 func TestRetentionGivesSpaceBack(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := start(t, node.Options{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
 	a := newAPI(t, s)
