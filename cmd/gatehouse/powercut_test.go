@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,7 +88,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	}
 	for cycle := range cycles {
 		m := cutfs.MountForTest(t, backing, cutfs.Options{})
-		c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+		c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
 		began := time.Now()
 		c.start(t) // a folder that does not open fails here
 		if cycle > 0 {
@@ -104,13 +105,16 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 		ledger.mu.Unlock()
 		loadAndCut(t, client, c, m, ledger, cycle, rng)
 		fig.cycles++
+		if cycle%10 == 9 {
+			t.Logf("%d cuts: %s", cycle+1, folderFigures(backing))
+		}
 		if err := m.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The folder after the last cut opens, with everything.
 	m := cutfs.MountForTest(t, backing, cutfs.Options{})
-	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
 	began := time.Now()
 	c.start(t)
 	fig.restarts = append(fig.restarts, time.Since(began))
@@ -131,7 +135,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedger, n int) {
 	t.Helper()
 	m := cutfs.MountForTest(t, backing, cutfs.Options{})
-	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
 	c.start(t)
 	began := time.Now()
 	var wg sync.WaitGroup
@@ -248,6 +252,23 @@ func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cut
 	_ = c.cmd.Wait()
 	cancel()
 	wg.Wait()
+}
+
+// folderFigures sums up the data folder dir: its bytes, and the journal's
+// segments.
+func folderFigures(dir string) string {
+	var total int64
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				total += fi.Size()
+			}
+		}
+		return nil
+	})
+	segs, _ := filepath.Glob(filepath.Join(dir, "journal", "*"))
+	tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+	return fmt.Sprintf("the folder holds %.1f MiB, %d journal files, %d tables", float64(total)/(1<<20), len(segs), len(tables))
 }
 
 // waitAgentOnline waits for the example agent to be online on the gateway
