@@ -52,9 +52,14 @@ func (l *cutLedger) record(fn func()) {
 }
 
 func (l *cutLedger) size() int {
+	return l.count(func() int { return len(l.execs) + len(l.notes) + len(l.turns) })
+}
+
+// count returns what n counts, under the ledger's lock.
+func (l *cutLedger) count(n func() int) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.execs) + len(l.notes) + len(l.turns)
+	return n()
 }
 
 // cutFigures are a run's counts.
@@ -177,6 +182,8 @@ func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedg
 // cuts the power at a random moment, and kills the process.
 func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cutLedger, cycle int, rng *rand.Rand) {
 	t.Helper()
+	// The connections kept alive to the last process are dead.
+	client.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -232,10 +239,17 @@ func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cut
 			}
 		})
 	}
-	// A random moment: after some acknowledged writes, or some time.
+	// A random moment: after some acknowledged writes, or some time, and
+	// once a turn was answered (a turn takes a few hundred milliseconds),
+	// or at the latest after 10 s.
 	want := l.size() + 5 + rng.IntN(80)
-	deadline := time.Now().Add(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
-	for l.size() < want && time.Now().Before(deadline) {
+	soon := time.Now().Add(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
+	latest := time.Now().Add(10 * time.Second)
+	turns := l.count(func() int { return len(l.turns) })
+	for time.Now().Before(latest) {
+		if (l.size() >= want || time.Now().After(soon)) && l.count(func() int { return len(l.turns) }) > turns {
+			break
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	l.mu.Lock()
