@@ -348,6 +348,30 @@ func TestPowerCutFSKeepsLargeValues(t *testing.T) {
 	}
 }
 
+// TestPowerCutFSCrashLoopKeepsTheJournalSmall: a store cut off again and
+// again, each time before Badger writes a table, keeps a few journal
+// segments, not one more per start, and every write.
+func TestPowerCutFSCrashLoopKeepsTheJournalSmall(t *testing.T) {
+	dir := t.TempDir()
+	seq := uint64(0)
+	for range 8 {
+		m := cutfs.MountForTest(t, dir, cutfs.Options{})
+		// Never idle long enough to settle the journal by itself.
+		s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
+		eventually.True(t, "the journal keeps a few segments", func() bool { return s.journal.pending() <= maxRecycled+1 })
+		for range 20 {
+			seq++
+			write(t, s, func(b *Batch) { b.Append("ev", seq, bytes.Repeat([]byte{1}, 2000)) })
+		}
+		dir = powerCut(t, m, s, cutfs.CutOptions{})
+	}
+	r := openWith(t, Options{Dir: dir})
+	defer r.Close()
+	if got, err := r.Read("ev", 0, 0); err != nil || uint64(len(got)) != seq {
+		t.Fatalf("%d of %d entries after the cuts (%v)", len(got), seq, err)
+	}
+}
+
 // TestPowerCutFSIdleJournalLetsGo: once writes stop, the journal moves to one small
 // segment and lets go of the others, and of those kept for reuse: Badger
 // syncs its memory table's log, which then holds what its tables do not.

@@ -1198,6 +1198,14 @@ func (s *Store) checkpointLoop() {
 		guarded.Wait()
 		close(s.checkpointed)
 	}()
+	// A start after a crash keeps every segment the journal held and
+	// begins one more, and a gateway that crashes again before Badger
+	// writes a table out (its memory table, refilled by the replay, is
+	// lost each time) piles them up, one per start, until its disk is
+	// full. Past a few, the start settles the journal as an idle one does.
+	if s.journal != nil && s.journal.pending() > maxRecycled {
+		s.settleIdle()
+	}
 	ticker := time.NewTicker(checkpointInterval)
 	defer ticker.Stop()
 	discard := s.applied.Load()

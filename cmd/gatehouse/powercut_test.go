@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,9 +52,14 @@ func (l *cutLedger) record(fn func()) {
 }
 
 func (l *cutLedger) size() int {
+	return l.count(func() int { return len(l.execs) + len(l.notes) + len(l.turns) })
+}
+
+// count returns what n counts, under the ledger's lock.
+func (l *cutLedger) count(n func() int) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.execs) + len(l.notes) + len(l.turns)
+	return n()
 }
 
 // cutFigures are a run's counts.
@@ -87,7 +93,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	}
 	for cycle := range cycles {
 		m := cutfs.MountForTest(t, backing, cutfs.Options{})
-		c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+		c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
 		began := time.Now()
 		c.start(t) // a folder that does not open fails here
 		if cycle > 0 {
@@ -104,13 +110,16 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 		ledger.mu.Unlock()
 		loadAndCut(t, client, c, m, ledger, cycle, rng)
 		fig.cycles++
+		if cycle%10 == 9 {
+			t.Logf("%d cuts: %s", cycle+1, folderFigures(backing))
+		}
 		if err := m.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The folder after the last cut opens, with everything.
 	m := cutfs.MountForTest(t, backing, cutfs.Options{})
-	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
 	began := time.Now()
 	c.start(t)
 	fig.restarts = append(fig.restarts, time.Since(began))
@@ -131,7 +140,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedger, n int) {
 	t.Helper()
 	m := cutfs.MountForTest(t, backing, cutfs.Options{})
-	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "64MiB")
+	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
 	c.start(t)
 	began := time.Now()
 	var wg sync.WaitGroup
@@ -173,6 +182,8 @@ func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedg
 // cuts the power at a random moment, and kills the process.
 func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cutLedger, cycle int, rng *rand.Rand) {
 	t.Helper()
+	// The connections kept alive to the last process are dead.
+	client.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -228,10 +239,17 @@ func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cut
 			}
 		})
 	}
-	// A random moment: after some acknowledged writes, or some time.
+	// A random moment: after some acknowledged writes, or some time, and
+	// once a turn was answered (a turn takes a few hundred milliseconds),
+	// or at the latest after 10 s.
 	want := l.size() + 5 + rng.IntN(80)
-	deadline := time.Now().Add(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
-	for l.size() < want && time.Now().Before(deadline) {
+	soon := time.Now().Add(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
+	latest := time.Now().Add(10 * time.Second)
+	turns := l.count(func() int { return len(l.turns) })
+	for time.Now().Before(latest) {
+		if (l.size() >= want || time.Now().After(soon)) && l.count(func() int { return len(l.turns) }) > turns {
+			break
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	l.mu.Lock()
@@ -248,6 +266,25 @@ func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cut
 	_ = c.cmd.Wait()
 	cancel()
 	wg.Wait()
+}
+
+// folderFigures sums up the data folder dir: the bytes it takes on disk,
+// and the journal's segments.
+func folderFigures(dir string) string {
+	var total int64
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					total += st.Blocks * 512 // allocated: Badger's logs are sparse
+				}
+			}
+		}
+		return nil
+	})
+	segs, _ := filepath.Glob(filepath.Join(dir, "journal", "*"))
+	tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+	return fmt.Sprintf("the folder holds %.1f MiB, %d journal files, %d tables", float64(total)/(1<<20), len(segs), len(tables))
 }
 
 // waitAgentOnline waits for the example agent to be online on the gateway

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // The model: the backing folder holds what the page cache would show, the
@@ -709,10 +711,16 @@ func restore(p string, f *fileState) error {
 		if off >= f.durable {
 			continue
 		}
+		n := min(pageSize, f.durable-off)
 		if data == nil {
+			// A hole reads as zeros and takes no space: a file the disk
+			// holds sparse (a log sized and never filled) stays so.
+			if unix.Fallocate(int(w.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n) == nil {
+				continue
+			}
 			data = zeros
 		}
-		if _, err := w.WriteAt(data[:min(pageSize, f.durable-off)], off); err != nil {
+		if _, err := w.WriteAt(data[:n], off); err != nil {
 			return fmt.Errorf("cutfs: %w", err)
 		}
 	}
