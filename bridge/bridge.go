@@ -66,7 +66,10 @@ type Record struct {
 type Notifier interface {
 	// Prompt forwards a new pending prompt.
 	Prompt(r Record)
-	// Retract tells the channels that a prompt was settled (they remove it).
+	// Retract tells the channels that a prompt was settled (they remove
+	// it) and, for a settlement by a person's answer, where the answer came
+	// back from (r.DecidedBy): it is called once per settled record,
+	// whichever door the answer came through.
 	Retract(r Record)
 }
 

@@ -219,6 +219,22 @@ func TestAdapterShowsEveryCardAndEditsThemOnResolution(t *testing.T) {
 	if n := p.sends("room3"); n != 0 {
 		t.Fatalf("bob's room got %d cards of alice's prompt", n)
 	}
+	raw, _, err := s.Node.Channels.Events("alice", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	returned := 0
+	for _, ev := range raw {
+		if strings.Contains(string(ev), `"channel.permission_returned"`) {
+			returned++
+			if !strings.Contains(string(ev), `"channel_id":"fake","native_peer_id":"U1"`) {
+				t.Fatalf("permission_returned: %s", ev)
+			}
+		}
+	}
+	if returned != 1 {
+		t.Fatalf("%d channel.permission_returned events, want 1", returned)
+	}
 	st := s.Node.Channels.Stats()
 	if st.Counted("fake", channel.StatAnswers, "won") != 1 || st.Counted("fake", channel.StatAnswers, "recorded") != 1 ||
 		st.Counted("fake", channel.StatSent, "") != 2 {

@@ -284,7 +284,7 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, user, principal, a
 	if err != nil {
 		return bridge.Record{}, false, err
 	}
-	r.Returned(rec.Owner, adapter, dest, actionID, decision)
+	// Its channel.permission_returned is logged with the retraction.
 	r.count(adapter, StatAnswers, "won")
 	return cur, true, nil
 }

@@ -84,7 +84,7 @@ const (
 )
 
 // writeTimeout bounds the wait to queue a write for calls that have no
-// context of their own (the bridge.Notifier methods, Disconnected, Returned).
+// context of their own (the bridge.Notifier methods, Disconnected).
 const writeTimeout = 10 * time.Second
 
 const kindChannel = "channel"
@@ -163,7 +163,8 @@ type Channel struct {
 	PeerID string `json:"native_peer_id"`
 	// Kind is KindNative, KindWebhook or KindAdapter.
 	Kind string `json:"kind"`
-	// URL is a webhook's URL, with any password redacted.
+	// URL is a webhook's origin: the scheme and host of its URL, nothing
+	// else (see origin).
 	URL string `json:"url,omitempty"`
 	// CreatedAt is when the channel was first registered.
 	CreatedAt time.Time `json:"created_at"`
@@ -190,18 +191,19 @@ func (rc *record) key() peer.Key { return Key(rc.ChannelID, rc.PeerID) }
 
 func (rc *record) channel() Channel {
 	return Channel{Owner: rc.Owner, ChannelID: rc.ChannelID, PeerID: rc.PeerID, Kind: rc.Kind,
-		URL: redact(rc.URL), CreatedAt: rc.CreatedAt, LastSeen: rc.LastSeen}
+		URL: origin(rc.URL), CreatedAt: rc.CreatedAt, LastSeen: rc.LastSeen}
 }
 
-func redact(s string) string {
-	if s == "" {
+// origin is all that is ever shown of a webhook's URL, in logs, events,
+// exports and answers: its scheme and host (with the port). Slack,
+// Discord and Telegram put the webhook's secret in its path or query, and
+// a password may sit in its user info; only the sender uses the rest.
+func origin(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
 		return ""
 	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return ""
-	}
-	return u.Redacted()
+	return u.Scheme + "://" + u.Host
 }
 
 // ownerLog serialises the writes of one owner's channel log, so sequences
@@ -459,7 +461,7 @@ func (r *Registry) drop(ctx context.Context, ol *ownerLog, rc *record, reason st
 // for reason.
 func disconnectedFact(rc *record, reason string) fact {
 	return fact{typ: TypeDisconnected, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: rc.Kind,
-		URL: redact(rc.URL), Reason: reason}}
+		URL: origin(rc.URL), Reason: reason}}
 }
 
 // recordOf returns a copy of channel k's registration; ok is false
@@ -680,14 +682,6 @@ func (r *Registry) Connected(k peer.Key) (disconnected func()) {
 	return func() { r.logChannelEvent(owner, k.ID, k.Consumer, fact{typ: TypeDisconnected}) }
 }
 
-// Returned logs channel.permission_returned: the answer to actionID came
-// back through this registered channel of owner. Answers that came another
-// way (the CLI, a plain HTTP call) are audited on the action record only.
-func (r *Registry) Returned(owner, channelID, peerID, actionID, decision string) {
-	r.logChannelEvent(owner, channelID, peerID, fact{typ: TypePermissionReturned, actionID: actionID,
-		p: payload{ActionID: actionID, Decision: decision}})
-}
-
 // logChannelEvent logs an event of a registered channel for the calls that
 // have nobody to return an error to.
 func (r *Registry) logChannelEvent(owner, channelID, peerID string, f fact) {
@@ -815,12 +809,16 @@ func (r *Registry) forward(ctx context.Context, rec bridge.Record, only *Channel
 			return fmt.Errorf("%w: %s has no channel %s/%s", ErrNotFound, rec.Owner, only.ChannelID, only.PeerID)
 		}
 	}
-	return r.fanout(ctx, ol, chans, event.PermissionRequested, rec, TypePermissionForwarded)
+	var b store.Batch
+	return r.fanout(ctx, ol, &b, chans, event.PermissionRequested, rec, TypePermissionForwarded)
 }
 
 // Retract implements bridge.Notifier: it appends a "permission.resolved"
 // delivery carrying the settled record to every channel of rec.Owner, so
-// each device removes the prompt.
+// each device removes the prompt, and, when a person's answer settled it,
+// logs channel.permission_returned for where that answer came back from
+// (see returnedFact), all in one durable write. Every answer, through
+// whichever door, settles its record exactly once, so each is logged once.
 func (r *Registry) Retract(rec bridge.Record) {
 	if rec.Owner == "" {
 		return
@@ -843,35 +841,83 @@ func (r *Registry) Retract(rec bridge.Record) {
 		r.settled[rec.ActionID] = struct{}{}
 	}
 	r.mu.Unlock()
-	if err := r.fanout(ctx, ol, r.reachable(r.channelsOf(rec.Owner)), event.PermissionResolved, rec, ""); err != nil {
+	var b store.Batch
+	var returned []fact
+	var seen *record
+	if f, ok := returnedFact(&rec); ok {
+		returned = append(returned, f)
+		// An answer through a registered channel of the owner counts as
+		// the channel being seen.
+		if rc, ok := r.recordOf(Key(f.p.ChannelID, f.p.NativePeerID)); ok && rc.Owner == rec.Owner {
+			rc.LastSeen = time.Now().UTC()
+			if err := b.Put(kindChannel, rc.key().String(), &rc); err == nil {
+				seen = &rc
+			}
+		}
+	}
+	if err := r.fanout(ctx, ol, &b, r.reachable(r.channelsOf(rec.Owner)), event.PermissionResolved, rec, "", returned...); err != nil {
 		r.log.Error("retraction not forwarded to channels", "action", rec.ActionID, "owner", rec.Owner, "err", err)
+		return
+	}
+	if seen != nil {
+		r.touch(seen.key(), seen.LastSeen)
 	}
 }
 
-// fanout stages one delivery of typ per channel and, when logType is set,
-// one event per channel, and commits them together: a forwarded event is
-// logged exactly when its delivery is durable. The caller holds ol.mu.
-func (r *Registry) fanout(ctx context.Context, ol *ownerLog, chans []record, typ string, rec bridge.Record, logType string) error {
-	if len(chans) == 0 {
+// Door names of answers that named no channel.
+const (
+	// DoorAPI is the channel id logged for an answer that named none
+	// (POST /v0/actions/{id}/respond without channel_id).
+	DoorAPI = "api"
+)
+
+// returnedFact is the channel.permission_returned of a record a person's
+// answer settled: the channel id it named (a registered channel's, or the
+// door it came through: "aap", "agent-runtime", "cli", "signal"; DoorAPI
+// for none) and its native peer id, or, for an answer that named none, the
+// principal who gave it. ok is false for a record settled otherwise
+// (expired, cancelled).
+func returnedFact(rec *bridge.Record) (fact, bool) {
+	by := rec.DecidedBy
+	if by == nil || (rec.State != bridge.StateApproved && rec.State != bridge.StateDenied) {
+		return fact{}, false
+	}
+	channelID, peerID := by.ChannelID, by.NativePeerID
+	if channelID == "" {
+		channelID = DoorAPI
+	}
+	if peerID == "" {
+		peerID = by.Principal
+	}
+	return fact{typ: TypePermissionReturned, actionID: rec.ActionID, execID: rec.ExecutionID, sessionID: rec.SessionID, stepID: rec.StepID,
+		p: payload{ChannelID: channelID, NativePeerID: peerID, ActionID: rec.ActionID, ToolID: rec.ToolID, Decision: rec.Decision}}, true
+}
+
+// fanout stages in b one delivery of typ per channel and, when logType is
+// set, one event per channel, and commits them together with the events
+// extra: a forwarded event is logged exactly when its delivery is durable.
+// The caller holds ol.mu.
+func (r *Registry) fanout(ctx context.Context, ol *ownerLog, b *store.Batch, chans []record, typ string, rec bridge.Record, logType string, extra ...fact) error {
+	if len(chans) == 0 && len(extra) == 0 {
 		return nil
 	}
 	data, err := json.Marshal(&rec)
 	if err != nil {
 		return fmt.Errorf("channel: encode action %s: %w", rec.ActionID, err)
 	}
-	var b store.Batch
 	staged := make([]*peer.Staged, 0, len(chans))
-	facts := make([]fact, 0, len(chans))
+	facts := make([]fact, 0, len(chans)+len(extra))
 	for i := range chans {
 		c := &chans[i]
-		staged = append(staged, r.hub.Stage(&b, c.key(), typ, data, ""))
+		staged = append(staged, r.hub.Stage(b, c.key(), typ, data, ""))
 		if logType != "" {
 			facts = append(facts, fact{typ: logType, actionID: rec.ActionID, execID: rec.ExecutionID,
 				sessionID: rec.SessionID, stepID: rec.StepID,
 				p: payload{ChannelID: c.ChannelID, NativePeerID: c.PeerID, Kind: c.Kind, ActionID: rec.ActionID, ToolID: rec.ToolID}})
 		}
 	}
-	err = r.commit(ctx, ol, &b, facts...)
+	facts = append(facts, extra...)
+	err = r.commit(ctx, ol, b, facts...)
 	for _, s := range staged {
 		if err != nil {
 			s.Abort()

@@ -207,7 +207,7 @@ func TestConnectRejects(t *testing.T) {
 	}
 }
 
-func TestMessageAndReturned(t *testing.T) {
+func TestMessage(t *testing.T) {
 	n := open(t, t.TempDir(), Options{})
 	connect(t, n.reg, "alice", "phone", "p1")
 
@@ -227,17 +227,75 @@ func TestMessageAndReturned(t *testing.T) {
 	if err := n.reg.Message("bob", "phone", "p1", json.RawMessage(`{}`)); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("message on another owner's channel: %v", err)
 	}
-	n.reg.Returned("alice", "phone", "p1", "a1", bridge.DecisionDeny)
-
 	evs := events(t, n.reg, "alice")
-	if types(evs) != "channel.connected channel.message channel.permission_returned" {
+	if types(evs) != "channel.connected channel.message" {
 		t.Fatalf("log: %s", types(evs))
 	}
 	if string(evs[1].Payload.Body) != `{"text":"on my way"}` {
 		t.Fatalf("message body %s", evs[1].Payload.Body)
 	}
-	if r := evs[2]; r.ActionID != "a1" || r.Payload.ActionID != "a1" || r.Payload.Decision != bridge.DecisionDeny || r.Payload.ChannelID != "phone" {
-		t.Fatalf("returned event %+v", r)
+}
+
+// TestRetractLogsWhereTheAnswerCameBack: a record settled by a person's
+// answer logs one channel.permission_returned, naming the channel or door
+// it came through (and the device, or the person), whether or not that is
+// a registered channel; a record that expired or was cancelled logs none.
+func TestRetractLogsWhereTheAnswerCameBack(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		state          string
+		by             *kernel.DecidedBy
+		channel, peer  string // the event's; "" for no event
+		registeredSeen bool
+	}{
+		{"a registered channel", bridge.StateDenied, &kernel.DecidedBy{Principal: "alice", ChannelID: "phone", NativePeerID: "p1"}, "phone", "p1", true},
+		{"an AAP client", bridge.StateApproved, &kernel.DecidedBy{Principal: "alice", ChannelID: "aap"}, "aap", "alice", false},
+		{"the CLI", bridge.StateApproved, &kernel.DecidedBy{Principal: "alice", ChannelID: "cli", NativePeerID: "alice@laptop"}, "cli", "alice@laptop", false},
+		{"an answer naming no channel", bridge.StateApproved, &kernel.DecidedBy{Principal: "alice"}, DoorAPI, "alice", false},
+		{"a signal", bridge.StateDenied, &kernel.DecidedBy{Principal: "alice", ChannelID: "signal"}, "signal", "alice", false},
+		{"expiry", bridge.StateExpired, nil, "", "", false},
+		{"cancellation", bridge.StateCancelled, nil, "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := open(t, t.TempDir(), Options{})
+			ch, _ := connect(t, n.reg, "alice", "phone", "p1")
+			rec := pending("alice", "a1")
+			n.reg.Prompt(rec)
+			at := time.Now().UTC()
+			rec.State, rec.DecidedAt, rec.DecidedBy = tc.state, &at, tc.by
+			if tc.state == bridge.StateApproved {
+				rec.Decision = bridge.DecisionAllowOnce
+			} else if tc.state == bridge.StateDenied {
+				rec.Decision = bridge.DecisionDeny
+			}
+			n.reg.Retract(rec)
+
+			evs := events(t, n.reg, "alice")
+			var returned []logged
+			for _, e := range evs {
+				if e.Type == TypePermissionReturned {
+					returned = append(returned, e)
+				}
+			}
+			if tc.channel == "" {
+				if len(returned) != 0 {
+					t.Fatalf("%s logged %+v", tc.state, returned)
+				}
+				return
+			}
+			if len(returned) != 1 {
+				t.Fatalf("log %s: want one permission_returned", types(evs))
+			}
+			r := returned[0]
+			if r.ActionID != "a1" || r.Payload.ActionID != "a1" || r.Payload.Decision != rec.Decision ||
+				r.Payload.ChannelID != tc.channel || r.Payload.NativePeerID != tc.peer {
+				t.Fatalf("returned event %+v", r)
+			}
+			seen := n.reg.List("alice")[0].LastSeen
+			if moved := seen.After(ch.LastSeen); moved != tc.registeredSeen {
+				t.Fatalf("the phone's last_seen moved %v, want %v", moved, tc.registeredSeen)
+			}
+		})
 	}
 }
 

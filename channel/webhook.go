@@ -193,7 +193,7 @@ func (r *Registry) SetWebhook(ctx context.Context, owner, rawURL, secret string)
 	if !fresh {
 		typ, rc.CreatedAt = TypeResumed, old.CreatedAt
 	}
-	facts = append(facts, fact{typ: typ, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: KindWebhook, URL: redact(rc.URL)}})
+	facts = append(facts, fact{typ: typ, p: payload{ChannelID: rc.ChannelID, NativePeerID: rc.PeerID, Kind: KindWebhook, URL: origin(rc.URL)}})
 	err = b.Put(kindChannel, rc.key().String(), &rc)
 	if err == nil {
 		err = r.commit(ctx, ol, &b, facts...)
@@ -340,7 +340,7 @@ func (r *Registry) deliver(ctx context.Context, s *sender, d peer.Delivery) bool
 func (r *Registry) post(ctx context.Context, s *sender, d peer.Delivery, body []byte) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("build request: %w", err)
+		return fmt.Errorf("build the request to %s: %w", origin(s.url), withoutURL(err))
 	}
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
@@ -351,7 +351,7 @@ func (r *Registry) post(ctx context.Context, s *sender, d peer.Delivery, body []
 	req.Header.Set(HeaderSignature, Sign(s.secret, ts, body))
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("post: %w", err)
+		return fmt.Errorf("post to %s: %w", origin(s.url), withoutURL(err))
 	}
 	// Drain a bounded amount so the connection can be reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -360,6 +360,21 @@ func (r *Registry) post(ctx context.Context, s *sender, d peer.Delivery, body []
 		return fmt.Errorf("webhook answered %s", resp.Status)
 	}
 	return nil
+}
+
+// withoutURL strips the URL the HTTP client puts into its errors
+// (*url.Error: `Post "https://hooks.slack.com/services/…": …`), which
+// holds the webhook's secret; what failed stays, unwrappable as before.
+// An error of a URL's parsing quotes the URL too, and is replaced whole.
+func withoutURL(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	if ue.Op == "parse" {
+		return errors.New("the webhook URL does not parse")
+	}
+	return ue.Err
 }
 
 // backoff returns the jittered delay before retry attempt+1: RetryBase

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 )
 
 const testSecret = "0123456789abcdef-test-secret"
@@ -323,6 +326,55 @@ func TestVerify(t *testing.T) {
 	} {
 		if err := Verify(c.secret, c.ts, c.sig, c.body, c.now, c.tolerance); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
+	}
+}
+
+// TestWebhookSecretsStayOutOfLogsAndEvents: Slack, Discord and Telegram put
+// a webhook's secret in its URL's path or query (and a URL may carry a
+// password): none of it reaches a log line, a channel event or a channel's
+// description, which show the URL's scheme and host only, also when a
+// delivery fails with the HTTP client's error (which quotes the whole URL).
+func TestWebhookSecretsStayOutOfLogsAndEvents(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens: every delivery fails to connect
+	var logs syncbuf.Buffer
+	o := fastRetry
+	o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n := open(t, t.TempDir(), o)
+	secrets := []string{"T0SECRET", "B0SECRET", "XOXSECRET", "QSECRET", "PWSECRET"}
+	hook := "http://bot:PWSECRET@" + closed + "/services/T0SECRET/B0SECRET/XOXSECRET?token=QSECRET"
+	ch, _, err := n.reg.SetWebhook(context.Background(), "alice", hook, testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.reg.Prompt(pending("alice", "a1"))
+	eventually.True(t, "a failed delivery logged", func() bool {
+		return strings.Contains(logs.String(), "webhook delivery failed")
+	})
+	if err := n.reg.RemoveWebhook(context.Background(), "alice"); err != nil {
+		t.Fatal(err)
+	}
+	evs, _, err := n.reg.Events("alice", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown, _ := json.Marshal(struct {
+		Set    Channel
+		Events []json.RawMessage
+	}{ch, evs})
+	for _, where := range []struct{ name, text string }{{"the log", logs.String()}, {"the channel and its events", string(shown)}} {
+		for _, s := range secrets {
+			if strings.Contains(where.text, s) {
+				t.Fatalf("%s holds the webhook URL's %s:\n%s", where.name, s, where.text)
+			}
+		}
+		if !strings.Contains(where.text, "http://"+closed) {
+			t.Fatalf("%s does not name the webhook's origin http://%s:\n%s", where.name, closed, where.text)
 		}
 	}
 }

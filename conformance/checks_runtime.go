@@ -127,6 +127,49 @@ func checkRuntimeMemory(t *tc) {
 	t.rtError(t.call(http.MethodPost, rt+"/tools/no_such_tool_"+word, map[string]any{"input": map[string]any{}}), http.StatusNotFound, "NOT_FOUND")
 }
 
+// checkRuntimeNotesIsolated: one client's note is, to another client, a
+// note that does not exist: reading it fails word for word as reading an
+// unknown path, a search for its words finds nothing, a listing of its
+// folder does not show it; its owner still reads it.
+func checkRuntimeNotesIsolated(t *tc) {
+	t.rtRequire()
+	alice, bob := t.needClients()
+	invoke := func(tok, tool string, input map[string]any) obj {
+		o := t.expectJSON(t.call(http.MethodPost, rt+"/tools/"+tool, map[string]any{"input": input, "wait": true}, bearer(tok)), http.StatusOK)
+		if st, _ := o.str("status"); st != "completed" && st != "failed" {
+			t.fatalf("%s did not end: %s", tool, show(o))
+		}
+		return o
+	}
+	word := strings.ReplaceAll(newID("zq"), "-", "")
+	folder := "/conformance/" + word + "/"
+	if o := invoke(alice, "memory_write", map[string]any{"path": folder + "mine.md", "content": "private " + word}); !statusIs(o, "completed") {
+		t.fatalf("alice's write: %s", show(o))
+	}
+	hidden := invoke(bob, "memory_read", map[string]any{"path": folder + "mine.md"})
+	missing := invoke(bob, "memory_read", map[string]any{"path": folder + "none.md"})
+	he, _ := hidden.str("error")
+	me, _ := missing.str("error")
+	if !statusIs(hidden, "failed") || !statusIs(missing, "failed") || strings.ReplaceAll(me, "none.md", "mine.md") != he {
+		t.fatalf("bob reading alice's note: %s; reading an unknown one: %s", show(hidden), show(missing))
+	}
+	if o := invoke(bob, "memory_search", map[string]any{"query": word}); len(objects(o.sub("output"), "hits")) != 0 {
+		t.fatalf("bob's search finds alice's note: %s", show(o))
+	}
+	if o := invoke(bob, "memory_ls", map[string]any{"prefix": folder}); len(objects(o.sub("output"), "entries")) != 0 {
+		t.fatalf("bob's listing shows alice's note: %s", show(o))
+	}
+	if c, _ := invoke(alice, "memory_read", map[string]any{"path": folder + "mine.md"}).sub("output").str("content"); c != "private "+word {
+		t.fatalf("alice's read: %q", c)
+	}
+}
+
+// statusIs reports whether an invocation's answer has status st.
+func statusIs(o obj, st string) bool {
+	s, _ := o.str("status")
+	return s == st
+}
+
 func checkRuntimeStream(t *tc) {
 	t.rtRequire()
 	o := t.rtInvoke("memory_ls", map[string]any{"input": map[string]any{"prefix": "/conformance/"}})

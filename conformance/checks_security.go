@@ -1,9 +1,15 @@
 package conformance
 
 import (
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 func checkCrossOrigin(t *tc) {
@@ -182,4 +188,123 @@ func checkIDSyntax(t *tc) {
 			}
 		}
 	}
+}
+
+// checkToolSquatting: the built-in memory tools are served by the gateway
+// alone. A runner that declares one, bare or on an account, on its stream's
+// query (SSE or WebSocket), by POST /v0/runners/{id}/capabilities or by a
+// capabilities frame on its socket, is refused with 403 TOOL_NOT_ALLOWED,
+// before any stream byte or the upgrade, whatever its credential (the
+// suite's own, an admin's), and the memory capabilities name no runner of
+// its.
+func checkToolSquatting(t *tc) {
+	t.rtRequire()
+	var memory []string
+	for _, c := range objects(t.expectJSON(t.call(http.MethodGet, rt+"/capabilities", nil), http.StatusOK), "capabilities") {
+		if kind, _ := c.str("kind"); kind == "memory" {
+			name, _ := c.str("name")
+			memory = append(memory, name)
+		}
+	}
+	if len(memory) == 0 {
+		t.skipf("the gateway lists no memory capability")
+	}
+	runner := newID("conf-squatter-")
+	for _, tool := range []string{memory[0], memory[len(memory)-1] + "@" + newID("acc-")} {
+		query := url.Values{"runner_id": {runner}, "consumer_id": {newID("c-")}, "capabilities": {tool}}.Encode()
+		if s, r := t.openStream("/v0/runners/stream?" + query); s != nil {
+			s.close()
+			t.fatalf("a runner declaring the built-in tool %s opened its stream", tool)
+		} else {
+			t.expectError(r, http.StatusForbidden, "TOOL_NOT_ALLOWED")
+		}
+		if r := t.wsRefusal("/v0/runners/ws?" + query); r != nil {
+			t.expectError(r, http.StatusForbidden, "TOOL_NOT_ALLOWED")
+		}
+		t.expectError(t.call(http.MethodPost, "/v0/runners/"+url.PathEscape(runner)+"/capabilities", map[string]any{"tools": []string{"conf.tool", tool}}),
+			http.StatusForbidden, "TOOL_NOT_ALLOWED")
+		t.wantFrameRefused(runner, tool)
+	}
+	for _, c := range objects(t.expectJSON(t.call(http.MethodGet, rt+"/capabilities", nil), http.StatusOK), "capabilities") {
+		var runners []string
+		_ = json.Unmarshal(c["runners"], &runners)
+		if slices.Contains(runners, runner) {
+			t.fatalf("the refused runner is listed as serving %s: %v", c["name"], runners)
+		}
+	}
+}
+
+// wsRefusal dials path, a socket the gateway must refuse, and returns its
+// answer; nil when the gateway has no such socket (404 or 405). A socket
+// that opens fails the check.
+func (t *tc) wsRefusal(path string) *response {
+	ctx, cancel := t.within(10 * time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(t.o.URL, "http")+path, &websocket.DialOptions{
+		HTTPClient: t.o.HTTPClient, HTTPHeader: t.authHeader(), Subprotocols: []string{"gatehouse.v1.json"}})
+	if err == nil {
+		c.CloseNow()
+		t.fatalf("the socket %s opened; want a refusal", path)
+	}
+	if resp == nil {
+		t.fatalf("dial %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		return nil
+	}
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return &response{method: http.MethodGet, path: path, status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+// wantFrameRefused opens runner's socket declaring nothing and sends a
+// capabilities frame declaring tool: its reply must be 403
+// TOOL_NOT_ALLOWED. A gateway without the runner socket is not checked.
+func (t *tc) wantFrameRefused(runner, tool string) {
+	ctx, cancel := t.within(10 * time.Second)
+	defer cancel()
+	path := "/v0/runners/ws?" + url.Values{"runner_id": {runner}, "consumer_id": {newID("c-")}}.Encode()
+	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(t.o.URL, "http")+path, &websocket.DialOptions{
+		HTTPClient: t.o.HTTPClient, HTTPHeader: t.authHeader(), Subprotocols: []string{"gatehouse.v1.json"}})
+	if err != nil {
+		if resp != nil && (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed) {
+			return
+		}
+		t.fatalf("dial %s: %v", path, err)
+	}
+	defer c.CloseNow()
+	cmd, _ := json.Marshal(map[string]any{"type": "command", "id": "squat", "command": "capabilities", "body": map[string]any{"tools": []string{tool}}})
+	if err := c.Write(ctx, websocket.MessageText, cmd); err != nil {
+		t.fatalf("send the capabilities frame: %v", err)
+	}
+	for {
+		_, data, err := c.Read(ctx)
+		if err != nil {
+			t.fatalf("no reply to a capabilities frame declaring %s: %v", tool, err)
+		}
+		var f struct {
+			Type   string `json:"type"`
+			ID     string `json:"id"`
+			Status int    `json:"status"`
+			Body   struct {
+				Error, Code string
+			} `json:"body"`
+		}
+		if json.Unmarshal(data, &f) != nil || f.Type != "reply" || f.ID != "squat" {
+			continue // hello, heartbeats
+		}
+		if f.Status != http.StatusForbidden || f.Body.Code != "TOOL_NOT_ALLOWED" || f.Body.Error == "" {
+			t.fatalf("a capabilities frame declaring %s: reply %s, want 403 TOOL_NOT_ALLOWED", tool, data)
+		}
+		return
+	}
+}
+
+// authHeader is the suite's credential as a header, for WebSocket dials.
+func (t *tc) authHeader() http.Header {
+	h := http.Header{}
+	if t.o.Token != "" {
+		h.Set("Authorization", "Bearer "+t.o.Token)
+	}
+	return h
 }

@@ -60,8 +60,7 @@ func suite() []check {
 		def("delivery/peer-resume", "DESIGN delivery 2-4", "an agent reconnecting with Last-Event-ID gets the deliveries it missed, in order, once", checkPeerResume),
 		def("delivery/explicit-ack", "DESIGN delivery 3", "unacknowledged deliveries are sent again in order after a reconnect; acknowledged ones never", checkExplicitAck),
 		def("delivery/explicit-reset", "DESIGN delivery 5", "a peer cursor from another epoch or beyond the history gets an explicit reset with a snapshot to re-hydrate from", checkExplicitReset),
-		def("delivery/replay-large", "issue 27 §1 (replay past 2 MB); DESIGN delivery 4", "a finished execution of 3.5 MB replays whole, in order, to its terminal event on its SSE stream and its WebSocket", checkReplayLarge),
-		def("delivery/replay-large-session", "issue 27 §1 (every stream of every surface)", "the Agent Runtime event stream of the session holding a 3.5 MB execution delivers every result whole, through task.completed", checkReplayLargeSession),
+		def("delivery/replay-large", "issue 27 §1 (replay past 2 MB on every stream); DESIGN delivery 4", "a finished execution of 2.4 MB replays whole, in order, to its terminal event on its SSE stream, its WebSocket and its session's Agent Runtime stream", checkReplayLarge),
 		def("delivery/slow-consumer", "DESIGN delivery 7", "a consumer that stops reading is disconnected and resumes from its cursor without a gap", checkSlowConsumer),
 		def("delivery/websocket-twins", "DESIGN Transports (WebSocket twins, subprotocols)", "agent, runner and execution WebSocket endpoints negotiate gatehouse.v1.json and gatehouse.v1.msgpack", checkWebSocketTwins),
 		defRestart("delivery/durable-restart", "DESIGN delivery 1; DESIGN users (agent reconnecting within the grace period)", "everything acknowledged before a restart (events, queued jobs, signals, idempotency records) is there after it, and the work completes", checkDurableRestart),
@@ -79,6 +78,7 @@ func suite() []check {
 		def("security/cursor-syntax", "issue 13 §5 (cursors)", "malformed cursors (x.y, 5., .5, -1, overflow) are 400 before a stream starts or a socket upgrades", checkCursorSyntax),
 		def("security/execution-cursor-syntax", "issue 13 §5 (cursors)", "the execution socket's cursors and the execution stream's Last-Event-ID that are not a sequence are 400 before the upgrade or the first stream byte", checkExecutionCursorSyntax),
 		def("security/id-syntax", "issue 13 §5 (ids)", "an id with a control or format character (LF, NUL, U+202E, U+200B), in a body, a query or a path, is 400 VALIDATION_ERROR that echoes nothing of it", checkIDSyntax),
+		def("security/tool-squatting", "DESIGN Security; issue 27 §2 (tool squatting); runtime-api.md (memory names reserved)", "a runner declaring a built-in memory tool, by query (SSE, WebSocket), HTTP or frame, is 403 TOOL_NOT_ALLOWED and never listed as serving it", checkToolSquatting),
 		def("security/host", "issue 13 §3 (DNS rebinding)", "with no token, a Host that is not a loopback name is 421 HOST_NOT_ALLOWED; with one, any Host is served", checkHost),
 		// Ownership: every door checks the same rule.
 		def("security/foreign-execution-404", "DESIGN Security; issue 13 §2 (an owner on every resource)", "another client's execution answers 404, word for word as an unknown id, on every route, and is not listed", checkForeignExecution),
@@ -101,6 +101,7 @@ func suite() []check {
 		def("runtime/capabilities", "seed000/003 Capabilities; runtime-api-facts §1 (memory tool names)", "GET /runtime/v1/capabilities lists both memory tool sets as kind memory with an object schema", checkRuntimeCapabilities),
 		def("runtime/accounts", "seed000 Capabilities (409 listing the accounts); runtime-api-facts §2", "a tool on two accounts is 409 listing them without connectedAccountId, 400 for an unknown one, and runs on the named one's runner", checkRuntimeAccounts),
 		def("runtime/memory", "seed000/003 Memory; runtime-api-facts §2 (memory tool I/O)", "memory_search finds nothing, save_memory_note saves, memory_search finds it ranked with a snippet; a path with .. is 400", checkRuntimeMemory),
+		def("runtime/notes-isolated", "seed000/003 Memory; runtime-api-facts §2 (notes are scoped); issue 27 §2", "another client's note answers as an unknown one: its read fails word for word alike, search and listing do not show it", checkRuntimeNotesIsolated),
 		def("runtime/stream", "seed000/003 Event stream; runtime-api-facts §2", "a finished execution's stream replays session, run_status, tool_use, tool_result, run_status, done with ids, then ends; Last-Event-ID resumes after any of them", checkRuntimeStream),
 		def("runtime/sessions", "seed000/003 Sessions; runtime-api-facts §2", "a session has the seeds' fields and defaults, lists its executions, and refuses invocations once archived (409)", checkRuntimeSessions),
 		// The Agent Application Protocol v1 (seed 002) under /aap/v1.
@@ -108,6 +109,15 @@ func suite() []check {
 		def("aap/turn-none", "seed002 PUT /session (stream none); aap-v1-facts", "PUT /session without a stream answers 201 with the session id and the agent's reply as an assistant message", checkAAPTurnNone),
 		def("aap/turn-delta", "seed002 Streaming (delta); aap-v1-facts (exactly one turn_stop)", "a delta stream carries turn_start, the agent's text_delta events in order and exactly one turn_stop, each with an id", checkAAPTurnDelta),
 		def("aap/history-list-delete", "seed002 GET /session/:id, GET /sessions, DELETE /session/:id", "history full holds the user's and the agent's messages; the session is listed; DELETE is 204 with no body and the session is then 404", checkAAPHistoryListDelete),
+		// What every mount does alike (issue 27 §3).
+		def("errors/v0-envelope", "issue 27 §3 (every error in its mount's JSON envelope); wire-facts §1", "under /v0, and on a path under no mount, an unknown path is 404 NOT_FOUND and a wrong method 405 METHOD_NOT_ALLOWED with Allow, as one-line JSON errors", checkEnvelopeV0),
+		def("errors/agent-runtime-envelope", "issue 27 §3 (every error in its mount's JSON envelope)", "under /agent-runtime, an unknown path is 404 NOT_FOUND and a wrong method 405 METHOD_NOT_ALLOWED with Allow, as one-line {error, code} JSON", checkEnvelopeAgentRuntime),
+		def("errors/aap-envelope", "issue 27 §3 (every error in its mount's JSON envelope); aap-v1-facts §7", "under /aap/v1, an unknown path is 404 NOT_FOUND and a wrong method 405 METHOD_NOT_ALLOWED with Allow, as one-line {error, code} JSON", checkEnvelopeAAP),
+		def("errors/runtime-envelope", "issue 27 §3 (every error in its mount's JSON envelope); runtime-api-facts", "under /runtime/v1, an unknown path is 404 and a wrong method 405 with Allow, as one-line {error, details: {code}} JSON", checkEnvelopeRuntime),
+		def("sse/unique-ids-v0", "issue 27 §3 (every event of a resumable stream has its own id); DESIGN Delivery contract 4", "every event of an execution stream and of an agent stream has an id, no two alike", checkUniqueIDsV0),
+		def("sse/unique-ids-agent-runtime", "issue 27 §3 (every event of a resumable stream has its own id)", "every event of a session's /agent-runtime event stream has an id, no two alike", checkUniqueIDsAgentRuntime),
+		def("sse/unique-ids-runtime", "issue 27 §3 (every event of a resumable stream has its own id)", "every event of a /runtime/v1 execution stream has an id, no two alike", checkUniqueIDsRuntime),
+		def("sse/unique-ids-aap", "issue 27 §3 (session_start and turn_start shared an id); seed002 Streaming", "every event of an AAP delta stream has an id, no two alike, and resuming from any gives exactly the events after it", checkUniqueIDsAAP),
 		def("aap/external-agent", "seed002; issue 16 (--aap-agent)", "the named AAP agent answers a delta turn with text and exactly one turn_stop", checkAAPExternalAgent),
 	}
 }

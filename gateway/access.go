@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
@@ -49,6 +51,34 @@ func agentResource(id string) auth.Resource {
 
 func runnerResource(id string) auth.Resource {
 	return auth.Resource{Kind: auth.KindRunner, ID: id, RunnerID: id}
+}
+
+// actAsRunner applies the access rule to p acting as runner runnerID. A
+// built-in runner of the gateway (the memory runner) is no credential's to
+// act as, the admin's included: it serves other tenants' memory jobs.
+func (s *Server) actAsRunner(p *auth.Principal, runnerID string) error {
+	if s.k.BuiltinRunner(runnerID) {
+		return fmt.Errorf("%w: runner id %q is the gateway's own built-in runner", auth.ErrForbidden, runnerID)
+	}
+	return p.Authorize(auth.ActAct, runnerResource(runnerID))
+}
+
+// mayServe checks every capability a runner declares: a tool reserved for
+// a built-in runner is refused whoever declares it, and any other must be
+// one the credential is trusted with (auth.Principal.MayServe). The first
+// refusal refuses the whole declaration, which then changes nothing: a
+// runner is never left serving less than it said without being told.
+func (s *Server) mayServe(p *auth.Principal, caps []string) error {
+	for _, c := range caps {
+		if owner, reserved := s.k.ReservedTool(c); reserved {
+			return fmt.Errorf("%w: %w: %s is reserved for the gateway's built-in runner %q",
+				auth.ErrForbidden, auth.ErrToolNotAllowed, strconv.Quote(c), owner)
+		}
+		if err := p.MayServe(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // channelResource is a person's channels; tenant is that person's, when

@@ -47,7 +47,7 @@ func TestAccessMatrix(t *testing.T) {
 		"mallory":       {Subject: "mallory", Role: auth.RoleChannel},
 		"agent":         {Subject: "bot", Role: auth.RoleAgent, Agents: []string{"m-agent"}},
 		"other-agent":   {Subject: "bot2", Role: auth.RoleAgent, Agents: []string{"m-other"}},
-		"runner":        {Subject: "r", Role: auth.RoleRunner, Runners: []string{"m-runner"}},
+		"runner":        {Subject: "r", Role: auth.RoleRunner, Runners: []string{"m-runner"}, Tools: []string{"work"}},
 		"other-runner":  {Subject: "r2", Role: auth.RoleRunner, Runners: []string{"m-other-runner"}},
 	}
 	as := func(who string) *api {

@@ -137,9 +137,6 @@ func (s *Server) respond(ctx context.Context, p *auth.Principal, actionID string
 		}
 		return 0, nil, nil, err
 	}
-	if s.opts.Channels != nil && req.ChannelID != "" {
-		s.opts.Channels.Returned(rec.Owner, req.ChannelID, req.NativePeerID, actionID, req.Decision)
-	}
 	cur, err := s.opts.Bridge.Get(actionID)
 	if err != nil {
 		after.Run()

@@ -296,7 +296,7 @@ func (s *Server) stepResult(ctx context.Context, p *auth.Principal, body []byte,
 }
 
 func (s *Server) runnerResult(ctx context.Context, p *auth.Principal, runnerID string, body []byte, m kernel.Meta) (kernel.After, error) {
-	if err := p.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
+	if err := s.actAsRunner(p, runnerID); err != nil {
 		return nil, err
 	}
 	var req kernel.RunnerResultRequest
@@ -317,7 +317,7 @@ func (s *Server) stepStarted(ctx context.Context, p *auth.Principal, stepID stri
 	if req.ExecutionID == "" || req.RunnerID == "" {
 		return kernelValidation("execution_id and runner_id are required")
 	}
-	if err := p.Authorize(auth.ActAct, runnerResource(req.RunnerID)); err != nil {
+	if err := s.actAsRunner(p, req.RunnerID); err != nil {
 		return err
 	}
 	return s.k.StepStarted(ctx, stepID, req, m)
@@ -335,7 +335,7 @@ type capabilitiesRequest struct {
 const maxCapabilities = 4096
 
 func (s *Server) runnerCapabilities(p *auth.Principal, runnerID string, body []byte) error {
-	if err := p.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
+	if err := s.actAsRunner(p, runnerID); err != nil {
 		return err
 	}
 	var req capabilitiesRequest
@@ -343,6 +343,9 @@ func (s *Server) runnerCapabilities(p *auth.Principal, runnerID string, body []b
 		return err
 	}
 	if err := validTools(req.Tools); err != nil {
+		return err
+	}
+	if err := s.mayServe(p, req.Tools); err != nil {
 		return err
 	}
 	if req.ToolInfo != nil {
@@ -413,7 +416,7 @@ func decodeBody(body []byte, v any, max int) error {
 // streams and re-queues the jobs it held.
 func (s *Server) deleteRunner(c *call) error {
 	runnerID := c.params[0]
-	if err := c.principal.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
+	if err := s.actAsRunner(c.principal, runnerID); err != nil {
 		return err
 	}
 	s.k.RemoveRunner(runnerID)

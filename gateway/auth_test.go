@@ -46,7 +46,7 @@ func TestJWTScopes(t *testing.T) {
 	s := start(t, node.Options{Auth: jwtOptions()})
 	admin := newAPIAs(t, s, auth.Claims{Subject: "ops", Role: auth.RoleAdmin})
 	agentA := newAPIAs(t, s, auth.Claims{Subject: "agent-a", Role: auth.RoleAgent, Agents: []string{"scoped-a"}})
-	runner1 := newAPIAs(t, s, auth.Claims{Subject: "r1", Role: auth.RoleRunner, Runners: []string{"scoped-r1"}})
+	runner1 := newAPIAs(t, s, auth.Claims{Subject: "r1", Role: auth.RoleRunner, Runners: []string{"scoped-r1"}, Tools: []string{"tool"}})
 
 	// Each role opens only its own streams.
 	ag := agentA.agent("scoped-a", "c1")

@@ -3,21 +3,92 @@ package gateway_test
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
 
 func (a *api) channel(channelID, peerID string) *sseStream {
 	a.t.Helper()
 	return a.openSSE("/v0/channels/stream?channel_id=" + channelID + "&peer_id=" + peerID)
+}
+
+// returned waits until the caller's channel log holds want
+// channel.permission_returned events for action (which the settlement
+// logs once its answer has gone out), checks that it holds no more, and
+// returns the last one's payload.
+func (a *api) returned(action string, want int) obj {
+	a.t.Helper()
+	var got []obj
+	eventually.True(a.t, "channel.permission_returned logged", func() bool {
+		got = nil
+		for _, e := range a.json("GET", "/v0/channels/events?limit=1000", nil, 200)["events"].([]any) {
+			if ev := e.(obj); ev["type"] == channel.TypePermissionReturned && ev["action_id"] == action {
+				got = append(got, ev["payload"].(obj))
+			}
+		}
+		return len(got) >= want
+	})
+	if len(got) != want {
+		a.t.Fatalf("%d channel.permission_returned for %s, want %d: %v", len(got), action, want, got)
+	}
+	return got[len(got)-1]
+}
+
+// TestEveryAnswerPathLogsPermissionReturnedOnce: whichever door a
+// person's answer comes through, the owner's channel log records one
+// channel.permission_returned naming it (and the device, or the person:
+// "local" is open mode's), and nothing is logged as failed.
+func TestEveryAnswerPathLogsPermissionReturnedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		answer        func(a *api, execID, step, action string)
+		channel, peer string
+	}{
+		{"respond naming a registered channel", func(a *api, _, _, action string) {
+			a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "deny", "channel_id": "phone", "native_peer_id": "u1"}, 200)
+		}, "phone", "u1"},
+		{"respond naming no channel", func(a *api, _, _, action string) {
+			a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once"}, 200)
+		}, channel.DoorAPI, "local"},
+		{"respond naming an unregistered channel", func(a *api, _, _, action string) {
+			a.json("POST", "/v0/actions/"+action+"/respond", obj{"decision": "allow_once", "channel_id": "slack"}, 200)
+		}, "slack", "local"},
+		{"step.approve signal", func(a *api, execID, step, _ string) {
+			a.json("POST", "/v0/executions/"+execID+"/signal", obj{"signal_type": "step.approve", "payload": obj{"step_id": step, "approved": true}}, 200)
+		}, "signal", "local"},
+		{"/agent-runtime respond_action", func(a *api, _, _, action string) {
+			a.json("POST", "/agent-runtime/commands/respond_action", obj{"action_id": action, "decision": "allow_once"}, 200)
+		}, "agent-runtime", "local"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &syncbuf.Buffer{}
+			a := bridgeServer(t, node.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			phone := a.channel("phone", "u1")
+			ag := a.agent("door-agent", "c1")
+			execID, _, step, action := pendingAction(t, a, ag, "deploy.door")
+			phone.expect("permission.requested")
+			tc.answer(a, execID, step, action)
+			ag.expect("approval.resolved")
+			if r := a.returned(action, 1); r["channel_id"] != tc.channel || r["native_peer_id"] != tc.peer || r["action_id"] != action {
+				t.Fatalf("permission_returned: %v, want channel %s, peer %s", r, tc.channel, tc.peer)
+			}
+			if l := logs.String(); strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				t.Fatalf("the answer logged a failure:\n%s", l)
+			}
+		})
+	}
 }
 
 // TestChannelsRaceOnOnePrompt: the prompt reaches two devices; both answer;
@@ -64,9 +135,10 @@ func TestChannelsRaceOnOnePrompt(t *testing.T) {
 	for _, e := range evs {
 		seen[e.(obj)["type"].(string)]++
 	}
-	if seen[channel.TypeConnected] != 2 || seen[channel.TypePermissionForwarded] != 2 || seen[channel.TypePermissionReturned] != 1 {
+	if seen[channel.TypeConnected] != 2 || seen[channel.TypePermissionForwarded] != 2 {
 		t.Fatalf("channel log: %v", seen)
 	}
+	a.returned(action, 1)
 	phone.close()
 	eventually.True(t, "the phone's disconnect logged", func() bool {
 		evs := a.json("GET", "/v0/channels/events?limit=100", nil, 200)["events"].([]any)
@@ -201,9 +273,56 @@ func TestChannelWebSocketAnswersAndMessages(t *testing.T) {
 			for _, e := range evs {
 				types[e.(obj)["type"].(string)]++
 			}
-			if types[channel.TypeMessage] != 1 || types[channel.TypePermissionReturned] != 1 {
+			if types[channel.TypeMessage] != 1 {
 				t.Fatalf("channel log: %v", types)
 			}
+			if r := a.returned(action, 1); r["channel_id"] != "phone" || r["native_peer_id"] != "u1" {
+				t.Fatalf("permission_returned: %v", r)
+			}
 		})
+	}
+}
+
+// TestWebhookURLSecretsReachNoLogEventOrExport: a chat webhook whose URL
+// holds its secret in the path, the query and the user info, set through
+// the API, with prompts it fails to deliver: neither the server's log nor
+// any answer, channel event, execution event or session export shows more
+// of the URL than its scheme and host.
+func TestWebhookURLSecretsReachNoLogEventOrExport(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // every delivery fails to connect, and is logged
+	var logs syncbuf.Buffer
+	a := bridgeServer(t, node.Options{WebhookAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	hook := "http://bot:PWSECRET@" + closed + "/services/T0SECRET/B0SECRET/XOXSECRET?token=QSECRET"
+	set := a.json("PUT", "/v0/channels/webhook", obj{"url": hook, "secret": "0123456789abcdef-secret"}, 200)
+	origin, _ := set["url"].(string)
+	shown := []string{origin}
+	ag := a.agent("hook-agent", "c1")
+	ex := a.json("POST", "/v0/executions", obj{"agent_id": "hook-agent", "session_id": "hook-s"}, 201)
+	id := ex["id"].(string)
+	lease := ag.expect("execution.assigned")["session_id"].(string)
+	a.intent(id, lease, obj{"type": "invoke_tool", "tool_id": "deploy.hook"}, 200)
+	eventually.True(t, "a failed delivery logged", func() bool { return strings.Contains(logs.String(), "webhook delivery failed") })
+	for _, path := range []string{"/v0/channels", "/v0/channels/events", "/v0/executions/" + id + "/events", "/v0/actions", "/agent-runtime/exports/hook-s"} {
+		_, body, _ := a.do("GET", path, nil)
+		shown = append(shown, path+": "+string(body))
+	}
+	a.json("DELETE", "/v0/channels/webhook", nil, 200)
+	_, body, _ := a.do("GET", "/v0/channels/events", nil)
+	shown = append(shown, string(body), logs.String())
+	for _, text := range shown {
+		for _, s := range []string{"T0SECRET", "B0SECRET", "XOXSECRET", "QSECRET", "PWSECRET"} {
+			if strings.Contains(text, s) {
+				t.Fatalf("the webhook URL's %s shows in:\n%s", s, text)
+			}
+		}
+	}
+	if shown[0] != "http://"+closed || !strings.Contains(logs.String(), "http://"+closed) {
+		t.Fatalf("the webhook's origin http://%s is neither the answer's url (%s) nor in the log", closed, shown[0])
 	}
 }

@@ -202,6 +202,7 @@ func TestResetOnForeignCursor(t *testing.T) {
 // and every one resumes it. Admission control must not turn a reconnect
 // storm of this size away (its default allows 2,000/s with bursts of 4,000).
 func TestThousandClientsReconnectAtOnce(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("opens 1,000 connections")
 	}

@@ -34,6 +34,8 @@ type Kernel interface {
 	DescribeTools(runnerID string, info map[string]json.RawMessage)
 	UpdateCapabilities(runnerID string, tools []string)
 	RemoveRunner(runnerID string)
+	ReservedTool(capability string) (runnerID string, reserved bool)
+	BuiltinRunner(runnerID string) bool
 
 	ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error
 	Watch(id string) *kernel.Watch
@@ -66,7 +68,6 @@ type Channels interface {
 	List(owner string) []channel.Channel
 	Events(owner string, after uint64, limit int) ([]json.RawMessage, uint64, error)
 	Message(owner, channelID, peerID string, body json.RawMessage) error
-	Returned(owner, channelID, peerID, actionID, decision string)
 	SetWebhook(ctx context.Context, owner, rawURL, secret string) (ch channel.Channel, fresh bool, err error)
 	RemoveWebhook(ctx context.Context, owner string) error
 }

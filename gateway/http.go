@@ -30,10 +30,21 @@ const (
 	CodeStorageFull   = "STORAGE_FULL"
 	CodeTooLarge      = "PAYLOAD_TOO_LARGE"
 	CodeMethodMissing = "METHOD_NOT_ALLOWED"
+	// CodeToolNotAllowed refuses a runner's declaration of a tool it is
+	// not trusted with, or that a built-in runner serves (403).
+	CodeToolNotAllowed = "TOOL_NOT_ALLOWED"
 )
 
-// statusOf maps an error to its HTTP status, code and client message.
+// statusOf maps an error to its HTTP status, code and client message,
+// one sentence on one line (protocol.Sentence).
 func statusOf(err error) (int, protocol.ErrorBody) {
+	status, body := classify(err)
+	body.Error = protocol.Sentence(body.Error)
+	return status, body
+}
+
+// classify maps an error to its HTTP status, code and client message.
+func classify(err error) (int, protocol.ErrorBody) {
 	var kerr *kernel.Error
 	details := any(nil)
 	if errors.As(err, &kerr) {
@@ -64,6 +75,10 @@ func statusOf(err error) (int, protocol.ErrorBody) {
 		return fasthttp.StatusUnauthorized, protocol.ErrorBody{Error: err.Error(), Code: CodeUnauthorized, Details: details}
 	case errors.Is(err, kernel.ErrUnavailable):
 		return fasthttp.StatusServiceUnavailable, protocol.ErrorBody{Error: err.Error(), Code: CodeUnavailable, Details: details}
+	case errors.Is(err, session.ErrQuota):
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: protocol.CodeQuotaExceeded, Details: details}
+	case errors.Is(err, auth.ErrToolNotAllowed):
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeToolNotAllowed}
 	case errors.Is(err, auth.ErrForbidden):
 		// The error says "forbidden: …" itself.
 		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeForbidden, Details: details}

@@ -105,7 +105,7 @@ func (s *Server) ackPeer(c *call) error {
 	case kernel.RoleAgent:
 		err = c.principal.Authorize(auth.ActAct, agentResource(req.ID))
 	case kernel.RoleRunner:
-		err = c.principal.Authorize(auth.ActAct, runnerResource(req.ID))
+		err = s.actAsRunner(c.principal, req.ID)
 	case channel.RoleChannel:
 		err = s.ownChannel(c.principal, req.ID, req.ConsumerID, notFound("consumer", k.String()))
 	default:

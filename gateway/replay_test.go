@@ -76,21 +76,22 @@ func head(t *testing.T, data []byte) string {
 }
 
 // TestReplayDeliversEverythingToTheEnd reads a finished execution of
-// 3.5 MB (six 600 KB results) from the start on its SSE stream and its
+// 2.4 MB (five 480 KB results) from the start on its SSE stream and its
 // WebSocket, in JSON and msgpack, with a reader that takes frames as they
 // come and one that pauses between them: every event arrives, in order,
 // whole, and the stream ends after the terminal one. The replay used to
 // stop after 2 MB, the limit of two byte-bounded batches.
 func TestReplayDeliversEverythingToTheEnd(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t, start(t, node.Options{}))
-	id, want := bigExecution(t, a, 6, 600<<10)
-	if len(want) < 20 || !strings.Contains(head(t, want[len(want)-1]), "execution.completed") {
+	id, want := bigExecution(t, a, 5, 480<<10)
+	if len(want) < 17 || !strings.Contains(head(t, want[len(want)-1]), "execution.completed") {
 		t.Fatalf("the execution's %d events end with %s", len(want), head(t, want[len(want)-1]))
 	}
 	// A page is bounded by bytes as well as by its limit.
 	status, body, _ := a.do("GET", "/v0/executions/"+id+"/events?limit=1000", nil)
 	if status != 200 || len(body) > 2<<20 {
-		t.Fatalf("a page of 1000 of the 3.5 MB: %d, %d bytes", status, len(body))
+		t.Fatalf("a page of 1000 of the 2.4 MB: %d, %d bytes", status, len(body))
 	}
 	pause := func(i int, d time.Duration) {
 		if d > 0 && i%5 == 4 {
@@ -175,6 +176,7 @@ func TestReplayDeliversEverythingToTheEnd(t *testing.T) {
 // verifies. A direct execution with 900 KB of arguments and of result
 // reaches the Runtime API's done.
 func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
+	t.Parallel()
 	s := start(t, node.Options{})
 	a := newAPI(t, s)
 	ws := a.dialWS("/v0/agents/ws?agent_id=big-agent&consumer_id=c1", gateway.SubprotocolJSON)

@@ -12,6 +12,7 @@ import (
 // TestRetentionRunsSoonAfterStart: retention's first pass does not wait
 // for a full interval, and it runs again every interval after it.
 func TestRetentionRunsSoonAfterStart(t *testing.T) {
+	t.Parallel()
 	s := start(t, node.Options{Retention: time.Millisecond, RetentionInterval: 200 * time.Millisecond})
 	a := newAPI(t, s)
 	for round := range 2 {

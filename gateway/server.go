@@ -252,20 +252,24 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 	// A client still sending its request must get to read the refusal; one
 	// that timed out is not sending.
 	linger := true
+	// The request line may not have been read (headers too large, a
+	// malformed request): such a refusal has no mount and takes /v0's
+	// shape.
+	sf := s.surfaceAt(string(ctx.Path()))
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.refuse(ctx, nil, errTooLarge)
+		s.refuse(ctx, sf, errTooLarge)
 	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
-		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut})
+		s.refuse(ctx, sf, &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut})
 		linger = false
 	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
-		s.refuse(ctx, nil, &guardError{fasthttp.StatusRequestHeaderFieldsTooLarge, CodeHeadersTooLarge, errHeadersTooLarge})
+		s.refuse(ctx, sf, &guardError{fasthttp.StatusRequestHeaderFieldsTooLarge, CodeHeadersTooLarge, errHeadersTooLarge})
 	default:
 		// fasthttp's message may quote the header that did not parse: the
 		// answer says what went wrong, the log how (SecureErrorLogMessage
 		// keeps the rest of the request, its token, out of it).
 		s.log.Debug("malformed request", "err", err)
-		s.refuse(ctx, nil, &guardError{fasthttp.StatusBadRequest, CodeValidation, errMalformed})
+		s.refuse(ctx, sf, &guardError{fasthttp.StatusBadRequest, CodeValidation, errMalformed})
 	}
 	ctx.SetConnectionClose()
 	if c, ok := ctx.Conn().(interface{ lingerOnClose() }); ok && linger {
@@ -296,36 +300,29 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
 		return
 	}
+	path := string(ctx.Path())
 	if err := s.checkHost(ctx); err != nil {
 		route = "refused"
-		s.refuse(ctx, nil, err)
+		s.refuse(ctx, s.surfaceAt(path), err)
 		return
 	}
 	if err := s.checkOrigin(ctx); err != nil {
 		route = "refused"
-		s.refuse(ctx, nil, err)
+		s.refuse(ctx, s.surfaceAt(path), err)
 		return
 	}
 	if s.serveUI(ctx) {
 		route = "/ui/"
 		return
 	}
-	path := string(ctx.Path())
 	r, params, allowed := s.routes.match(string(ctx.Method()), path)
 	if r == nil {
-		if allowed != "" {
-			ctx.Response.Header.Set("Allow", allowed)
-			ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
-			return
-		}
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType("text/plain; charset=utf-8")
-		ctx.SetBodyString("404 page not found\n")
+		s.refuse(ctx, s.surfaceAt(path), noRoute(ctx, allowed))
 		return
 	}
 	route = r.pattern
 	if err := checkMediaType(ctx, r.form); err != nil {
-		s.refuse(ctx, r, err)
+		s.refuse(ctx, r.surface, err)
 		return
 	}
 	c := &call{ctx: ctx, params: params}
@@ -335,7 +332,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		// answered before its body is read.
 		p, err := s.auth.Authenticate(ctx.Request.Header.Peek("Authorization"), time.Now())
 		if err != nil {
-			s.refuse(ctx, r, err)
+			s.refuse(ctx, r.surface, err)
 			return
 		}
 		c.principal = p
@@ -343,11 +340,11 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		limit = s.opts.MaxBodyBytes
 	}
 	if err := readBody(ctx, limit); err != nil {
-		s.refuse(ctx, r, err)
+		s.refuse(ctx, r.surface, err)
 		return
 	}
 	if err := checkRequestIDs(ctx, params); err != nil {
-		s.refuse(ctx, r, err)
+		s.refuse(ctx, r.surface, err)
 		return
 	}
 	if err := r.handle(c); err != nil {
@@ -357,10 +354,12 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 
 // fail answers the error a route's handler returned, in the protocol of
 // the route (a surface's own words, or the /v0 API's), and logs it when it
-// is a 500: the client is told only "internal error".
+// is a 500: the client is told only "internal error". A refusal of the
+// gateway's own that a wrapper returned (the stream admission's 429) is
+// answered as the guard's are.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, r *route, err error) {
-	if r.surface == nil {
-		s.writeError(ctx, err)
+	if gerr := (*guardError)(nil); r.surface == nil || errors.As(err, &gerr) {
+		s.refuse(ctx, r.surface, err)
 		return
 	}
 	r.surface.Fail(ctx, err)
@@ -369,15 +368,46 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, r *route, err error) {
 	}
 }
 
-// refuse answers a request the guard or the authenticator turned away,
-// in the error shape of the surface it was meant for.
-func (s *Server) refuse(ctx *fasthttp.RequestCtx, r *route, err error) {
-	if r != nil && r.surface != nil {
-		status, body := statusOf(err)
-		r.surface.WriteError(ctx, status, body.Code, body.Error)
+// refuse answers a request the guard, the router or the authenticator
+// turned away, in the error shape of sf, the surface it was meant for;
+// nil (a /v0 route, a path under no mount) is the /v0 API's.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, sf protocol.Surface, err error) {
+	if sf == nil {
+		s.writeError(ctx, err)
 		return
 	}
-	s.writeError(ctx, err)
+	status, body := statusOf(err)
+	sf.WriteError(ctx, status, body.Code, body.Error)
+	if status == fasthttp.StatusInternalServerError {
+		s.logFailed(ctx, err)
+	}
+}
+
+// surfaceAt returns the surface whose mount holds path, or nil: a path
+// under no mount is answered in the /v0 API's shape.
+func (s *Server) surfaceAt(path string) protocol.Surface {
+	for _, sf := range s.opts.Surfaces {
+		prefix := strings.TrimSuffix(sf.Mount(), "/")
+		if path == prefix || strings.HasPrefix(path, prefix+"/") {
+			return sf
+		}
+	}
+	return nil
+}
+
+// errNoRoute refuses a path that nothing is served at.
+var errNoRoute = errors.New("not found: nothing is served at this path")
+
+// noRoute is the refusal of a request no route matches: 405 with the
+// methods the path is served for (allowed, also set as the Allow header),
+// or 404 when it is served for none.
+func noRoute(ctx *fasthttp.RequestCtx, allowed string) error {
+	if allowed == "" {
+		return &guardError{fasthttp.StatusNotFound, CodeNotFound, errNoRoute}
+	}
+	ctx.Response.Header.Set("Allow", allowed)
+	return &guardError{fasthttp.StatusMethodNotAllowed, CodeMethodMissing,
+		errors.New("method not allowed: this path is served for " + allowed + " only")}
 }
 
 // cors adds CORS headers when origins are configured.

@@ -197,7 +197,7 @@ func (s *Server) streamAgent(c *call) error {
 }
 
 func (s *Server) streamRunner(c *call) error {
-	key, caps, err := runnerParams(c)
+	key, caps, err := s.runnerParams(c)
 	if err != nil {
 		return err
 	}

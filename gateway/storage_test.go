@@ -3,12 +3,14 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -171,16 +173,36 @@ func TestFullStoreDoesNotSpin(t *testing.T) {
 // size of an empty one: the store compacts what was deleted away, and the
 // idle journal lets its segments go.
 func TestRetentionGivesSpaceBack(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := start(t, node.Options{Data: dir, Retention: time.Millisecond, RetentionInterval: time.Second})
 	a := newAPI(t, s)
 	empty := waitSpace(t, s.Node.Store, "ok").Used
 	data := strings.Repeat("retention gives the room back. ", 130) // 4 KB
-	var ids []string
-	for range 1500 {
-		id := a.create("nobody", obj{"data": data})["id"].(string)
-		a.json("POST", "/v0/executions/"+id+"/cancel", obj{"reason": "done"}, 200)
-		ids = append(ids, id)
+	// Eight clients at once, as a busy gateway sees them: the group commit
+	// shares their syncs.
+	ids := make([]string, 1500)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < len(ids); i += 8 {
+				status, body, _ := a.do("POST", "/v0/executions", obj{"agent_id": "nobody", "input": obj{"data": data}})
+				var ex obj
+				if status != 201 || json.Unmarshal(body, &ex) != nil {
+					t.Errorf("create: %d %s", status, body)
+					return
+				}
+				ids[i] = ex["id"].(string)
+				if status, body, _ := a.do("POST", "/v0/executions/"+ids[i]+"/cancel", obj{"reason": "done"}); status != 200 {
+					t.Errorf("cancel: %d %s", status, body)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 	full := usedNow(t, dir)
 	deadline := time.Now().Add(60 * time.Second)

@@ -84,8 +84,7 @@ func (s *Server) serveUI(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	if !ctx.IsGet() && !ctx.IsHead() {
-		ctx.Response.Header.Set("Allow", "GET, HEAD")
-		ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+		s.refuse(ctx, nil, noRoute(ctx, "GET, HEAD"))
 		return true
 	}
 	if p == "/ui" {
@@ -99,9 +98,7 @@ func (s *Server) serveUI(ctx *fasthttp.RequestCtx) bool {
 	}
 	a, ok := uiAssets[strings.TrimPrefix(p, "/ui/")]
 	if !ok {
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType("text/plain; charset=utf-8")
-		ctx.SetBodyString("404 page not found\n")
+		s.refuse(ctx, nil, noRoute(ctx, ""))
 		return true
 	}
 	h := &ctx.Response.Header

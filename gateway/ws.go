@@ -102,11 +102,9 @@ func (s *Server) admit(h func(*call) error) func(*call) error {
 		}
 		secs := max(1, int(math.Ceil(wait.Seconds())))
 		c.ctx.Response.Header.Set("Retry-After", strconv.Itoa(secs))
-		s.writeJSON(c.ctx, fasthttp.StatusTooManyRequests, protocol.ErrorBody{
-			Error: "rate limited: too many new connections, retry after " + strconv.Itoa(secs) + "s",
-			Code:  CodeRateLimited,
-		})
-		return nil
+		// Answered by the route's protocol, as the guard's refusals are.
+		return &guardError{fasthttp.StatusTooManyRequests, CodeRateLimited,
+			errors.New("rate limited: too many new connections, retry after " + strconv.Itoa(secs) + "s")}
 	}
 }
 
@@ -128,8 +126,10 @@ func agentParams(c *call) (peer.Key, error) {
 }
 
 // runnerParams reads and checks the query of a runner stream, SSE or
-// WebSocket, and the caller's right to it.
-func runnerParams(c *call) (peer.Key, []string, error) {
+// WebSocket, and the caller's right to it and to serve the capabilities it
+// declares: a declaration the gateway refuses refuses the connection,
+// before any stream byte or the upgrade, so that the runner is told why.
+func (s *Server) runnerParams(c *call) (peer.Key, []string, error) {
 	args := c.ctx.QueryArgs()
 	runnerID, consumerID := string(args.Peek("runner_id")), string(args.Peek("consumer_id"))
 	if runnerID == "" || consumerID == "" {
@@ -147,7 +147,10 @@ func runnerParams(c *call) (peer.Key, []string, error) {
 	if err := validTools(caps); err != nil {
 		return peer.Key{}, nil, err
 	}
-	if err := c.principal.Authorize(auth.ActAct, runnerResource(runnerID)); err != nil {
+	if err := s.actAsRunner(c.principal, runnerID); err != nil {
+		return peer.Key{}, nil, err
+	}
+	if err := s.mayServe(c.principal, caps); err != nil {
 		return peer.Key{}, nil, err
 	}
 	return peer.Key{Role: kernel.RoleRunner, ID: runnerID, Consumer: consumerID}, caps, nil
@@ -172,7 +175,7 @@ func (s *Server) agentWS(c *call) error {
 }
 
 func (s *Server) runnerWS(c *call) error {
-	key, caps, err := runnerParams(c)
+	key, caps, err := s.runnerParams(c)
 	if err != nil {
 		return err
 	}
@@ -238,7 +241,8 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		return
 	}
 	// Accept has answered in plain text; keep its status and headers
-	// (Upgrade, Sec-WebSocket-Version, ...) but answer in the API's JSON.
+	// (Upgrade, Sec-WebSocket-Version, ...) but answer in the JSON of the
+	// route's protocol.
 	status := c.ctx.Response.StatusCode()
 	code := CodeValidation
 	switch status {
@@ -249,7 +253,7 @@ func (s *Server) upgrade(c *call, kind string, serve func(*wsConn)) {
 		c.ctx.Response.Header.Set("Retry-After", "1")
 	}
 	reason := strings.TrimSpace(string(c.ctx.Response.Body()))
-	s.writeJSON(c.ctx, status, protocol.ErrorBody{Error: "websocket handshake refused: " + reason, Code: code})
+	s.refuse(c.ctx, s.surfaceAt(string(c.ctx.Path())), &guardError{status, code, errors.New("websocket handshake refused: " + reason)})
 }
 
 // wsConn is one accepted socket: the stream engine's WebSocket transport,
@@ -589,7 +593,7 @@ func (p *peerSession) say(fr inFrame) bool {
 func (p *peerSession) scope(pr *auth.Principal) error {
 	switch p.ps.role {
 	case kernel.RoleRunner:
-		return pr.Authorize(auth.ActAct, runnerResource(p.ps.key.ID))
+		return p.s.actAsRunner(pr, p.ps.key.ID)
 	case channel.RoleChannel:
 		_, err := person(pr, auth.ActWrite) // the refresh already requires the same subject
 		return err

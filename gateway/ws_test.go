@@ -814,6 +814,7 @@ func TestWSResumeFromCursor(t *testing.T) {
 // id. Deliveries come at least once; deduplicating by sequence and job id,
 // each job runs exactly once and each step completes exactly once.
 func TestWSCutsProcessEachJobOnce(t *testing.T) {
+	t.Parallel()
 	for i, proto := range wsProtos() {
 		t.Run(proto, func(t *testing.T) {
 			ko := testKernel()
@@ -1011,6 +1012,7 @@ func (w *wsClient) waitReply(id string) (obj, bool) {
 // timeout; memory stays bounded (the outbox is the queue), and the next
 // connection resumes from the first unacknowledged delivery.
 func TestWSSlowConsumer(t *testing.T) {
+	t.Parallel()
 	ko := testKernel()
 	ko.AgentGrace = time.Minute
 	s := start(t, node.Options{Kernel: ko, Server: gateway.Options{WriteTimeout: 300 * time.Millisecond, PingInterval: time.Minute}})

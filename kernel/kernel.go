@@ -158,6 +158,10 @@ type Kernel struct {
 	queue       []*job // remote jobs waiting for a runner, in arrival order
 	rr          map[string]int
 	closed      bool
+	// reserved maps each tool of a built-in runner to that runner (see
+	// Reserve); builtin holds those runners' ids.
+	reserved map[string]string
+	builtin  map[string]bool
 
 	// watches wakes the readers of execution logs (see Watch).
 	watches watch.Set
@@ -189,7 +193,7 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 	k := &Kernel{
 		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, sessions: o.Sessions, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
-		rr: map[string]int{}, tails: map[string]*tail{},
+		rr: map[string]int{}, tails: map[string]*tail{}, reserved: map[string]string{}, builtin: map[string]bool{},
 		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
 		retries: newRetries(),
 	}

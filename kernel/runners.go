@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
@@ -74,21 +75,71 @@ func (k *Kernel) runnerConsumerLocked(runnerID, consumerID string) *runnerConsum
 func (k *Kernel) RunnerConnected(runnerID, consumerID string, caps []string) (disconnected func()) {
 	k.mu.Lock()
 	c := k.runnerConsumerLocked(runnerID, consumerID)
-	c.caps = capSet(caps)
+	c.caps = k.capSetLocked(runnerID, caps)
 	gen := c.connect()
 	k.mu.Unlock()
 	k.dispatch()
 	return k.disconnected(&c.connection, gen, k.opts.RunnerGrace, func() { k.runnerLost(runnerID, consumerID, gen) })
 }
 
-func capSet(caps []string) map[string]bool {
+// capSetLocked is what runnerID may serve of the capabilities caps it
+// declares: a tool reserved for a built-in runner (on any account) is left
+// out unless runnerID is that runner, so that whatever a door let through,
+// no job of a built-in tool ever reaches another runner. The caller holds
+// k.mu.
+func (k *Kernel) capSetLocked(runnerID string, caps []string) map[string]bool {
 	m := make(map[string]bool, len(caps))
 	for _, c := range caps {
-		if c != "" {
-			m[c] = true
+		if c == "" {
+			continue
 		}
+		if owner, ok := k.reservedLocked(c); ok && owner != runnerID {
+			k.log.Warn("a runner declared a tool reserved for a built-in runner; left out", "runner", runnerID, "tool", c, "builtin", owner)
+			continue
+		}
+		m[c] = true
 	}
 	return m
+}
+
+// Reserve makes runnerID a built-in runner of this process that serves
+// tools: their names are its own from then on. The kernel hands a job of a
+// reserved tool, on any account, to no other runner, whatever it declares,
+// and ReservedTool and BuiltinRunner tell the doors, so that they refuse
+// such a declaration, and any use of the runner id, with a clear answer.
+// Call it before the built-in runner connects and before the server
+// serves: a runner already connected keeps what it declared until it
+// declares again.
+func (k *Kernel) Reserve(runnerID string, tools []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.builtin[runnerID] = true
+	for _, t := range tools {
+		k.reserved[t] = runnerID
+	}
+}
+
+// ReservedTool reports whether capability (a tool id, or
+// "<tool>@<account>") names a tool reserved for a built-in runner, and
+// which.
+func (k *Kernel) ReservedTool(capability string) (runnerID string, reserved bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.reservedLocked(capability)
+}
+
+func (k *Kernel) reservedLocked(capability string) (string, bool) {
+	tool, _, _ := strings.Cut(capability, "@")
+	runnerID, ok := k.reserved[tool]
+	return runnerID, ok
+}
+
+// BuiltinRunner reports whether runnerID is a built-in runner of this
+// process (see Reserve): no credential acts as it.
+func (k *Kernel) BuiltinRunner(runnerID string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.builtin[runnerID]
 }
 
 // runnerLost runs when a consumer stayed away past the grace period: the job
@@ -639,8 +690,9 @@ func (st *Step) dispatchedTo(runnerID string) bool {
 func (k *Kernel) UpdateCapabilities(runnerID string, tools []string) {
 	k.mu.Lock()
 	if rs := k.runners[runnerID]; rs != nil {
+		caps := k.capSetLocked(runnerID, tools)
 		for _, c := range rs.consumers {
-			c.caps = capSet(tools)
+			c.caps = caps
 		}
 	}
 	k.mu.Unlock()

@@ -339,3 +339,46 @@ default: {decision: allow}
 		t.Fatal("no step.timed_out in the log")
 	}
 }
+
+// TestReservedToolsReachOnlyTheirBuiltinRunner: a tool reserved for a
+// built-in runner is served by that runner alone. Another runner that
+// declares it, bare or on an account, at connect or later, is not handed
+// its jobs, even when it is the only runner idle, and is not listed as
+// serving it; what else it declares it still serves.
+func TestReservedToolsReachOnlyTheirBuiltinRunner(t *testing.T) {
+	r := newRig(t, nil)
+	r.k.Reserve("builtin", []string{"memory_read"})
+	if owner, ok := r.k.ReservedTool("memory_read@acme"); !ok || owner != "builtin" {
+		t.Fatalf("ReservedTool(memory_read@acme) = %q, %v", owner, ok)
+	}
+	if !r.k.BuiltinRunner("builtin") || r.k.BuiltinRunner("squat") {
+		t.Fatal("BuiltinRunner does not tell the built-in runner from another")
+	}
+	squatter := r.inbox(RoleRunner, "squat", "c1")
+	defer r.k.RunnerConnected("squat", "c1", []string{"memory_read", "memory_read@acme", "fetch"})()
+
+	if tools := r.k.Tools(); len(tools) != 1 || tools[0].ID != "fetch" {
+		t.Fatalf("Tools() = %+v, want the squatter listed for fetch only", tools)
+	}
+	first := r.direct("memory_read")
+	r.k.UpdateCapabilities("squat", []string{"memory_read", "fetch"})
+	second := r.direct("memory_read")
+	fetch := r.direct("fetch")
+	var j jobMsg
+	squatter.next(event.PushJobAssigned, &j)
+	if j.ToolID != "fetch" || j.ExecutionID != fetch {
+		t.Fatalf("the squatter got %+v, want the fetch job only", j)
+	}
+	squatter.empty()
+
+	builtin := r.inbox(RoleRunner, "builtin", "b")
+	defer r.k.RunnerConnected("builtin", "b", []string{"memory_read"})()
+	for _, want := range []string{first, second} {
+		builtin.next(event.PushJobAssigned, &j)
+		if j.ExecutionID != want || j.ToolID != "memory_read" {
+			t.Fatalf("the built-in runner got %+v, want the job of %s", j, want)
+		}
+		j.result(t, r.k, "builtin", RunnerResultRequest{Success: true, Data: json.RawMessage(`{}`)})
+	}
+	squatter.empty()
+}

@@ -112,9 +112,14 @@ func (k *Kernel) tailFrom(id string, after uint64) ([]tailEntry, bool) {
 	k.tailMu.Lock()
 	defer k.tailMu.Unlock()
 	tl := k.tails[id]
-	if tl == nil || len(tl.entries) == 0 || tl.entries[0].seq > after+1 {
+	// Sequences start at 1, so first-1 never wraps; after+1 would, for a
+	// cursor of 2^64-1.
+	if tl == nil || len(tl.entries) == 0 || after < tl.entries[0].seq-1 {
 		return nil, false
 	}
-	i := int(after + 1 - tl.entries[0].seq)
-	return append([]tailEntry(nil), tl.entries[min(i, len(tl.entries)):]...), true
+	i := uint64(len(tl.entries))
+	if skip := after - (tl.entries[0].seq - 1); skip < i {
+		i = skip
+	}
+	return append([]tailEntry(nil), tl.entries[i:]...), true
 }

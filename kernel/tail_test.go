@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -152,5 +153,35 @@ func TestTailsStayWithinTheirBound(t *testing.T) {
 	}
 	if len(got) == 0 || !bytes.Contains(got[0], []byte(pad)) {
 		t.Fatalf("the events of an execution past the bound: %d read", len(got))
+	}
+}
+
+// TestNothingFollowsTheLargestSequence: a live execution's events after
+// 2^64-1 are none, from its tail, from the store and as a page. after+1
+// wrapped to 0 and gave them all.
+func TestNothingFollowsTheLargestSequence(t *testing.T) {
+	k := newKernel(t, nil)
+	ctx := context.Background()
+	v, _, err := k.Create(ctx, CreateRequest{AgentID: "a"}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := k.Watch(v.ID)
+	defer w.Stop()
+	if _, err := k.Signal(ctx, v.ID, SignalRequest{SignalType: "note"}, Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	if entries, ok := k.tailFrom(v.ID, math.MaxUint64); !ok || len(entries) != 0 {
+		t.Fatalf("tailFrom(2^64-1) = %d entries, %v; want none, from the tail", len(entries), ok)
+	}
+	n := 0
+	if err := k.ReadEvents(v.ID, math.MaxUint64, func(uint64, []byte) bool { n++; return true }); err != nil || n != 0 {
+		t.Fatalf("ReadEvents after 2^64-1: %d events (%v), want none", n, err)
+	}
+	if err := k.eachStored(v.ID, math.MaxUint64, func(uint64, []byte) (bool, error) { n++; return true, nil }); err != nil || n != 0 {
+		t.Fatalf("the store after 2^64-1: %d events (%v), want none", n, err)
+	}
+	if page, err := k.Events(ctx, v.ID, math.MaxUint64, 1000); err != nil || len(page.Events) != 0 {
+		t.Fatalf("Events after 2^64-1: %d (%v), want none", len(page.Events), err)
 	}
 }

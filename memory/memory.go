@@ -1,33 +1,38 @@
 // Package memory keeps durable notes for agents and their people: the
-// Runtime API's memory (seeds 000 and 003). A note is text at a path,
-// scoped to a tenant, versioned, and found again by ranked lexical search
-// (BM25 over path and content).
+// Runtime API's memory (seeds 000 and 003). A note is text at a path in a
+// space, versioned, and found again by ranked lexical search (BM25 over
+// path and content).
 //
-// Notes live in the gateway's store: a write is acknowledged once it is on
-// disk, and the search index is rebuilt in memory from the store at Open.
-// Writes to one tenant's notes are serialized, so concurrent appends never
-// lose text and IfVersion checks are exact.
+// A space is a principal's own notes within its tenant, or the tenant's
+// shared notes, which a caller names explicitly. Another principal's notes
+// are, to a caller, notes that do not exist.
+//
+// Notes and their search index live in the gateway's store, written in one
+// batch: a write is acknowledged once both are on disk, and nothing is
+// loaded at Open, so a start costs the same whatever the notes. The index
+// is inverted (postings.go): each note's terms, with their counts and first
+// positions and the note's length, in records a search reads by prefix;
+// BM25 takes its statistics from those records and from a usage record per
+// space. Writes to one tenant's notes are serialized, so concurrent
+// appends never lose text, IfVersion checks are exact and quotas are
+// counted exactly. Calls of the tools queue fairly per tenant (sched.go).
 package memory
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
+	"github.com/gatehouse-dev/gatehouse/ident"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
-
-// kindNote is the store's record kind of notes: id tenantKey + path.
-const kindNote = "memnote"
 
 // Errors, matchable with errors.Is.
 var (
@@ -36,8 +41,37 @@ var (
 	ErrNotFound    = errors.New("note not found")
 	ErrConflict    = errors.New("version conflict")
 	ErrTooLarge    = errors.New("note too large")
-	ErrQuota       = errors.New("too many notes")
+	// ErrQuota reports a write past a quota; the error is a *QuotaError.
+	ErrQuota = errors.New("note quota exceeded")
+	// ErrBusy reports a call refused because its tenant, or everyone, has
+	// as many calls waiting or running as allowed; it may be tried again.
+	ErrBusy = errors.New("memory busy")
 )
+
+// QuotaError is a write refused by a quota. It matches ErrQuota.
+type QuotaError struct {
+	// Scope is "space" (the notes of one principal, or the tenant's shared
+	// space) or "tenant" (every space of a tenant).
+	Scope string
+	// Resource is "notes" (their number) or "bytes" (their content).
+	Resource string
+	// Max is the quota.
+	Max int64
+}
+
+func (e *QuotaError) Error() string {
+	who := "a space"
+	if e.Scope == "tenant" {
+		who = "a tenant"
+	}
+	if e.Resource == "bytes" {
+		return fmt.Sprintf("%v: %s keeps at most %d bytes of notes", ErrQuota, who, e.Max)
+	}
+	return fmt.Sprintf("%v: %s keeps at most %d notes", ErrQuota, who, e.Max)
+}
+
+// Is makes a QuotaError match ErrQuota.
+func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
 
 // Limits of paths; the content and count limits are Options.
 const (
@@ -45,24 +79,61 @@ const (
 	maxPathDepth = 16
 )
 
-// Options configure Notes. Store is required.
+// Options configure Notes. Store is required; zero fields take the values
+// of Defaults.
 type Options struct {
 	Store *store.Store
-	// MaxNoteBytes bounds one note's content (256 KiB when zero).
+	// MaxNoteBytes bounds one note's content.
 	MaxNoteBytes int
-	// MaxNotes bounds the notes of one tenant (10,000 when zero).
+	// MaxNotes and MaxBytes bound one space: a principal's notes, or a
+	// tenant's shared notes.
 	MaxNotes int
+	MaxBytes int64
+	// MaxTenantNotes and MaxTenantBytes bound all the spaces of one tenant
+	// together. Principals without a tenant have no such bound: they share
+	// nothing but the space they name explicitly.
+	MaxTenantNotes int
+	MaxTenantBytes int64
+	// Workers is how many memory calls run at once. One tenant runs at
+	// most Workers-1 of them (1 when Workers is 1), so another tenant's
+	// call always finds a worker or is the next to get one.
+	Workers int
+	// TenantQueue bounds the calls of one tenant waiting or running, and
+	// Queue those of everyone; past them a call is refused with ErrBusy.
+	TenantQueue int
+	Queue       int
+	// LegacyOwner is the principal whose own space (without a tenant)
+	// receives the notes an earlier release kept for principals without a
+	// tenant, when the deployment has only one principal; empty: the
+	// shared space of the principals without a tenant (see migrate).
+	LegacyOwner string
+	// Logger reports the migration of notes stored before spaces.
+	Logger *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
 
+// Defaults returns the values zero Options fields take.
+func Defaults() Options {
+	return Options{
+		MaxNoteBytes:   256 << 10,
+		MaxNotes:       10000,
+		MaxBytes:       64 << 20,
+		MaxTenantNotes: 100000,
+		MaxTenantBytes: 1 << 30,
+		Workers:        4,
+		TenantQueue:    8,
+		Queue:          16,
+	}
+}
+
 // Note is one note.
 type Note struct {
-	Path      string    `msgpack:"p" json:"path"`
-	Content   string    `msgpack:"c" json:"content"`
-	Version   uint64    `msgpack:"v" json:"version"`
-	CreatedAt time.Time `msgpack:"ca" json:"createdAt"`
-	UpdatedAt time.Time `msgpack:"ua" json:"updatedAt"`
+	Path      string    `json:"path"`
+	Content   string    `json:"content"`
+	Version   uint64    `json:"version"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // Entry is a note in a listing.
@@ -80,121 +151,150 @@ type Hit struct {
 	Snippet string  `json:"snippet"`
 }
 
-// Notes is the notes of every tenant.
+// Owner is who calls a memory tool: a principal and its tenant (empty
+// for a principal without one).
+type Owner struct {
+	Tenant    string
+	Principal string
+}
+
+// Space is a set of notes: Principal's own within Tenant, or, when Shared,
+// Tenant's notes that every principal of the tenant reads and writes. The
+// principals without a tenant share the shared space of the tenant "".
+type Space struct {
+	Tenant    string
+	Principal string
+	Shared    bool
+}
+
+// Names of the spaces in the tools' "space" field.
+const (
+	SpacePrincipal = "principal"
+	SpaceTenant    = "tenant"
+)
+
+// SpaceOf returns the space name selects for o: "" or "principal" its
+// own, "tenant" its tenant's shared one.
+func SpaceOf(o Owner, name string) (Space, error) {
+	switch name {
+	case "", SpacePrincipal:
+		return Space{Tenant: o.Tenant, Principal: o.Principal}, nil
+	case SpaceTenant:
+		return Space{Tenant: o.Tenant, Shared: true}, nil
+	}
+	return Space{}, fmt.Errorf("%w: space %q is neither %q nor %q", ErrInvalid, name, SpacePrincipal, SpaceTenant)
+}
+
+// check refuses a space without an owner: no note may land in a space
+// nobody can name again.
+func (s Space) check() error {
+	if !s.Shared && s.Principal == "" {
+		return fmt.Errorf("%w: a principal's space needs the principal", ErrInvalid)
+	}
+	return nil
+}
+
+// id is the space's part of its records' ids: every field
+// length-prefixed, so that no name reaches into another space's ids.
+func (s Space) id() string {
+	if s.Shared {
+		return lp(s.Tenant) + "t"
+	}
+	return lp(s.Tenant) + "p" + lp(s.Principal)
+}
+
+// turn is who the space's calls queue and write as: its tenant, or, for
+// the principals without one, the space itself.
+func (s Space) turn() string {
+	if s.Tenant != "" {
+		return "t" + lp(s.Tenant)
+	}
+	return "s" + s.id()
+}
+
+func lp(s string) string { return strconv.Itoa(len(s)) + ":" + s }
+
+// Notes is the notes of every space.
 type Notes struct {
-	o       Options
-	mu      sync.Mutex
-	tenants map[string]*tenant
+	o     Options
+	locks keyedLocks
+	sched *sched
 }
 
-// tenant is one tenant's notes: their index, and the lock that orders
-// writes to them.
-type tenant struct {
-	write sync.Mutex // held across a write's store commit
-	mu    sync.RWMutex
-	idx   index
-}
-
-// Open loads the notes' index from the store; ctx bounds the load.
+// Open returns the notes kept in o.Store. It moves the notes that an
+// earlier version kept per tenant into their tenant's shared space first
+// (see migrate); otherwise it reads nothing. ctx bounds the move.
 func Open(ctx context.Context, o Options) (*Notes, error) {
 	if o.Store == nil {
 		return nil, errors.New("memory: Options.Store is required")
 	}
-	option.Default(&o.MaxNoteBytes, 256<<10)
-	option.Default(&o.MaxNotes, 10000)
+	d := Defaults()
+	option.Default(&o.MaxNoteBytes, d.MaxNoteBytes)
+	option.Default(&o.MaxNotes, d.MaxNotes)
+	option.Default(&o.MaxBytes, d.MaxBytes)
+	option.Default(&o.MaxTenantNotes, d.MaxTenantNotes)
+	option.Default(&o.MaxTenantBytes, d.MaxTenantBytes)
+	option.Default(&o.Workers, d.Workers)
+	option.Default(&o.TenantQueue, d.TenantQueue)
+	option.Default(&o.Queue, d.Queue)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	n := &Notes{o: o, tenants: map[string]*tenant{}}
-	var iderr error
-	err := store.EachRecord(ctx, o.Store, kindNote, "", func(id string, note *Note) bool {
-		ten, ok := splitID(id)
-		if !ok {
-			iderr = fmt.Errorf("memory: malformed record id %q", id)
-			return false
-		}
-		n.tenant(ten).idx.put(note)
-		return true
-	})
-	if err == nil {
-		err = iderr
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("memory: load: %w", err)
+	n := &Notes{o: o, sched: newSched(o.Workers, o.TenantQueue, o.Queue)}
+	if err := n.migrate(ctx); err != nil {
+		return nil, fmt.Errorf("memory: %w", err)
 	}
 	return n, nil
 }
 
-func (n *Notes) tenant(name string) *tenant {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	t := n.tenants[name]
-	if t == nil {
-		t = &tenant{idx: newIndex()}
-		n.tenants[name] = t
-	}
-	return t
-}
-
-// noteID is a note's record id: the tenant, length-prefixed so that no
-// tenant name can reach into another's ids, then the path.
-func noteID(ten, p string) string { return strconv.Itoa(len(ten)) + ":" + ten + p }
-
-func splitID(id string) (string, bool) {
-	l, rest, ok := strings.Cut(id, ":")
-	n, err := strconv.Atoi(l)
-	if !ok || err != nil || n < 0 || n > len(rest) {
-		return "", false
-	}
-	return rest[:n], true
-}
+// Capacity is how many calls the notes hold at once, waiting or running:
+// a runner serving them takes that many jobs at a time.
+func (n *Notes) Capacity() int { return n.o.Queue }
 
 // CleanPath returns p normalized, or ErrInvalidPath: absolute,
-// "/"-separated, no "." or ".." segment, no empty segment, no control
-// characters, valid UTF-8, at most 512 bytes and 16 segments.
+// "/"-separated, no "." or ".." segment, no empty segment, no backslash,
+// at most 512 bytes and 16 segments, and, as ids (package ident), valid
+// UTF-8 without control or format characters or line separators.
 func CleanPath(p string) (string, error) {
-	bad := func(why string) (string, error) { return "", fmt.Errorf("%w %q: %s", ErrInvalidPath, p, why) }
-	switch {
-	case p == "":
-		return bad("empty")
-	case len(p) > maxPathLen:
-		return bad("longer than " + strconv.Itoa(maxPathLen) + " bytes")
-	case !utf8.ValidString(p):
-		return bad("not UTF-8")
-	case !strings.HasPrefix(p, "/"):
-		return bad("must start with /")
-	case strings.HasSuffix(p, "/"):
-		return bad("names a folder, not a note")
+	bad := func(why string) (string, error) { return "", fmt.Errorf("%w: %s", ErrInvalidPath, why) }
+	if err := ident.CheckLen("path", p, maxPathLen); err != nil {
+		return bad(err.Error())
 	}
-	for _, r := range p {
-		if unicode.IsControl(r) || r == '\\' {
-			return bad("control characters and backslashes are not allowed")
-		}
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return bad(strconv.Quote(p) + " must start with /")
+	case strings.HasSuffix(p, "/"):
+		return bad(strconv.Quote(p) + " names a folder, not a note")
+	case strings.ContainsRune(p, '\\'):
+		return bad(strconv.Quote(p) + " holds a backslash")
 	}
 	segs := strings.Split(p[1:], "/")
 	if len(segs) > maxPathDepth {
-		return bad("deeper than " + strconv.Itoa(maxPathDepth) + " segments")
+		return bad(strconv.Quote(p) + " is deeper than " + strconv.Itoa(maxPathDepth) + " segments")
 	}
 	for _, s := range segs {
 		if s == "" || s == "." || s == ".." {
-			return bad("empty, . and .. segments are not allowed")
+			return bad(strconv.Quote(p) + ": empty, . and .. segments are not allowed")
 		}
 	}
 	return path.Clean(p), nil
 }
 
 // Read returns the note at p.
-func (n *Notes) Read(ctx context.Context, ten, p string) (Note, error) {
+func (n *Notes) Read(ctx context.Context, sp Space, p string) (Note, error) {
 	p, err := CleanPath(p)
 	if err != nil {
 		return Note{}, err
 	}
-	var note Note
-	if err := n.o.Store.Get(kindNote, noteID(ten, p), &note); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return Note{}, fmt.Errorf("%w: %s", ErrNotFound, p)
-		}
-		return Note{}, fmt.Errorf("memory: read %s: %w", p, err)
+	note, ok, err := n.read(sp, p)
+	if err != nil {
+		return Note{}, err
+	}
+	if !ok {
+		return Note{}, fmt.Errorf("%w: %s", ErrNotFound, p)
 	}
 	return note, nil
 }
@@ -202,8 +302,8 @@ func (n *Notes) Read(ctx context.Context, ten, p string) (Note, error) {
 // Write replaces (or creates) the note at p. With ifVersion > 0 the note
 // must be at that version; ifVersion 0 writes whatever is there. It
 // returns once the note is durable.
-func (n *Notes) Write(ctx context.Context, ten, p, content string, ifVersion uint64) (Note, error) {
-	return n.update(ctx, ten, p, func(cur *Note, exists bool) (string, error) {
+func (n *Notes) Write(ctx context.Context, sp Space, p, content string, ifVersion uint64) (Note, error) {
+	return n.update(ctx, sp, p, func(cur *Note, exists bool) (string, error) {
 		if ifVersion > 0 && (!exists || cur.Version != ifVersion) {
 			have := uint64(0)
 			if exists {
@@ -217,70 +317,18 @@ func (n *Notes) Write(ctx context.Context, ten, p, content string, ifVersion uin
 
 // Append adds content to the end of the note at p, on a new line, creating
 // the note when absent.
-func (n *Notes) Append(ctx context.Context, ten, p, content string) (Note, error) {
-	return n.update(ctx, ten, p, func(cur *Note, exists bool) (string, error) {
-		if !exists || cur.Content == "" {
-			return content, nil
-		}
-		if strings.HasSuffix(cur.Content, "\n") {
-			return cur.Content + content, nil
-		}
-		return cur.Content + "\n" + content, nil
+func (n *Notes) Append(ctx context.Context, sp Space, p, content string) (Note, error) {
+	return n.update(ctx, sp, p, func(cur *Note, exists bool) (string, error) {
+		return appended(cur.Content, content), nil
 	})
 }
 
-// update writes the note at p with the content next returns for what is
-// there now, under the tenant's write lock.
-func (n *Notes) update(ctx context.Context, ten, p string, next func(cur *Note, exists bool) (string, error)) (Note, error) {
-	p, err := CleanPath(p)
-	if err != nil {
-		return Note{}, err
+// appended is cur with content added on a new line.
+func appended(cur, content string) string {
+	if cur == "" || strings.HasSuffix(cur, "\n") {
+		return cur + content
 	}
-	t := n.tenant(ten)
-	t.write.Lock()
-	defer t.write.Unlock()
-	var cur Note
-	exists := true
-	if err := n.o.Store.Get(kindNote, noteID(ten, p), &cur); errors.Is(err, store.ErrNotFound) {
-		exists = false
-	} else if err != nil {
-		return Note{}, fmt.Errorf("memory: read %s: %w", p, err)
-	}
-	content, err := next(&cur, exists)
-	if err != nil {
-		return Note{}, err
-	}
-	if !utf8.ValidString(content) {
-		return Note{}, fmt.Errorf("%w: content must be UTF-8", ErrInvalid)
-	}
-	if len(content) > n.o.MaxNoteBytes {
-		return Note{}, fmt.Errorf("%w: %s would hold %d bytes, more than %d", ErrTooLarge, p, len(content), n.o.MaxNoteBytes)
-	}
-	t.mu.RLock()
-	count := t.idx.len()
-	t.mu.RUnlock()
-	if !exists && count >= n.o.MaxNotes {
-		return Note{}, fmt.Errorf("%w: a tenant keeps at most %d notes", ErrQuota, n.o.MaxNotes)
-	}
-	now := n.o.Now().UTC()
-	note := Note{Path: p, Content: content, Version: cur.Version + 1, CreatedAt: cur.CreatedAt, UpdatedAt: now}
-	if !exists {
-		note.Version, note.CreatedAt = 1, now
-	}
-	var b store.Batch
-	if err := b.Put(kindNote, noteID(ten, p), &note); err != nil {
-		return Note{}, err
-	}
-	if err := n.o.Store.Write(ctx, &b); err != nil {
-		return Note{}, fmt.Errorf("memory: write %s: %w", p, err)
-	}
-	t.mu.Lock()
-	if exists {
-		t.idx.remove(&cur)
-	}
-	t.idx.put(&note)
-	t.mu.Unlock()
-	return note, nil
+	return cur + "\n" + content
 }
 
 // maxListed bounds a listing.
@@ -288,87 +336,51 @@ const maxListed = 1000
 
 // List returns the notes whose path starts with prefix, in path order, at
 // most 1,000.
-func (n *Notes) List(ctx context.Context, ten, prefix string) ([]Entry, error) {
-	t := n.tenant(ten)
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+func (n *Notes) List(ctx context.Context, sp Space, prefix string) ([]Entry, error) {
 	out := []Entry{}
-	for _, d := range t.idx.sorted() {
-		if strings.HasPrefix(d.path, prefix) {
-			out = append(out, Entry{Path: d.path, Size: d.size, Version: d.version, UpdatedAt: d.updated})
-			if len(out) == maxListed {
-				break
-			}
-		}
+	sid := sp.id()
+	err := store.EachRecord(ctx, n.o.Store, kindMeta, sid+prefix, func(id string, m *meta) bool {
+		out = append(out, Entry{Path: id[len(sid):], Size: m.Size, Version: m.Version, UpdatedAt: m.UpdatedAt})
+		return len(out) < maxListed
+	})
+	if err != nil {
+		return nil, fmt.Errorf("memory: list: %w", err)
 	}
 	return out, nil
 }
 
-// Search returns the notes best matching query, best first, at most limit
-// (10 when zero, at most 100), each with a snippet around the first match.
-func (n *Notes) Search(ctx context.Context, ten, query, prefix string, limit int) ([]Hit, error) {
-	if limit <= 0 {
-		limit = 10
-	}
-	limit = min(limit, 100)
-	terms := tokens(query, nil)
-	if len(terms) == 0 {
-		return []Hit{}, nil
-	}
-	t := n.tenant(ten)
-	t.mu.RLock()
-	ranked := t.idx.search(terms, prefix, limit)
-	t.mu.RUnlock()
-	hits := make([]Hit, 0, len(ranked))
-	for _, r := range ranked {
-		var note Note
-		if err := n.o.Store.Get(kindNote, noteID(ten, r.path), &note); err != nil {
-			continue // rewritten or gone meanwhile
-		}
-		hits = append(hits, Hit{Path: r.path, Score: round(r.score), Snippet: snippet(note.Content, terms)})
-	}
-	return hits, nil
+// keyedLocks is a mutex per key, kept only while someone holds or waits
+// for it.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyedLock
 }
 
-func round(f float64) float64 { return float64(int64(f*1e4+0.5)) / 1e4 }
-
-// snippetRunes is about how much of a note a snippet shows.
-const snippetRunes = 160
-
-// snippet is the part of content around the first query term it holds.
-func snippet(content string, terms []string) string {
-	lower := strings.ToLower(content)
-	at := -1
-	for _, term := range terms {
-		if i := strings.Index(lower, term); i >= 0 && (at < 0 || i < at) {
-			at = i
-		}
-	}
-	if at < 0 {
-		at = 0
-	}
-	// Work in runes so that no character is cut in half; lower has the
-	// same byte offsets as content only for ASCII, so map back by runes.
-	runes := []rune(content)
-	pos := utf8.RuneCountInString(lower[:at])
-	start := max(0, pos-snippetRunes/4)
-	end := min(len(runes), start+snippetRunes)
-	s := strings.Join(strings.Fields(string(runes[start:end])), " ")
-	if start > 0 {
-		s = "…" + s
-	}
-	if end < len(runes) {
-		s += "…"
-	}
-	return s
+type keyedLock struct {
+	sync.Mutex
+	refs int
 }
 
-// sortHits orders hits best first, then by path.
-func sortHits(h []ranked) {
-	sort.Slice(h, func(i, j int) bool {
-		if h[i].score != h[j].score {
-			return h[i].score > h[j].score
+// lock locks key and returns its unlock.
+func (l *keyedLocks) lock(key string) func() {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*keyedLock{}
+	}
+	k := l.m[key]
+	if k == nil {
+		k = &keyedLock{}
+		l.m[key] = k
+	}
+	k.refs++
+	l.mu.Unlock()
+	k.Lock()
+	return func() {
+		k.Unlock()
+		l.mu.Lock()
+		if k.refs--; k.refs == 0 {
+			delete(l.m, key)
 		}
-		return h[i].path < h[j].path
-	})
+		l.mu.Unlock()
+	}
 }

@@ -16,6 +16,12 @@ import (
 	"github.com/gatehouse-dev/gatehouse/store/storetest"
 )
 
+// me is the space most tests write in.
+var me = memory.Space{Tenant: "t", Principal: "me"}
+
+// owner is the caller of the tools in tests.
+var owner = memory.Owner{Tenant: "t", Principal: "me"}
+
 func open(t testing.TB, dir string, o memory.Options) (*memory.Notes, *store.Store) {
 	t.Helper()
 	st := storetest.Open(t, store.Options{Dir: dir})
@@ -43,6 +49,15 @@ func TestCleanPath(t *testing.T) {
 		"/x\\y":                        "",
 		"/" + strings.Repeat("a", 600): "",
 		strings.Repeat("/a", 17):       "",
+		// Format characters and line separators, refused as in ids.
+		"/a\u202eb.md": "",
+		"/a\u200bb.md": "",
+		"/a\u2066b.md": "",
+		"/\ufeffa.md":  "",
+		"/a\u00adb.md": "",
+		"/a\u2028b.md": "",
+		"/a\u0085b.md": "",
+		"/a\xffb.md":   "",
 	} {
 		got, err := memory.CleanPath(p)
 		if want == "" {
@@ -61,37 +76,38 @@ func TestWriteReadAppendVersions(t *testing.T) {
 	ctx := context.Background()
 	n, st := open(t, t.TempDir(), memory.Options{MaxNoteBytes: 64, MaxNotes: 2})
 	defer st.Close()
-	a, err := n.Write(ctx, "acme", "/topics/icp.md", "B2B SaaS", 0)
+	acme := memory.Space{Tenant: "acme", Principal: "ada"}
+	a, err := n.Write(ctx, acme, "/topics/icp.md", "B2B SaaS", 0)
 	if err != nil || a.Version != 1 {
 		t.Fatalf("write: %+v %v", a, err)
 	}
-	if _, err := n.Write(ctx, "acme", "/topics/icp.md", "x", 7); !errors.Is(err, memory.ErrConflict) {
+	if _, err := n.Write(ctx, acme, "/topics/icp.md", "x", 7); !errors.Is(err, memory.ErrConflict) {
 		t.Fatalf("ifVersion mismatch: %v", err)
 	}
-	b, err := n.Write(ctx, "acme", "/topics/icp.md", "B2B SaaS, 50-500 staff", 1)
+	b, err := n.Write(ctx, acme, "/topics/icp.md", "B2B SaaS, 50-500 staff", 1)
 	if err != nil || b.Version != 2 || !b.CreatedAt.Equal(a.CreatedAt) {
 		t.Fatalf("write at version: %+v %v", b, err)
 	}
-	c, err := n.Append(ctx, "acme", "/topics/icp.md", "EU first")
+	c, err := n.Append(ctx, acme, "/topics/icp.md", "EU first")
 	if err != nil || c.Version != 3 || c.Content != "B2B SaaS, 50-500 staff\nEU first" {
 		t.Fatalf("append: %+v %v", c, err)
 	}
-	if _, err := n.Append(ctx, "acme", "/topics/icp.md", strings.Repeat("x", 64)); !errors.Is(err, memory.ErrTooLarge) {
+	if _, err := n.Append(ctx, acme, "/topics/icp.md", strings.Repeat("x", 64)); !errors.Is(err, memory.ErrTooLarge) {
 		t.Fatalf("over the size: %v", err)
 	}
-	if _, err := n.Read(ctx, "other", "/topics/icp.md"); !errors.Is(err, memory.ErrNotFound) {
+	if _, err := n.Read(ctx, memory.Space{Tenant: "other", Principal: "ada"}, "/topics/icp.md"); !errors.Is(err, memory.ErrNotFound) {
 		t.Fatalf("another tenant sees it: %v", err)
 	}
-	if _, err := n.Write(ctx, "acme", "/b", "", 0); err != nil {
+	if _, err := n.Write(ctx, acme, "/b", "", 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Write(ctx, "acme", "/c", "", 0); !errors.Is(err, memory.ErrQuota) {
+	if _, err := n.Write(ctx, acme, "/c", "", 0); !errors.Is(err, memory.ErrQuota) {
 		t.Fatalf("over the count: %v", err)
 	}
-	if _, err := n.Write(ctx, "acme", "/../etc/passwd", "", 0); !errors.Is(err, memory.ErrInvalidPath) {
+	if _, err := n.Write(ctx, acme, "/../etc/passwd", "", 0); !errors.Is(err, memory.ErrInvalidPath) {
 		t.Fatalf("path escape: %v", err)
 	}
-	ls, _ := n.List(ctx, "acme", "/topics/")
+	ls, _ := n.List(ctx, acme, "/topics/")
 	if len(ls) != 1 || ls[0].Path != "/topics/icp.md" || ls[0].Version != 3 {
 		t.Fatalf("list: %+v", ls)
 	}
@@ -108,7 +124,7 @@ func TestConcurrentAppendsLoseNothing(t *testing.T) {
 	for w := range writers {
 		wg.Go(func() {
 			for i := range each {
-				if _, err := n.Append(ctx, "t", "/log.md", fmt.Sprintf("w%d-%d", w, i)); err != nil {
+				if _, err := n.Append(ctx, me, "/log.md", fmt.Sprintf("w%d-%d", w, i)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -118,7 +134,7 @@ func TestConcurrentAppendsLoseNothing(t *testing.T) {
 	st.Close()
 	n, st = open(t, dir, memory.Options{})
 	defer st.Close()
-	note, err := n.Read(ctx, "t", "/log.md")
+	note, err := n.Read(ctx, me, "/log.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +150,7 @@ func TestConcurrentAppendsLoseNothing(t *testing.T) {
 		}
 	}
 	// The index came back with the store.
-	if hits, _ := n.Search(ctx, "t", "w3", "", 5); len(hits) != 1 || hits[0].Path != "/log.md" {
+	if hits, _ := n.Search(ctx, me, "w3", "", 5); len(hits) != 1 || hits[0].Path != "/log.md" {
 		t.Fatalf("search after reopen: %+v", hits)
 	}
 }
@@ -148,11 +164,11 @@ func TestSearchRanksAndSnippets(t *testing.T) {
 		"/playbooks/outreach.md": "Open with the customer's problem. Never pitch in the first message.",
 		"/tone.md":               "Friendly, short sentences. No jargon.",
 	} {
-		if _, err := n.Write(ctx, "t", p, c, 0); err != nil {
+		if _, err := n.Write(ctx, me, p, c, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	hits, err := n.Search(ctx, "t", "ideal customer", "", 10)
+	hits, err := n.Search(ctx, me, "ideal customer", "", 10)
 	if err != nil || len(hits) != 2 || hits[0].Path != "/topics/icp.md" || hits[0].Score <= hits[1].Score {
 		t.Fatalf("ranking: %+v %v", hits, err)
 	}
@@ -160,20 +176,20 @@ func TestSearchRanksAndSnippets(t *testing.T) {
 		t.Fatalf("snippet: %q", hits[0].Snippet)
 	}
 	// The path counts: a note named for the query ranks first.
-	if hits, _ := n.Search(ctx, "t", "outreach", "", 10); len(hits) != 1 || hits[0].Path != "/playbooks/outreach.md" {
+	if hits, _ := n.Search(ctx, me, "outreach", "", 10); len(hits) != 1 || hits[0].Path != "/playbooks/outreach.md" {
 		t.Fatalf("path match: %+v", hits)
 	}
-	if hits, _ := n.Search(ctx, "t", "customer", "/playbooks/", 10); len(hits) != 1 {
+	if hits, _ := n.Search(ctx, me, "customer", "/playbooks/", 10); len(hits) != 1 {
 		t.Fatalf("prefix: %+v", hits)
 	}
-	if hits, _ := n.Search(ctx, "other", "customer", "", 10); len(hits) != 0 {
+	if hits, _ := n.Search(ctx, memory.Space{Tenant: "other", Principal: "me"}, "customer", "", 10); len(hits) != 0 {
 		t.Fatalf("another tenant's notes: %+v", hits)
 	}
 	// A rewrite moves the note in the index.
-	if _, err := n.Write(ctx, "t", "/tone.md", "Formal.", 0); err != nil {
+	if _, err := n.Write(ctx, me, "/tone.md", "Formal.", 0); err != nil {
 		t.Fatal(err)
 	}
-	if hits, _ := n.Search(ctx, "t", "jargon", "", 10); len(hits) != 0 {
+	if hits, _ := n.Search(ctx, me, "jargon", "", 10); len(hits) != 0 {
 		t.Fatalf("stale index: %+v", hits)
 	}
 }
@@ -185,7 +201,7 @@ func TestTools(t *testing.T) {
 	defer st.Close()
 	call := func(name, in string) map[string]any {
 		t.Helper()
-		out, err := n.Call(ctx, "t", name, json.RawMessage(in))
+		out, err := n.Call(ctx, owner, name, json.RawMessage(in))
 		if err != nil {
 			t.Fatalf("%s %s: %v", name, in, err)
 		}
@@ -217,11 +233,11 @@ func TestTools(t *testing.T) {
 		"memory_read":  `{"path":"/nope"}`,
 		"nope":         `{}`,
 	} {
-		if _, err := n.Call(ctx, "t", name, json.RawMessage(in)); err == nil {
+		if _, err := n.Call(ctx, owner, name, json.RawMessage(in)); err == nil {
 			t.Errorf("%s %s: no error", name, in)
 		}
 	}
-	if err := n.Check("memory_read", json.RawMessage(`{"path":"/a/../b"}`)); !errors.Is(err, memory.ErrInvalidPath) {
+	if err := n.Check(ctx, owner, "memory_read", json.RawMessage(`{"path":"/a/../b"}`)); !errors.Is(err, memory.ErrInvalidPath) {
 		t.Fatalf("check: %v", err)
 	}
 	if len(n.Tools()) != 6 {
@@ -244,7 +260,7 @@ func BenchmarkSearch10k(b *testing.B) {
 			sb.WriteString(words[(i*7+j*13)%len(words)])
 			fmt.Fprintf(&sb, "%d ", (i+j)%97)
 		}
-		if _, err := n.Write(ctx, "t", fmt.Sprintf("/notes/%05d.md", i), sb.String(), 0); err != nil {
+		if _, err := n.Write(ctx, me, fmt.Sprintf("/notes/%05d.md", i), sb.String(), 0); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -252,7 +268,7 @@ func BenchmarkSearch10k(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
-		if _, err := n.Search(ctx, "t", words[i%len(words)]+" "+words[(i+5)%len(words)]+"3", "", 10); err != nil {
+		if _, err := n.Search(ctx, me, words[i%len(words)]+" "+words[(i+5)%len(words)]+"3", "", 10); err != nil {
 			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(start))
@@ -269,7 +285,7 @@ func BenchmarkWrite(b *testing.B) {
 	n, st := open(b, b.TempDir(), memory.Options{MaxNotes: 1 << 30})
 	defer st.Close()
 	for i := 0; b.Loop(); i++ {
-		if _, err := n.Write(ctx, "t", fmt.Sprintf("/w/%d.md", i%5000), "a note about customers and outreach", 0); err != nil {
+		if _, err := n.Write(ctx, me, fmt.Sprintf("/w/%d.md", i%5000), "a note about customers and outreach", 0); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -123,7 +123,7 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	n.Bridge = br
-	sessions, err := session.New(session.Options{Store: st, Logger: o.Logger})
+	sessions, err := session.New(session.Options{Store: st, Logger: o.Logger, MaxPerOwner: o.SessionsPerPrincipal})
 	if err != nil {
 		return err
 	}
@@ -145,7 +145,12 @@ func (n *Node) build(ctx context.Context) error {
 	if err := chans.Start(ctx, decider{k: k, b: br}); err != nil {
 		return err
 	}
-	notes, err := memory.Open(ctx, memory.Options{Store: st})
+	mo := o.Memory
+	mo.Store, mo.Logger = st, o.Logger
+	if mo.LegacyOwner == "" {
+		mo.LegacyOwner = authn.SoleSubject()
+	}
+	notes, err := memory.Open(ctx, mo)
 	if err != nil {
 		return err
 	}

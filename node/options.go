@@ -15,7 +15,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/option"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/peer"
+	"github.com/gatehouse-dev/gatehouse/session"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -44,6 +46,7 @@ type Options struct {
 
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
+	Memory memory.Options  // Store and Logger are filled in, LegacyOwner when empty (auth's sole subject)
 
 	OutboxLimit     int           // see peer.Options
 	OutboxRetention time.Duration // see peer.Options
@@ -74,6 +77,10 @@ type Options struct {
 	// folder (none when InMemory), its Allow WebhookAllow and its Logger
 	// are filled in.
 	WebPush *webpush.Options
+	// SessionsPerPrincipal is the most durable sessions one principal (an
+	// owner within its tenant) may hold, archived ones included (see
+	// session.Options.MaxPerOwner).
+	SessionsPerPrincipal int
 
 	// Retention deletes finished executions this long after they ended.
 	// RetentionCount, when positive, also keeps at most that many finished
@@ -94,9 +101,9 @@ type Options struct {
 }
 
 // Defaults returns the Options `gatehouse serve` starts from: every value
-// Open gives a zero field, the kernel's, the server's and the peer hub's
-// included, and the data folder serve uses unless told (Open itself
-// fills no Data). Fields whose default follows from others (the server's
+// Open gives a zero field, the kernel's, the server's, the memory's and
+// the peer hub's included, and the data folder serve uses unless told
+// (Open itself fills no Data). Fields whose default follows from others (the server's
 // MaxFrameBytes and ConnectBurst, the store's disk marks) and fields with
 // no default stay zero.
 func Defaults() Options {
@@ -109,11 +116,14 @@ func Defaults() Options {
 		Kernel:            kernel.Defaults(),
 		Server:            gateway.Defaults(),
 		Channels:          channel.Defaults(),
+		Memory:            memory.Defaults(),
 		OutboxLimit:       peers.OutboxLimit,
 		OutboxRetention:   peers.Retention,
 		PeerRetention:     peers.ConsumerRetention,
 		Retention:         168 * time.Hour,
 		RetentionInterval: 10 * time.Minute,
+
+		SessionsPerPrincipal: session.DefaultMaxPerOwner,
 	}
 }
 

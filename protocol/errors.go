@@ -2,6 +2,8 @@ package protocol
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -20,7 +22,30 @@ const StorageRetryAfter = "2"
 var ErrInvalid = errors.New("invalid request")
 
 // Invalid returns an error that matches ErrInvalid and says msg.
-func Invalid(msg string) error { return errors.Join(ErrInvalid, errors.New(msg)) }
+func Invalid(msg string) error { return fmt.Errorf("%w: %s", ErrInvalid, msg) }
+
+// Sentence is an error's message as every error answer carries it: one
+// line. errors.Join puts a newline between the errors it joins, and
+// libraries' messages (a validator's, a decoder's) may span lines; their
+// lines are kept, each trimmed, separated by "; ". The gateway's and the
+// surfaces' error mappings all word an error through it.
+func Sentence(msg string) string {
+	if !strings.ContainsAny(msg, "\r\n") {
+		return msg
+	}
+	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
+	kept := lines[:0]
+	for _, l := range lines {
+		if l = strings.TrimSpace(l); l != "" {
+			kept = append(kept, l)
+		}
+	}
+	return strings.Join(kept, "; ")
+}
+
+// CodeQuotaExceeded is the machine code of a refusal past a principal's
+// quota (sessions, session.ErrQuota): 403 on every wire.
+const CodeQuotaExceeded = "QUOTA_EXCEEDED"
 
 // ErrorBody is the error answer of the kernel API, which seed 001's and
 // AAP's surfaces share: a sentence and a machine code, and details where
@@ -39,10 +64,14 @@ func Failure(err error) (int, ErrorBody) {
 	if !known {
 		return status, ErrorBody{Error: "internal error", Code: code}
 	}
-	body := ErrorBody{Error: err.Error(), Code: code}
+	body := ErrorBody{Error: Sentence(err.Error()), Code: code}
 	var kerr *kernel.Error
 	if errors.As(err, &kerr) {
 		body.Details = kerr.Details
+	}
+	var qerr *session.QuotaError
+	if errors.As(err, &qerr) {
+		body.Details = qerr.Details()
 	}
 	return status, body
 }
@@ -70,6 +99,8 @@ func Status(err error) (status int, code string, known bool) {
 		return fasthttp.StatusGone, "CURSOR_EXPIRED", true
 	case errors.Is(err, session.ErrConflict), errors.Is(err, session.ErrArchived), errors.Is(err, kernel.ErrConflict):
 		return fasthttp.StatusConflict, "CONFLICT", true
+	case errors.Is(err, session.ErrQuota):
+		return fasthttp.StatusForbidden, CodeQuotaExceeded, true
 	case errors.Is(err, auth.ErrForbidden):
 		return fasthttp.StatusForbidden, "FORBIDDEN", true
 	case errors.Is(err, kernel.ErrStorageFull):

@@ -48,13 +48,29 @@ func TestFailure(t *testing.T) {
 		status int
 		body   protocol.ErrorBody
 	}{
-		{protocol.Invalid("cursor: not a number"), 400, protocol.ErrorBody{Error: "invalid request\ncursor: not a number", Code: "VALIDATION_ERROR"}},
+		{protocol.Invalid("cursor: not a number"), 400, protocol.ErrorBody{Error: "invalid request: cursor: not a number", Code: "VALIDATION_ERROR"}},
+		{errors.Join(kernel.ErrNotFound, errors.New("unknown action a1")), 404, protocol.ErrorBody{Error: "not found; unknown action a1", Code: "NOT_FOUND"}},
 		{fmt.Errorf("thread t1: %w", session.ErrNotFound), 404, protocol.ErrorBody{Error: "thread t1: session: not found", Code: "NOT_FOUND"}},
 		{errors.New("open /secret/path: permission denied"), 500, protocol.ErrorBody{Error: "internal error", Code: "INTERNAL_ERROR"}},
 	} {
 		status, body := protocol.Failure(tc.err)
 		if status != tc.status || body != tc.body {
 			t.Errorf("Failure(%q) = %d %+v, want %d %+v", tc.err, status, body, tc.status, tc.body)
+		}
+	}
+}
+
+// TestSentenceIsOneLine: what errors.Join and multi-line library messages
+// make of an error's text is answered on one line.
+func TestSentenceIsOneLine(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"not found: session s1", "not found: session s1"},
+		{errors.Join(errors.New("invalid request"), errors.New("the last message must be a user message")).Error(), "invalid request; the last message must be a user message"},
+		{"jsonschema validation failed\n  - at '/a': want string\r\n\n  - at '/b': missing", "jsonschema validation failed; - at '/a': want string; - at '/b': missing"},
+		{"\n", ""},
+	} {
+		if got := protocol.Sentence(tc.in); got != tc.want {
+			t.Errorf("Sentence(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

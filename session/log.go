@@ -136,6 +136,9 @@ func (e *entry) expand(last, after uint64, fn func(Item) bool) bool {
 	if first == 0 {
 		first = last
 	}
+	if after >= last {
+		return true // and after+1 below cannot wrap
+	}
 	for seq := max(first, after+1); seq <= last; seq++ {
 		it := Item{Seq: seq, Kind: e.kind(), Type: e.Type, At: e.At, ThreadID: e.Thread, TurnID: e.Turn, ExecutionID: e.Exec}
 		i := seq - first
@@ -255,7 +258,7 @@ func (r *Registry) Read(ctx context.Context, id string, after uint64, fn func(It
 		open = &cp
 	}
 	b.mu.Unlock()
-	if first > 1 && after+1 < first {
+	if first > 1 && after < first-1 {
 		return fmt.Errorf("%w: session %s keeps sequences from %d, the cursor asks for %d", ErrCursorExpired, id, first, after+1)
 	}
 	cont := true

@@ -34,6 +34,9 @@ const (
 	DefaultMaxEntries  = 100000
 	DefaultMaxAge      = 30 * 24 * time.Hour
 	DefaultThread      = "main"
+	// DefaultMaxPerOwner is the most sessions one principal (an owner
+	// within its tenant) may hold when Options.MaxPerOwner is zero.
+	DefaultMaxPerOwner = 100000
 )
 
 // Limits of what a session holds.
@@ -68,6 +71,10 @@ type Options struct {
 	// entries and 30 days.
 	MaxEntries int
 	MaxAge     time.Duration
+	// MaxPerOwner bounds the sessions one principal holds, archived ones
+	// included (sessions are kept until deleted): past it a new session is
+	// refused with ErrQuota. Zero means DefaultMaxPerOwner.
+	MaxPerOwner int
 }
 
 // Registry keeps every durable session. It implements kernel.Sessions; it
@@ -77,8 +84,10 @@ type Registry struct {
 	st  *store.Store
 	log *slog.Logger
 
-	mu     sync.Mutex
-	books  map[string]*book
+	mu    sync.Mutex
+	books map[string]*book
+	// owned counts each owner's sessions, by ownerKey, once counted.
+	owned  map[string]int
 	k      Kernel
 	closed bool
 	wg     sync.WaitGroup
@@ -123,8 +132,13 @@ func New(o Options) (*Registry, error) {
 	option.Default(&o.DeltaBytes, DefaultDeltaBytes)
 	option.Default(&o.MaxEntries, DefaultMaxEntries)
 	option.Default(&o.MaxAge, DefaultMaxAge)
-	return &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{},
-		closing: make(chan struct{})}, nil
+	option.Default(&o.MaxPerOwner, DefaultMaxPerOwner)
+	r := &Registry{o: o, st: o.Store, log: o.Logger, books: map[string]*book{}, owned: map[string]int{},
+		closing: make(chan struct{})}
+	if err := r.indexOwners(context.Background()); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // Close flushes open delta runs and stops starting turns. Turns queued or
@@ -160,7 +174,7 @@ func (r *Registry) book(ctx context.Context, id string) (*book, error) {
 	var s Session
 	if err := r.st.Get(kindSession, id, &s); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("%w: session %s", ErrNotFound, id)
+			return nil, NotFound(id)
 		}
 		return nil, fmt.Errorf("session: load %s: %w", id, err)
 	}
@@ -232,7 +246,8 @@ func validID(what, id string) error {
 	return nil
 }
 
-// Create makes a session. A session id already taken is ErrConflict.
+// Create makes a session. A session id already taken is ErrExists; a
+// session past its owner's quota is ErrQuota.
 func (r *Registry) Create(ctx context.Context, req CreateRequest) (Session, error) {
 	if req.ID == "" {
 		req.ID = event.NewID()
@@ -257,6 +272,10 @@ func (r *Registry) Create(ctx context.Context, req CreateRequest) (Session, erro
 	if err := r.st.Admit(); err != nil {
 		return Session{}, err // short of room: new work waits
 	}
+	release, err := r.reserve(req.Tenant, req.Owner)
+	if err != nil {
+		return Session{}, err
+	}
 	now := time.Now().UTC()
 	b := &book{id: req.ID, opened: map[string]*opening{}, sess: Session{
 		ID: req.ID, Title: req.Title, Source: req.Source, Status: StatusActive, Owner: req.Owner, Tenant: req.Tenant,
@@ -266,12 +285,14 @@ func (r *Registry) Create(ctx context.Context, req CreateRequest) (Session, erro
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := r.claim(ctx, b); err != nil {
+		release()
 		return Session{}, err
 	}
-	err := r.write(ctx, b, func(a *appender, s *Session) error {
+	err = r.write(ctx, b, func(a *appender, s *Session) error {
 		return r.created(a, s)
 	})
 	if err != nil {
+		release()
 		r.mu.Lock()
 		delete(r.books, b.id)
 		r.mu.Unlock()
@@ -284,7 +305,7 @@ func (r *Registry) Create(ctx context.Context, req CreateRequest) (Session, erro
 // in the store. The caller holds b.mu.
 func (r *Registry) claim(ctx context.Context, b *book) error {
 	if _, err := r.book(ctx, b.id); err == nil {
-		return fmt.Errorf("%w: session %s exists", ErrConflict, b.id)
+		return fmt.Errorf("%w: %s", ErrExists, b.id)
 	} else if !errors.Is(err, ErrNotFound) {
 		return err
 	}
@@ -294,15 +315,18 @@ func (r *Registry) claim(ctx context.Context, b *book) error {
 		return ErrClosed
 	}
 	if r.books[b.id] != nil {
-		return fmt.Errorf("%w: session %s exists", ErrConflict, b.id)
+		return fmt.Errorf("%w: %s", ErrExists, b.id)
 	}
 	r.books[b.id] = b
 	return nil
 }
 
-// created appends the facts of a new session: session.created and its
-// threads.
+// created appends the facts of a new session, session.created and its
+// threads, and lists it under its owner.
 func (r *Registry) created(a *appender, s *Session) error {
+	if err := a.batch.Put(kindOwned, ownerKey(s.Tenant, s.Owner)+s.ID, true); err != nil {
+		return err
+	}
 	if err := a.fact(FactSessionCreated, "", "", &SessionFact{Title: s.Title, Source: s.Source, Status: s.Status, AgentID: s.AgentID}); err != nil {
 		return err
 	}
@@ -389,7 +413,7 @@ func (r *Registry) Get(ctx context.Context, id string) (Session, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.saved {
-		return Session{}, fmt.Errorf("%w: session %s", ErrNotFound, id)
+		return Session{}, NotFound(id)
 	}
 	return b.sess.clone(), nil
 }
@@ -429,6 +453,11 @@ type ListRequest struct {
 	After string
 	// Limit bounds the page; zero means 100, at most 1,000.
 	Limit int
+	// Owner, when set, lists only the sessions of that principal of
+	// Tenant, read through the owner index: the listing then costs what
+	// the owner holds, not what every tenant does. Empty lists every
+	// session (for an admin).
+	Owner, Tenant string
 	// Visible keeps the sessions the caller may see.
 	Visible func(*Session) bool
 }
@@ -439,12 +468,15 @@ type ListPage struct {
 	Next     string
 }
 
-// List returns a page of sessions.
+// List returns a page of sessions, in id order.
 func (r *Registry) List(ctx context.Context, req ListRequest) (ListPage, error) {
 	if req.Limit <= 0 {
 		req.Limit = 100
 	}
 	req.Limit = min(req.Limit, 1000)
+	if req.Owner != "" {
+		return r.listOwned(ctx, req)
+	}
 	var page ListPage
 	var derr error
 	err := r.st.Records(kindSession, func(id string, decode func(any) error) bool {

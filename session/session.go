@@ -24,6 +24,7 @@ package session
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -37,6 +38,14 @@ var (
 	// a turn id reused for other input, a turn that is not queued, a
 	// session id taken.
 	ErrConflict = errors.New("session: conflict")
+	// ErrExists reports a session id that is taken; it matches ErrConflict
+	// as well. Whose it is, the error does not say: a surface answers a
+	// taken id of someone else as it answers a session the caller may not
+	// see.
+	ErrExists = fmt.Errorf("%w: session id taken", ErrConflict)
+	// ErrQuota reports a session that would take its owner past
+	// Options.MaxPerOwner; see QuotaError.
+	ErrQuota = errors.New("session: quota exceeded")
 	// ErrInvalid reports a malformed request.
 	ErrInvalid = errors.New("session: invalid argument")
 	// ErrCursorExpired reports a read from before the oldest retained
@@ -46,6 +55,10 @@ var (
 	// ErrClosed reports use after Close.
 	ErrClosed = errors.New("session: closed")
 )
+
+// NotFound is the error of an unknown session id: a surface gives it, word
+// for word, for a session the caller may not see as well.
+func NotFound(id string) error { return fmt.Errorf("%w: session %s", ErrNotFound, id) }
 
 // Status is a session's lifecycle state.
 type Status string

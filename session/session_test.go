@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -543,5 +544,43 @@ func TestRetentionKeepsRunningTurnsAndSaysWhenHistoryIsGone(t *testing.T) {
 	defer w2.close()
 	if f, _ := w2.reg.First(ctx, s.ID); f != first {
 		t.Fatalf("after a restart the log starts at %d, want %d", f, first)
+	}
+}
+
+// TestNothingFollowsTheLargestSequence: a read of a session's log after
+// 2^64-1 gives nothing, neither stored entries nor the deltas of a run not
+// yet written, and is not taken for a cursor older than what retention
+// kept. after+1 wrapped to 0: the open run was replayed, and a pruned log
+// answered ErrCursorExpired.
+func TestNothingFollowsTheLargestSequence(t *testing.T) {
+	w := open(t, t.TempDir(), session.Options{MaxEntries: 3, MaxAge: time.Hour, DeltaWindow: time.Hour})
+	defer w.close()
+	ctx := context.Background()
+	ag := w.agent("ag")
+	s, err := w.reg.Create(ctx, session.CreateRequest{AgentID: "ag"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag.completeTurns(s.ID, "done", 3)
+	if _, err := w.reg.Submit(ctx, session.SubmitRequest{SessionID: s.ID, TurnID: "running"}); err != nil {
+		t.Fatal(err)
+	}
+	exec, lease := ag.assigned()
+	if removed, err := w.reg.Prune(ctx, time.Now()); err != nil || removed == 0 {
+		t.Fatalf("prune removed %d: %v", removed, err)
+	}
+	if _, err := w.k.Say(ctx, kernel.IntentRequest{ExecutionID: exec, SessionID: lease, Intent: kernel.Intent{
+		Type: kernel.IntentOutput, Output: json.RawMessage(`{"kind":"text_delta","text":"open"}`),
+	}}, kernel.Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	last, _ := w.reg.Last(ctx, s.ID)
+	var open []session.Item
+	if err := w.reg.Read(ctx, s.ID, last-1, func(it session.Item) bool { open = append(open, it); return true }); err != nil || len(open) != 1 || open[0].Kind != session.KindDelta {
+		t.Fatalf("the open run: %+v %v", open, err)
+	}
+	var got []session.Item
+	if err := w.reg.Read(ctx, s.ID, math.MaxUint64, func(it session.Item) bool { got = append(got, it); return true }); err != nil || len(got) != 0 {
+		t.Fatalf("after 2^64-1: %s (%v), want nothing", summary(got), err)
 	}
 }

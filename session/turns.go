@@ -282,6 +282,9 @@ func (r *Registry) Open(ctx context.Context, o kernel.Opening) (string, string, 
 	}
 	b, err := r.book(ctx, o.SessionID)
 	if errors.Is(err, ErrNotFound) {
+		if err := r.roomFor(o.Tenant, o.Owner); err != nil {
+			return "", "", err
+		}
 		now := time.Now().UTC()
 		nb := &book{id: o.SessionID, opened: map[string]*opening{}, sess: Session{
 			ID: o.SessionID, Title: DefaultTitle, Source: "api", Status: StatusActive, Owner: o.Owner, Tenant: o.Tenant,
@@ -334,6 +337,7 @@ func (r *Registry) Stage(batch *store.Batch, id string, fs []kernel.Filing) func
 		next    []Turn
 		opened  []string
 		changed = !b.saved
+		fresh   = !b.saved
 		err2    error
 	)
 	if !b.saved {
@@ -383,6 +387,9 @@ func (r *Registry) Stage(batch *store.Batch, id string, fs []kernel.Filing) func
 		r.committed(b, sealed, last)
 		if changed {
 			b.sess, b.saved = s, true
+		}
+		if fresh && err2 == nil {
+			r.counted(s.Tenant, s.Owner)
 		}
 		r.notify(id)
 		for _, t := range next {

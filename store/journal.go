@@ -163,7 +163,7 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := mkdirDurable(dir); err != nil {
 		return nil, fmt.Errorf("store: journal: %w", err)
 	}
 	option.Default(&o.recycle, maxRecycled*o.maxSegment)
@@ -678,6 +678,31 @@ func (j *journal) close(clean bool) error {
 		err = serr
 	}
 	return err
+}
+
+// mkdirDurable makes the folder dir, and its missing parents, such that
+// it survives a power cut: a folder's name is durable only once the
+// folder holding it is synced. The parent is synced even when dir exists:
+// a process killed before it could leaves a name that the page cache
+// still shows and a power cut would take away.
+func mkdirDurable(dir string) error {
+	dir = filepath.Clean(dir)
+	missing := []string{dir}
+	for d := filepath.Dir(dir); d != filepath.Dir(d); d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := syncDir(filepath.Dir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func syncDir(dir string) error {

@@ -3,9 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,35 +12,8 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 )
-
-// copyJournal copies a live store's journal into a fresh data folder, as a
-// power cut would leave it if Badger's unsynced files were lost entirely.
-func copyJournal(t *testing.T, from string) string {
-	t.Helper()
-	to := t.TempDir()
-	src, dst := filepath.Join(from, "journal"), filepath.Join(to, "journal")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(src, e.Name()))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // a spare renamed meanwhile; it holds no records
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, e.Name()), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return to
-}
 
 func write(t *testing.T, s *Store, f func(b *Batch)) {
 	t.Helper()
@@ -53,16 +24,17 @@ func write(t *testing.T, s *Store, f func(b *Batch)) {
 	}
 }
 
-// TestJournalAloneRestoresEverything: the journal by itself rebuilds every
+// TestPowerCutFSJournalAloneRestoresEverything: the journal by itself rebuilds every
 // acknowledged write, deletes included, across segments, with the epoch.
-func TestJournalAloneRestoresEverything(t *testing.T) {
+func TestPowerCutFSJournalAloneRestoresEverything(t *testing.T) {
 	for _, mode := range []SyncMode{SyncAlways, SyncBatch} {
 		t.Run(mode.String(), func(t *testing.T) { testJournalAloneRestoresEverything(t, mode) })
 	}
 }
 
 func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
-	dir := t.TempDir()
+	m := onCutFS(t)
+	dir := m.Dir()
 	s := openWith(t, Options{Dir: dir, Sync: mode, segmentSize: 4 << 10})
 	for i := uint64(1); i <= 200; i++ {
 		write(t, s, func(b *Batch) {
@@ -92,14 +64,28 @@ func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
 	if n := s.journal.pending(); n < 3 {
 		t.Fatalf("%d segments: the test wants several", n)
 	}
-	copied := copyJournal(t, dir)
+	if mode == SyncBatch {
+		// Every write acknowledged: the promise covers them once the
+		// interval's sync has come.
+		eventually.True(t, "the journal is synced", func() bool { return s.batchSynced.Load() >= s.acked.Load() })
+	}
 	epoch := s.Epoch()
+	if _, err := m.Cut(cutfs.CutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// What the store does after the cut is lost, a clean close included,
+	// which leaves no journal.
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if left, _ := os.ReadDir(filepath.Join(dir, "journal")); len(left) != 0 {
 		t.Errorf("a clean close left %d journal segments", len(left))
 	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The journal alone: Badger's files are lost, every one.
+	copied := journalOnly(t, m.Backing())
 
 	r := openWith(t, Options{Dir: copied})
 	defer r.Close()
@@ -132,18 +118,15 @@ func testJournalAloneRestoresEverything(t *testing.T, mode SyncMode) {
 	}
 }
 
-// TestJournalTornTail: a record cut short by a crash ends the history;
+// TestPowerCutFSJournalTornTail: a record cut short by a crash ends the history;
 // everything before it is kept and the store opens.
-func TestJournalTornTail(t *testing.T) {
-	dir := t.TempDir()
-	s := open(t, dir, SyncAlways)
+func TestPowerCutFSJournalTornTail(t *testing.T) {
+	m := onCutFS(t)
+	s := open(t, m.Dir(), SyncAlways)
 	for i := uint64(1); i <= 5; i++ {
 		write(t, s, func(b *Batch) { b.Append("ev", i, fmt.Appendf(nil, "entry-%d", i)) })
 	}
-	copied := copyJournal(t, dir)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	copied := powerCut(t, m, s, cutfs.CutOptions{})
 	segs, _ := filepath.Glob(filepath.Join(copied, "journal", "*"+segmentExt))
 	if len(segs) != 1 { // the one written: the next is prepared once it is half full
 		t.Fatalf("segments %v", segs)
@@ -331,16 +314,76 @@ func TestCheckpointSyncsValueLogOnlyWhenUsed(t *testing.T) {
 	}
 }
 
-// TestIdleJournalLetsGo: once writes stop, the journal moves to one small
+// TestPowerCutFSKeepsLargeValues: a value large enough for Badger's value
+// log, acknowledged and written out in a table before any checkpoint
+// synced the value log, is there after a power cut: the table survives
+// and points at a value the cut lost, and the journal's replay writes the
+// value again instead of taking the table's word for it. It read back
+// empty before.
+func TestPowerCutFSKeepsLargeValues(t *testing.T) {
+	m := onCutFS(t)
+	s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
+	defer s.Close()
+	big := bytes.Repeat([]byte("B"), 2<<20)
+	write(t, s, func(b *Batch) { b.Append("big", 1, big) })
+	if err := s.flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Twice: the second time the replayed value is in a table too, beside
+	// the one that lost it, and reads must still find it.
+	for range 2 {
+		r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
+		if got, err := r.Entry("big", 1); err != nil || !bytes.Equal(got, big) {
+			t.Fatalf("the large value after the cut: %d of %d bytes, %v", len(got), len(big), err)
+		}
+		if err := r.flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		m = cutfs.MountForTest(t, m.Backing(), cutfs.Options{})
+		s = openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
+		defer s.Close()
+	}
+}
+
+// TestPowerCutFSCrashLoopKeepsTheJournalSmall: a store cut off again and
+// again, each time before Badger writes a table, keeps a few journal
+// segments, not one more per start, and every write.
+func TestPowerCutFSCrashLoopKeepsTheJournalSmall(t *testing.T) {
+	dir := t.TempDir()
+	seq := uint64(0)
+	for range 8 {
+		m := cutfs.MountForTest(t, dir, cutfs.Options{})
+		// Never idle long enough to settle the journal by itself.
+		s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
+		eventually.True(t, "the journal keeps a few segments", func() bool { return s.journal.pending() <= maxRecycled+1 })
+		for range 20 {
+			seq++
+			write(t, s, func(b *Batch) { b.Append("ev", seq, bytes.Repeat([]byte{1}, 2000)) })
+		}
+		dir = powerCut(t, m, s, cutfs.CutOptions{})
+	}
+	r := openWith(t, Options{Dir: dir})
+	defer r.Close()
+	if got, err := r.Read("ev", 0, 0); err != nil || uint64(len(got)) != seq {
+		t.Fatalf("%d of %d entries after the cuts (%v)", len(got), seq, err)
+	}
+}
+
+// TestPowerCutFSIdleJournalLetsGo: once writes stop, the journal moves to one small
 // segment and lets go of the others, and of those kept for reuse: Badger
 // syncs its memory table's log, which then holds what its tables do not.
 // A power cut after that keeps everything: the journal left, Badger's
 // tables and its synced log.
-func TestIdleJournalLetsGo(t *testing.T) {
-	dir := t.TempDir()
+func TestPowerCutFSIdleJournalLetsGo(t *testing.T) {
+	m := onCutFS(t)
+	dir := m.Dir()
 	s := openWith(t, Options{Dir: dir, idleAfter: 100 * time.Millisecond})
 	defer s.Close()
-	for i := uint64(1); i <= 600; i++ {
+	// 2.4 MB: a few of the small segments a quiet journal starts with.
+	for i := uint64(1); i <= 300; i++ {
 		write(t, s, func(b *Batch) {
 			b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 8<<10))
 			if err := b.PutLazy("peer", fmt.Sprint(i%7), i); err != nil {
@@ -355,14 +398,14 @@ func TestIdleJournalLetsGo(t *testing.T) {
 		fi, err := f.Info()
 		return err == nil && fi.Size() <= minSegmentSize
 	})
-	r := openWith(t, Options{Dir: crashCopyMem(t, s, dir, true)})
+	r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
 	defer r.Close()
-	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 600 {
-		t.Fatalf("%d of 600 entries after the crash (%v)", len(got), err)
+	if got, err := r.Read("ev", 0, 0); err != nil || len(got) != 300 {
+		t.Fatalf("%d of 300 entries after the crash (%v)", len(got), err)
 	}
 	for k := range 7 {
 		var v uint64
-		if err := r.Get("peer", fmt.Sprint(k), &v); err != nil || v%7 != uint64(k) || v < 594 {
+		if err := r.Get("peer", fmt.Sprint(k), &v); err != nil || v%7 != uint64(k) || v < 294 {
 			t.Errorf("lazy record %d after the crash: %d, %v", k, v, err)
 		}
 	}
@@ -421,48 +464,50 @@ func TestIdleStoreWritesItsMemoryTableOut(t *testing.T) {
 	}
 }
 
-// TestReplaySkipsWhatBadgerHolds: after a crash that spared Badger's logs
+// TestPowerCutFSReplaySkipsWhatBadgerHolds: after a crash that spared Badger's logs
 // (a killed process: the page cache keeps them), the journal's replay
 // writes nothing Badger already holds, where it used to write everything
 // again as tables of duplicates; after a power cut that lost them, it
 // writes everything. Either way, every write is there.
-func TestReplaySkipsWhatBadgerHolds(t *testing.T) {
-	dir := t.TempDir()
-	// Idle, the store would sync Badger's logs, which a power cut then
-	// keeps.
-	s := openWith(t, Options{Dir: dir, idleAfter: time.Hour})
-	defer s.Close()
-	for i := uint64(1); i <= 300; i++ {
-		write(t, s, func(b *Batch) {
-			b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 500))
-			if err := b.PutLazy("peer", "p", i); err != nil {
-				t.Fatal(err)
-			}
-			if i%3 == 0 {
-				b.DeleteEntry("ev", i-1)
-			}
-		})
-	}
-	var p uint64
-	if err := s.Get("peer", "p", &p); err != nil { // hands the lazy writes over
-		t.Fatal(err)
-	}
+func TestPowerCutFSReplaySkipsWhatBadgerHolds(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		mem       bool
+		cut       cutfs.CutOptions
 		maxWrites int
-	}{{"killed: Badger's logs kept", true, 0}, {"power cut: Badger's logs lost", false, 1 << 30}} {
+	}{
+		{"killed: Badger's logs kept", cutfs.CutOptions{KeepPageCache: true}, 0},
+		{"power cut: Badger's logs lost", cutfs.CutOptions{}, 1 << 30},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := openWith(t, Options{Dir: crashCopyMem(t, s, dir, tc.mem)})
+			m := onCutFS(t)
+			// Idle, the store would sync Badger's logs, which a power cut
+			// then keeps.
+			s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
+			defer s.Close()
+			for i := uint64(1); i <= 300; i++ {
+				write(t, s, func(b *Batch) {
+					b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 500))
+					if err := b.PutLazy("peer", "p", i); err != nil {
+						t.Fatal(err)
+					}
+					if i%3 == 0 {
+						b.DeleteEntry("ev", i-1)
+					}
+				})
+			}
+			var p uint64
+			if err := s.Get("peer", "p", &p); err != nil { // hands the lazy writes over
+				t.Fatal(err)
+			}
+			r := openWith(t, Options{Dir: powerCut(t, m, s, tc.cut)})
 			defer r.Close()
-			if r.replayed.applied > tc.maxWrites || !tc.mem && r.replayed.applied < 600 {
+			if r.replayed.applied > tc.maxWrites || !tc.cut.KeepPageCache && r.replayed.applied < 600 {
 				t.Errorf("replay wrote %d writes and skipped %d", r.replayed.applied, r.replayed.skipped)
 			}
 			got, err := r.Read("ev", 0, 0)
 			if err != nil || len(got) != 200 {
 				t.Fatalf("%d of 200 entries (%v)", len(got), err)
 			}
-			var p uint64
 			if err := r.Get("peer", "p", &p); err != nil || p != 300 {
 				t.Errorf("lazy record: %d, %v", p, err)
 			}
@@ -486,4 +531,48 @@ func TestStatsShowBadgersLevelZero(t *testing.T) {
 		st := s.Stats()
 		return st.Level0Tables == 1 && st.TableBytes > 0
 	})
+}
+
+// TestPowerCutFSBatchLosesOnlyTheLastInterval: under SyncBatch a power cut,
+// the last journal write torn at a page boundary, loses only the writes of
+// the last sync interval: what survives is every write up to some point,
+// none half there, none missing before it, and nothing acknowledged well
+// before the cut is lost.
+func TestPowerCutFSBatchLosesOnlyTheLastInterval(t *testing.T) {
+	const interval = 20 * time.Millisecond
+	for seed := range uint64(3) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			m := onCutFS(t)
+			s := openWith(t, Options{Dir: m.Dir(), Sync: SyncBatch, SyncInterval: interval})
+			defer s.Close()
+			var acked []time.Time // acked[i]: when entry i+1 was acknowledged
+			cutAt := time.Now().Add(300*time.Millisecond + time.Duration(seed)*70*time.Millisecond)
+			for i := uint64(1); time.Now().Before(cutAt); i++ {
+				// Entries of several pages, so that a torn write leaves
+				// part of one.
+				write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 9000)) })
+				acked = append(acked, time.Now())
+			}
+			cut := time.Now()
+			r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{Tear: true, Seed: seed})})
+			defer r.Close()
+			got, err := r.Read("ev", 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range got {
+				if e.Seq != uint64(i+1) || !bytes.Equal(e.Data, bytes.Repeat([]byte{byte(e.Seq)}, 9000)) {
+					t.Fatalf("entry %d after the cut: sequence %d, %d bytes: not the prefix written", i+1, e.Seq, len(e.Data))
+				}
+			}
+			// Acknowledged a second before the cut: synced by dozens of
+			// intervals since, on however busy a machine.
+			for i, at := range acked[len(got):] {
+				if cut.Sub(at) > time.Second {
+					t.Fatalf("entry %d, acknowledged %v before the cut, is lost", len(got)+i+1, cut.Sub(at))
+				}
+			}
+			t.Logf("%d of %d acknowledged entries survived", len(got), len(acked))
+		})
+	}
 }

@@ -3,16 +3,15 @@ package store
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 )
 
 // TestLazyWritesReadBack: reads see lazy writes at once, deletes included,
@@ -97,15 +96,28 @@ func TestLazyDeletedNeverReachesBadger(t *testing.T) {
 	}
 }
 
-// TestLazyWritesSurviveACrash: the journal keeps lazy writes until
+// TestPowerCutFSLazyWritesSurvive: the journal keeps lazy writes until
 // Badger's synced tables hold them, however many tables Badger writes
 // meanwhile: while they wait, and once handed over, until a table holds
-// them. The crash keeps what was synced: the journal and Badger's tables,
-// not its memory tables.
-func TestLazyWritesSurviveACrash(t *testing.T) {
-	dir := t.TempDir()
+// them. A power cut keeps what was synced: the journal and Badger's
+// tables, not its memory tables.
+func TestPowerCutFSLazyWritesSurvive(t *testing.T) {
+	for _, inTable := range []bool{false, true} {
+		name := "handed over"
+		if inTable {
+			name = "in a table"
+		}
+		t.Run(name, func(t *testing.T) { testLazyWritesSurviveACrash(t, inTable) })
+	}
+}
+
+// testLazyWritesSurviveACrash cuts the power once the lazy writes are
+// handed over to Badger's memory table, or, with inTable, once a table
+// holds them and the journal let them go.
+func testLazyWritesSurviveACrash(t *testing.T, inTable bool) {
+	m := onCutFS(t)
 	// Lazy writes wait until a read hands them over.
-	s := openWith(t, Options{Dir: dir, segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
+	s := openWith(t, Options{Dir: m.Dir(), segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
 	defer s.Close()
 	write(t, s, func(b *Batch) {
 		b.AppendLazy("o", 1, []byte("lazy entry"))
@@ -145,80 +157,64 @@ func TestLazyWritesSurviveACrash(t *testing.T) {
 	if released() {
 		t.Fatal("the lazy writes' segment went while only a memory table holds them")
 	}
-	check := func(name string) {
-		t.Helper()
-		r := openWith(t, Options{Dir: crashCopy(t, s, dir)})
-		defer r.Close()
-		if data, err := r.Entry("o", 1); err != nil || string(data) != "lazy entry" {
-			t.Errorf("%s: lazy entry after the crash: %q, %v", name, data, err)
-		}
-		var v string
-		if err := r.Get("peer", "a", &v); err != nil || v != "lazy record" {
-			t.Errorf("%s: lazy record after the crash: %q, %v", name, v, err)
-		}
-		if got, err := r.Read("ev", 0, 0); err != nil || uint64(len(got)) != seq {
-			t.Errorf("%s: %d of %d eager entries after the crash, %v", name, len(got), seq, err)
-		}
+	if inTable {
+		// Once Badger's tables hold them, their segment goes.
+		fill(20000)
+		eventually.True(t, "the lazy writes' segment is released", released)
 	}
-	check("handed over")
-	// Once Badger's tables hold them, their segment goes.
-	fill(20000)
-	eventually.True(t, "the lazy writes' segment is released", released)
-	check("in a table")
+	r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
+	defer r.Close()
+	if data, err := r.Entry("o", 1); err != nil || string(data) != "lazy entry" {
+		t.Errorf("lazy entry after the cut: %q, %v", data, err)
+	}
+	var v string
+	if err := r.Get("peer", "a", &v); err != nil || v != "lazy record" {
+		t.Errorf("lazy record after the cut: %q, %v", v, err)
+	}
+	if got, err := r.Read("ev", 0, 0); err != nil || uint64(len(got)) != seq {
+		t.Errorf("%d of %d eager entries after the cut, %v", len(got), seq, err)
+	}
 }
 
-// crashCopy copies the data folder of s, open in from, as a power cut
-// would leave it: Badger's tables and manifest, which it syncs, and the
-// journal, but not its memory tables' logs, which the store syncs only
-// once idle (a test using it must keep s from going idle: idleAfter).
-// It first waits for Badger to stop writing tables, so that the copy is of
-// one moment.
-func crashCopy(t *testing.T, s *Store, from string) string {
+// onCutFS mounts a power-cut file system over a fresh folder, for a
+// store's data folder, until the test ends.
+func onCutFS(t *testing.T) *cutfs.FS {
 	t.Helper()
-	return crashCopyMem(t, s, from, false)
+	return cutfs.MountForTest(t, t.TempDir(), cutfs.Options{})
 }
 
-// crashCopyMem is crashCopy, with Badger's memory tables' logs copied too
-// when mem is set: for a test that made the store sync them.
-func crashCopyMem(t *testing.T, s *Store, from string, mem bool) string {
+// powerCut cuts the power under s, open on m, and returns its data folder
+// as the disk holds it once the power is back. s is closed after the cut,
+// a ghost whose every write is lost, so that m can be unmounted.
+func powerCut(t *testing.T, m *cutfs.FS, s *Store, o cutfs.CutOptions) string {
 	t.Helper()
-	tables := func() string {
-		var ids []string
-		for _, ti := range s.db.Tables() {
-			ids = append(ids, fmt.Sprint(ti.ID))
-		}
-		return strings.Join(ids, ",")
+	if _, err := m.Cut(o); err != nil {
+		t.Fatal(err)
 	}
-	for last, deadline := tables(), time.Now().Add(10*time.Second); ; {
-		time.Sleep(300 * time.Millisecond)
-		now := tables()
-		if now == last || time.Now().After(deadline) {
-			break
-		}
-		last = now
+	_ = s.Close()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
 	}
-	to := copyJournal(t, from)
-	entries, err := os.ReadDir(from)
+	return m.Backing()
+}
+
+// journalOnly removes from the data folder dir everything but the
+// journal, as if Badger's files were all lost, and returns dir.
+func journalOnly(t *testing.T, dir string) string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || strings.HasSuffix(name, ".mem") && !mem || name == "LOCK" {
+		if e.Name() == "journal" {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(from, name))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // compacted away meanwhile
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, name), data, 0o644); err != nil {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return to
+	return dir
 }
 
 // TestLazyAllCancelledFreesTheJournal: once every waiting write cancelled

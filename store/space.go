@@ -457,7 +457,7 @@ func folderSize(dir string) (int64, error) {
 // files that would fault on a full disk: it then writes nothing, so that a
 // supervisor starting it again and again uses up nothing either.
 func openSpace(o Options, log *slog.Logger) (sizing, *guard, error) {
-	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+	if err := mkdirDurable(o.Dir); err != nil {
 		return sizing{}, nil, fmt.Errorf("store: %w", err)
 	}
 	read := o.readSpace

@@ -242,6 +242,9 @@ type Store struct {
 	applyMu   sync.Mutex
 	applyCond *sync.Cond
 	stuck     bool
+	// batchSynced is, under SyncBatch, the newest version the journal
+	// holds durably: a sync covers every group acknowledged before it.
+	batchSynced atomic.Uint64
 	// backlog is the bytes of the groups acknowledged and not yet applied,
 	// under applyMu.
 	backlog int64
@@ -363,6 +366,11 @@ func Open(o Options) (*Store, error) {
 	}
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
+	}
+	if !o.InMemory {
+		if err := recoverBadger(bo, log); err != nil {
+			return nil, err
+		}
 	}
 	// Managed mode: the store picks each write's version, so a journal
 	// record replays at the version it was first applied at.
@@ -657,9 +665,11 @@ func (s *Store) commitLoop() {
 				continue
 			}
 			dirty = false
+			at := s.acked.Load()
 			if err := s.journal.sync(); err != nil {
 				s.fail(err)
 			} else {
+				s.batchSynced.Store(at)
 				s.countSync()
 			}
 		case done := <-s.idle:
@@ -1039,6 +1049,9 @@ func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 				r.from = ts
 			}
 			r.at = max(r.at, v)
+		case found && v == ts && s.valueLost(txn, o):
+			keep = append(keep, o)
+			continue
 		case found && v == ts, !found && o.del:
 		default:
 			keep = append(keep, o)
@@ -1051,6 +1064,26 @@ func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 		return nil
 	}
 	return s.apply(ts, keep)
+}
+
+// valueLost reports whether Badger, holding o's key at o's version, lost
+// its value: a value of valueThreshold bytes or more lives in the value
+// log, which only a checkpoint syncs, while the table that points into it
+// may have been synced, and named, before. A power cut in between leaves
+// the pointer and not the value, which reads back empty; the journal's
+// copy is then written again, at the same version, where reads find it
+// first.
+func (s *Store) valueLost(txn *badger.Txn, o op) bool {
+	if o.del || int64(len(o.val)) < s.valueThreshold {
+		return false
+	}
+	item, err := txn.Get(o.key)
+	if err != nil {
+		return true
+	}
+	same := false
+	err = item.Value(func(v []byte) error { same = bytes.Equal(v, o.val); return nil })
+	return err != nil || !same
 }
 
 // latestVersion returns the newest version Badger has of key, a deletion
@@ -1165,6 +1198,14 @@ func (s *Store) checkpointLoop() {
 		guarded.Wait()
 		close(s.checkpointed)
 	}()
+	// A start after a crash keeps every segment the journal held and
+	// begins one more, and a gateway that crashes again before Badger
+	// writes a table out (its memory table, refilled by the replay, is
+	// lost each time) piles them up, one per start, until its disk is
+	// full. Past a few, the start settles the journal as an idle one does.
+	if s.journal != nil && s.journal.pending() > maxRecycled {
+		s.settleIdle()
+	}
 	ticker := time.NewTicker(checkpointInterval)
 	defer ticker.Stop()
 	discard := s.applied.Load()
@@ -1278,6 +1319,14 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 				return s.applied.Load()
 			}
 		}
+		// Badger names a table it writes out in its MANIFEST without
+		// syncing the folder: until the folder is synced, a power cut
+		// takes the table's name (see recoverBadger), and so its writes,
+		// which only the journal then holds.
+		if err := syncDir(s.opts.Dir); err != nil {
+			s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+			return s.applied.Load()
+		}
 		if _, err := s.journal.release(s.releasable(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
 		}
@@ -1331,7 +1380,13 @@ func (s *Store) syncRelease() bool {
 	if err != nil || len(mems) != 1 {
 		return false
 	}
+	// The memory table's log is synced, and the folder, which names it
+	// and the tables written out before it.
 	if err := s.db.Sync(); err != nil {
+		s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
+		return false
+	}
+	if err := syncDir(s.opts.Dir); err != nil {
 		s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
 		return false
 	}
@@ -1708,8 +1763,13 @@ func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
 }
 
 // Scan calls fn for each entry of stream after sequence after, in order; data
-// is valid only during the call. fn returns false to stop.
+// is valid only during the call. fn returns false to stop. Nothing comes
+// after the largest sequence: a cursor of 2^64-1 reads nothing (after+1
+// would wrap to 0 and read everything).
 func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	if after == math.MaxUint64 {
+		return nil
+	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -13,7 +14,16 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 )
+
+// TestMain lets the test binary serve the power-cut file systems the
+// tests mount (see cutfs.Main).
+func TestMain(m *testing.M) {
+	cutfs.Main()
+	os.Exit(m.Run())
+}
 
 // open opens a store in dir that syncs as mode says.
 func open(t *testing.T, dir string, mode SyncMode) *Store {
@@ -379,5 +389,24 @@ func TestBadgerLoggerLevels(t *testing.T) {
 				t.Errorf("Warningf(%q) logged %q, want level %s", tc.format, out.String(), tc.level)
 			}
 		})
+	}
+}
+
+// TestNothingFollowsTheLargestSequence: a read after 2^64-1 gives nothing.
+// after+1 wrapped to 0 and gave the whole log.
+func TestNothingFollowsTheLargestSequence(t *testing.T) {
+	s := openWith(t, Options{InMemory: true})
+	defer s.Close()
+	var b Batch
+	for i := uint64(1); i <= 3; i++ {
+		b.Append("x/a", i, []byte(fmt.Sprint("event-", i)))
+	}
+	if err := s.Write(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	for _, after := range []uint64{3, math.MaxUint64 - 1, math.MaxUint64} {
+		if got, err := s.Read("x/a", after, 0); err != nil || len(got) != 0 {
+			t.Fatalf("Read after %d: %d entries (%v), want none", after, len(got), err)
+		}
 	}
 }

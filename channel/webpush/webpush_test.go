@@ -124,7 +124,7 @@ func TestWebPushDeliversEncryptedSignedMessages(t *testing.T) {
 		!strings.Contains(m.Body, "answer within 10 minutes") || !strings.Contains(m.Body, `"target": "prod"`) {
 		t.Fatalf("message: %+v", m)
 	}
-	req := svc.Requests(sub)[0]
+	req := svc.WaitRequests(t, sub, 1)[0]
 	if req.Status != 201 {
 		t.Fatalf("push service answered %d: %s", req.Status, req.Answer)
 	}
@@ -152,7 +152,7 @@ func TestWebPushDeliversEncryptedSignedMessages(t *testing.T) {
 	if w.Type != "resolved" || w.ActionID != rec.ActionID || w.Token != "" || !strings.HasPrefix(w.Body, "Allowed once by alice via webpush") {
 		t.Fatalf("withdrawal: %+v", w)
 	}
-	wr := svc.Requests(sub)[1]
+	wr := svc.WaitRequests(t, sub, 2)[1]
 	if wr.Status != 201 || wr.Header.Get("Topic") != webpush.Topic(rec.ActionID) || wr.Header.Get("Urgency") != "normal" || wr.Header.Get("TTL") != "43200" {
 		t.Fatalf("withdrawal headers: %d %v", wr.Status, wr.Header)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -184,15 +185,15 @@ func TestAAPTurnsInEveryMode(t *testing.T) {
 	}
 	// delta: turn_start, thinking, deltas, one turn_stop, then EOF.
 	evs := c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{userMsg("again")}})
-	if evs[0].name != "turn_start" || text(evs, "text_delta", "delta") != "Hi, you said: again" || text(evs, "thinking_delta", "delta") != "" {
+	if evs[0].name != "turn_start" || text(evs, "text_delta", "delta") != "Hi, you said: again" || text(evs, "thinking_delta", "delta") != "The user said: again" {
 		t.Fatalf("delta mode: %s", names(evs))
 	}
 	wantOneStop(t, evs, "end_turn")
-	var last int
-	for i, e := range evs[1:] {
-		n, err := strconv.Atoi(e.id)
+	var last float64
+	for i, e := range evs {
+		n, err := strconv.ParseFloat(e.id, 64)
 		if err != nil || n <= last {
-			t.Fatalf("event %d (%s) has id %q after %d", i+1, e.name, e.id, last)
+			t.Fatalf("event %d (%s) has id %q after %v", i, e.name, e.id, last)
 		}
 		last = n
 	}
@@ -239,7 +240,7 @@ func TestAAPTurnsInEveryMode(t *testing.T) {
 }
 
 func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
-	_, c := aapWorld(t)
+	s, c := aapWorld(t)
 	evs, id := c.askEcho()
 	call := evs[len(evs)-2]
 	if call.name != "tool_call" || call.data["name"] != "gatehouse.echo" {
@@ -254,6 +255,16 @@ func TestAAPServerToolAskedAndAnsweredByTheClient(t *testing.T) {
 		t.Fatalf("after granting: %s", names(evs))
 	}
 	wantOneStop(t, evs, "end_turn")
+	// The answer is the owner's channel log's, as every door's is.
+	var action string
+	for _, x := range apiCall(t, s.URL, "", "GET", "/v0/actions", nil, 200)["actions"].([]any) {
+		if rec := x.(map[string]any); rec["step_id"] == callID {
+			action = rec["action_id"].(string)
+		}
+	}
+	if r := returnedEvent(t, s.URL, "", action); r["channel_id"] != "aap" || r["native_peer_id"] != "local" || r["decision"] != "allow_once" {
+		t.Fatalf("the AAP client's answer in the channel log: %v", r)
+	}
 	// Denied: the agent is told and says so.
 	evs = c.stream("POST", "/session/"+id, map[string]any{"stream": "delta", "messages": []any{userMsg("echo pong")}})
 	call = evs[len(evs)-2]
@@ -383,5 +394,178 @@ func TestAAPPermissionAnsweredByAChannel(t *testing.T) {
 	late := c.json("POST", "/session/"+id, map[string]any{"messages": []any{map[string]any{"role": "tool_permission", "toolCallId": callID, "granted": false}}}, 400)
 	if !strings.Contains(fmt.Sprint(late["error"]), "waits for an answer") {
 		t.Fatalf("the late answer: %v", late)
+	}
+}
+
+// resume reads GET /session/{id}/stream after Last-Event-ID last ("" for
+// none) to EOF.
+func (c *aapClient) resume(id, mode, last string) []aapEvent {
+	c.t.Helper()
+	req, _ := http.NewRequestWithContext(c.t.Context(), "GET", c.base+"/session/"+id+"/stream?stream="+mode, nil)
+	if last != "" {
+		req.Header.Set("Last-Event-ID", last)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		data, _ := io.ReadAll(resp.Body)
+		c.t.Fatalf("resume after %q: %d %s", last, resp.StatusCode, data)
+	}
+	return readAAP(c.t, resp.Body)
+}
+
+// wantResumable checks that every event of a stream has an id of its own
+// and that resuming from each one gives exactly the events after it, ids
+// and data included. A stream that stopped for tool_use is not resumed from
+// its last event: the turn goes on after it.
+func (c *aapClient) wantResumable(id, mode string, evs []aapEvent) {
+	c.t.Helper()
+	seen := map[string]int{}
+	for i, e := range evs {
+		if e.id == "" {
+			c.t.Fatalf("event %d (%s) has no id", i, e.name)
+		}
+		if j, dup := seen[e.id]; dup {
+			c.t.Fatalf("events %d (%s) and %d (%s) share id %s", j, evs[j].name, i, e.name, e.id)
+		}
+		seen[e.id] = i
+	}
+	last := len(evs)
+	if evs[len(evs)-1].data["stopReason"] == "tool_use" {
+		last--
+	}
+	for i := range last {
+		rest := c.resume(id, mode, evs[i].id)
+		if got, want := fmt.Sprint(rest), fmt.Sprint(evs[i+1:]); got != want {
+			c.t.Fatalf("resumed after %s (%s):\n got %s\nwant %s", evs[i].id, evs[i].name, got, want)
+		}
+	}
+}
+
+// TestAAPEveryEventHasItsOwnID: session_start and turn_start used to share
+// the id of the log position before the turn, so a resume from it skipped
+// turn_start. Every event of every stream (a PUT's, a POST's after a
+// permission, in both modes) has its own id, and a resume from any of them
+// gives exactly the rest.
+func TestAAPEveryEventHasItsOwnID(t *testing.T) {
+	_, c := aapWorld(t)
+	for _, mode := range []string{"delta", "message"} {
+		t.Run(mode, func(t *testing.T) {
+			c := &aapClient{t: t, base: c.base}
+			agent := map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
+			evs := c.stream("PUT", "/session", map[string]any{"agent": agent, "stream": mode, "messages": []any{userMsg("echo ping")}})
+			wantOneStop(t, evs, "tool_use")
+			id := evs[0].data["sessionId"].(string)
+			c.wantResumable(id, mode, evs)
+			// Without Last-Event-ID: the turn from its turn_start.
+			if all := c.resume(id, mode, ""); fmt.Sprint(all) != fmt.Sprint(evs[1:]) {
+				t.Fatalf("the turn from its start:\n got %v\nwant %v", all, evs[1:])
+			}
+			callID := evs[len(evs)-2].data["toolCallId"]
+			evs = c.stream("POST", "/session/"+id, map[string]any{"stream": mode, "messages": []any{map[string]any{"role": "tool_permission", "toolCallId": callID, "granted": true}}})
+			wantOneStop(t, evs, "end_turn")
+			c.wantResumable(id, mode, evs)
+			// After the last turn_stop there is nothing: the stream ends.
+			if rest := c.resume(id, mode, evs[len(evs)-1].id); len(rest) != 0 {
+				t.Fatalf("after the turn's end: %v", rest)
+			}
+			evs = c.stream("POST", "/session/"+id, map[string]any{"stream": mode, "messages": []any{userMsg("hello again")}})
+			c.wantResumable(id, mode, evs)
+		})
+	}
+}
+
+// officialFold folds a stream's events into history messages as the
+// official AAP client does (typescript-sdk core, sseEventsToMessages): text
+// and thinking deltas accumulate until any other event, which flushes the
+// text first and then the thinking; tool_call adds a tool_use block;
+// tool_result and turn_stop close the assistant message.
+func officialFold(evs []aapEvent) []map[string]any {
+	var history, blocks []map[string]any
+	var text, thinking string
+	for _, e := range evs {
+		if e.name != "text_delta" && e.name != "thinking_delta" {
+			if text != "" {
+				blocks = append(blocks, map[string]any{"type": "text", "text": text})
+				text = ""
+			}
+			if thinking != "" {
+				blocks = append(blocks, map[string]any{"type": "thinking", "thinking": thinking})
+				thinking = ""
+			}
+		}
+		switch e.name {
+		case "text_delta":
+			text += e.data["delta"].(string)
+		case "thinking_delta":
+			thinking += e.data["delta"].(string)
+		case "text":
+			blocks = append(blocks, map[string]any{"type": "text", "text": e.data["text"]})
+		case "thinking":
+			blocks = append(blocks, map[string]any{"type": "thinking", "thinking": e.data["thinking"]})
+		case "tool_call":
+			blocks = append(blocks, map[string]any{"type": "tool_use", "toolCallId": e.data["toolCallId"], "name": e.data["name"], "input": e.data["input"]})
+		case "tool_result":
+			if len(blocks) > 0 {
+				history = append(history, map[string]any{"role": "assistant", "content": blocks})
+				blocks = nil
+			}
+			history = append(history, map[string]any{"role": "tool", "toolCallId": e.data["toolCallId"], "content": e.data["content"]})
+		case "turn_stop":
+			if len(blocks) > 0 {
+				history = append(history, map[string]any{"role": "assistant", "content": blocks})
+			}
+		}
+	}
+	return history
+}
+
+// TestAAPClientHistoryIsTheServers: a client in delta mode that keeps its
+// history as the official client does (the messages it sent, then the
+// stream folded) holds exactly the server's full history, thinking
+// included; so does one in message mode.
+func TestAAPClientHistoryIsTheServers(t *testing.T) {
+	_, c := aapWorld(t)
+	for _, mode := range []string{"delta", "message"} {
+		t.Run(mode, func(t *testing.T) {
+			c := &aapClient{t: t, base: c.base}
+			var mine []map[string]any
+			send := func(method, path string, msgs ...map[string]any) []aapEvent {
+				body := map[string]any{"stream": mode, "messages": msgs}
+				if method == "PUT" {
+					body["agent"] = map[string]any{"name": "example", "tools": []any{map[string]any{"name": "gatehouse.echo"}}}
+				}
+				evs := c.stream(method, path, body)
+				for _, m := range msgs {
+					if m["role"] != "tool_permission" { // the official client keeps these; the server never does
+						mine = append(mine, m)
+					}
+				}
+				return evs
+			}
+			evs := send("PUT", "/session", userMsg("hello"))
+			id := evs[0].data["sessionId"].(string)
+			mine = append(mine, officialFold(evs)...)
+			evs = send("POST", "/session/"+id, userMsg("echo ping"))
+			mine = append(mine, officialFold(evs)...)
+			evs = send("POST", "/session/"+id, map[string]any{"role": "tool_permission", "toolCallId": evs[len(evs)-2].data["toolCallId"], "granted": true})
+			mine = append(mine, officialFold(evs)...)
+
+			full := c.json("GET", "/session/"+id+"?history=full", nil, 200)["history"].(map[string]any)["full"]
+			got, _ := json.Marshal(mine)
+			want, _ := json.Marshal(full)
+			var g, w any
+			_ = json.Unmarshal(got, &g)
+			_ = json.Unmarshal(want, &w)
+			if !reflect.DeepEqual(g, w) {
+				t.Fatalf("the client's history differs from the server's:\nclient %s\nserver %s", got, want)
+			}
+			if !strings.Contains(string(want), `"thinking":"The user said: hello"`) {
+				t.Fatalf("the server's history has no thinking: %s", want)
+			}
+		})
 	}
 }

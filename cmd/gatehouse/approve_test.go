@@ -13,6 +13,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy/policytest"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -45,6 +46,27 @@ func apiCall(t *testing.T, base, token, method, path string, body any, want int)
 		t.Fatalf("%s %s: status %d (want %d), body %v, %v", method, path, resp.StatusCode, want, out, err)
 	}
 	return out
+}
+
+// returnedEvent waits until the caller's channel log records the answer to
+// action as channel.permission_returned, fails the test if it records it
+// more than once, and returns its payload.
+func returnedEvent(t *testing.T, base, token, action string) map[string]any {
+	t.Helper()
+	var got []map[string]any
+	eventually.True(t, "channel.permission_returned for "+action, func() bool {
+		got = nil
+		for _, e := range apiCall(t, base, token, "GET", "/v0/channels/events?limit=1000", nil, 200)["events"].([]any) {
+			if ev := e.(map[string]any); ev["type"] == "channel.permission_returned" && ev["action_id"] == action {
+				got = append(got, ev["payload"].(map[string]any))
+			}
+		}
+		return len(got) > 0
+	})
+	if len(got) != 1 {
+		t.Fatalf("channel.permission_returned logged %d times for %s: %v", len(got), action, got)
+	}
+	return got[0]
 }
 
 // pendingPrompt connects an agent over SSE, starts an execution and has
@@ -157,6 +179,9 @@ func TestApproveListsAndAnswers(t *testing.T) {
 	by, _ := rec["decided_by"].(map[string]any)
 	if rec["state"] != "approved" || rec["decision_reason"] != "looks fine" || by == nil || by["channel_id"] != "cli" || by["native_peer_id"] == "" {
 		t.Fatalf("record after the CLI answered: %v", rec)
+	}
+	if r := returnedEvent(t, s.URL, token, action); r["channel_id"] != "cli" || r["native_peer_id"] != by["native_peer_id"] || r["decision"] != "allow_once" {
+		t.Fatalf("the CLI's answer in the channel log: %v", r)
 	}
 
 	out, err = approve(action, "deny")

@@ -15,11 +15,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 )
 
 // TestMain lets the test binary act as the gatehouse binary, so crash tests
-// can run the real server in a child process and kill it.
+// can run the real server in a child process and kill it, and as the
+// server of the power-cut file systems they mount (see cutfs.Main).
 func TestMain(m *testing.M) {
+	cutfs.Main()
 	if os.Getenv("GATEHOUSE_TEST_AS_MAIN") == "1" {
 		main()
 		return
@@ -123,10 +127,10 @@ func send(ctx context.Context, client *http.Client, method, url string, body any
 	return resp.StatusCode, out, nil
 }
 
-// TestPowerCutLosesNothingAcknowledged kills the server with SIGKILL while
+// TestKill9LosesNothingAcknowledged kills the server with SIGKILL while
 // writers are busy, restarts it on the same folder, and checks that every
 // write it acknowledged is there.
-func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
+func TestKill9LosesNothingAcknowledged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
@@ -192,10 +196,10 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 	t.Logf("%d acknowledged executions checked after SIGKILL", len(all))
 }
 
-// TestPowerCutKeepsMemoryNotes: memory appends acknowledged through the
+// TestKill9KeepsMemoryNotes: memory appends acknowledged through the
 // Runtime API (an invocation answered completed) all survive a SIGKILL in
 // the middle of a burst, and so do the sessions they were filed in.
-func TestPowerCutKeepsMemoryNotes(t *testing.T) {
+func TestKill9KeepsMemoryNotes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
@@ -238,11 +242,11 @@ func TestPowerCutKeepsMemoryNotes(t *testing.T) {
 	t.Logf("%d acknowledged appends checked after SIGKILL", len(acked))
 }
 
-// TestPowerCutKeepsSessions: AAP turns answered before a SIGKILL (a 201
+// TestKill9KeepsSessions: AAP turns answered before a SIGKILL (a 201
 // with the agent's reply) are all in their sessions after the restart:
 // history through /aap/v1, and the turn's facts, deltas coalesced, through
 // /agent-runtime.
-func TestPowerCutKeepsSessions(t *testing.T) {
+func TestKill9KeepsSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/memory"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -31,6 +32,7 @@ type config struct {
 	agentGrace, runnerGrace         time.Duration
 	heartbeat, shutdownTimeout      time.Duration
 	maxBody, outboxLimit            int
+	sessionsPerPrincipal            int
 	outboxRetention, writeTimeout   time.Duration
 	retention, retentionInterval    time.Duration
 	retentionCount                  int
@@ -50,6 +52,9 @@ type config struct {
 	diskBudget, diskLowWater        byteSize
 	memoryLimit                     byteSize
 	pprofAddr                       string
+	notes, tenantNotes              int
+	noteBytes, tenantNoteBytes      byteSize
+	memoryWorkers                   int
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -124,6 +129,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", node.ShutdownTimeout, "how long shutdown waits for requests in flight")
 	fs.IntVar(&c.maxBody, "max-body", d.Server.MaxBodyBytes, "maximum request body in bytes")
 	fs.IntVar(&c.outboxLimit, "outbox-limit", d.OutboxLimit, "maximum unacknowledged pushes kept per agent or runner consumer")
+	fs.IntVar(&c.sessionsPerPrincipal, "max-sessions-per-principal", d.SessionsPerPrincipal, "durable sessions one principal may hold, archived ones included; past it a new one is 403 QUOTA_EXCEEDED")
 	fs.DurationVar(&c.outboxRetention, "outbox-retention", d.OutboxRetention, "how long unacknowledged pushes are kept for an absent consumer")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", d.Server.WriteTimeout, "a stream write that takes longer ends the stream (slow consumer)")
 	fs.DurationVar(&c.retention, "retention", d.Retention, "finished executions are deleted this long after they end")
@@ -150,6 +156,12 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")
 	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `host:port`; empty: off")
 	fs.Var(&c.diskLowWater, "disk-low-water", "room (free space, or what the budget leaves) below which new work gets 507 STORAGE_FULL (`size`); 0: derived from the budget")
+	fs.IntVar(&c.notes, "memory-notes", d.Memory.MaxNotes, "memory notes one principal (or one tenant's shared space) may keep")
+	c.noteBytes, c.tenantNoteBytes = byteSize(d.Memory.MaxBytes), byteSize(d.Memory.MaxTenantBytes)
+	fs.Var(&c.noteBytes, "memory-bytes", "content of the memory notes one principal (or one tenant's shared space) may keep (`size`)")
+	fs.IntVar(&c.tenantNotes, "memory-tenant-notes", d.Memory.MaxTenantNotes, "memory notes all the spaces of one tenant may keep together")
+	fs.Var(&c.tenantNoteBytes, "memory-tenant-bytes", "content of the memory notes all the spaces of one tenant may keep together (`size`)")
+	fs.IntVar(&c.memoryWorkers, "memory-workers", d.Memory.Workers, "memory calls run at once; one tenant runs at most one fewer")
 }
 
 // authOptions turns the auth flags into auth.Options.
@@ -250,12 +262,16 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 		Auth: c.authOptions(), InsecureNoAuth: c.insecureNoAuth,
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
 		Retention: c.retention, RetentionCount: c.retentionCount, RetentionInterval: c.retentionInterval,
-		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow,
+		PeerRetention: c.peerRetention, WebhookAllow: c.webhookAllow, SessionsPerPrincipal: c.sessionsPerPrincipal,
 		DiskBudget: int64(c.diskBudget), DiskLowWater: int64(c.diskLowWater), MemoryLimit: memLimit,
 		Kernel: kernel.Options{
 			StepTimeout: c.stepTimeout, ExecutionTimeout: c.execTimeout,
 			AgentGrace: c.agentGrace, RunnerGrace: c.runnerGrace,
 			IdempotencyWindow: c.idemWindow, IdempotencyKeys: c.idemKeys,
+		},
+		Memory: memory.Options{
+			MaxNotes: c.notes, MaxBytes: int64(c.noteBytes), MaxTenantNotes: c.tenantNotes, MaxTenantBytes: int64(c.tenantNoteBytes),
+			Workers: c.memoryWorkers,
 		},
 		Server: gateway.Options{
 			Heartbeat: c.heartbeat, WriteTimeout: c.writeTimeout, MaxBodyBytes: c.maxBody, CORSOrigins: origins,

@@ -15,13 +15,13 @@ import (
 )
 
 // tokenCmd mints a JWT for development: `gatehouse token --role runner
-// --runners r1 --secret ...`. Production tokens come from your identity
+// --runners r1 --tools 'crm.*' --secret ...`. Production tokens come from your identity
 // provider; the gateway only verifies them.
 func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("token", stderr)
 	var (
-		secret, keyFile, sub, role, agents, runners, sessions, tenant, iss, aud, kid string
-		ttl                                                                          time.Duration
+		secret, keyFile, sub, role, agents, runners, tools, sessions, tenant, iss, aud, kid string
+		ttl                                                                                 time.Duration
 	)
 	fs.StringVar(&secret, "secret", "", "HS256 secret (the server's --jwt-secret)")
 	fs.StringVar(&keyFile, "ed25519-key", "", "PEM file of an Ed25519 private key (PKCS #8), instead of --secret")
@@ -29,6 +29,7 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&role, "role", "admin", "admin, client, agent, runner or channel")
 	fs.StringVar(&agents, "agents", "", "comma-separated agent ids an agent token may act as")
 	fs.StringVar(&runners, "runners", "", "comma-separated runner ids a runner token may act as")
+	fs.StringVar(&tools, "tools", "", "comma-separated patterns of the tools a runner token may serve (\"crm.*\", \"mail.send@acc-*\"); a runner token without them serves none")
 	fs.StringVar(&sessions, "sessions", "", "comma-separated session ids a channel token may read")
 	fs.StringVar(&tenant, "tenant", "", "tenant")
 	fs.StringVar(&iss, "iss", "gatehouse-dev", "issuer (the server's --jwt-issuer)")
@@ -42,7 +43,7 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	c := auth.Claims{
-		Subject: sub, Role: auth.Role(role), Agents: splitList(agents), Runners: splitList(runners), Sessions: splitList(sessions),
+		Subject: sub, Role: auth.Role(role), Agents: splitList(agents), Runners: splitList(runners), Tools: splitList(tools), Sessions: splitList(sessions),
 		Tenant: tenant, TTL: ttl, Issuer: iss, Audience: aud, KeyID: kid,
 	}
 	var tok string

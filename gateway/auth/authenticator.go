@@ -105,9 +105,12 @@ func (c *clockedParser) clock() time.Time { return c.now }
 // tokenClaims is the JWT payload this gateway understands.
 type tokenClaims struct {
 	jwt.RegisteredClaims
-	Role     Role     `json:"role"`
-	Agents   []string `json:"agents,omitempty"`
-	Runners  []string `json:"runners,omitempty"`
+	Role    Role     `json:"role"`
+	Agents  []string `json:"agents,omitempty"`
+	Runners []string `json:"runners,omitempty"`
+	// Tools is kept apart from empty: a claim of no patterns allows no
+	// tool, a missing claim leaves the role's default (see MayServe).
+	Tools    []string `json:"tools,omitzero"`
 	Sessions []string `json:"sessions,omitempty"`
 	Tenant   string   `json:"tenant,omitempty"`
 }
@@ -248,6 +251,25 @@ func New(o Options) (*Authenticator, error) {
 // request is the local admin.
 func (a *Authenticator) Open() bool { return a.open }
 
+// The subjects of the admins the configuration makes.
+const (
+	openSubject   = "local"
+	staticSubject = "static"
+)
+
+// SoleSubject is the subject every caller has when the credentials make
+// only one principal: "local" in open mode, "static" with a static token
+// and no JWT keys. It is empty when JWTs may name several.
+func (a *Authenticator) SoleSubject() string {
+	switch {
+	case a.open:
+		return openSubject
+	case a.hasStatic && !a.hasJWT:
+		return staticSubject
+	}
+	return ""
+}
+
 // Authenticate checks the raw Authorization header value at time now. In
 // open mode the header is ignored. Otherwise it must be exactly
 // "Bearer <token>" — scheme case-sensitive, one space, a non-empty token of
@@ -257,7 +279,7 @@ func (a *Authenticator) Open() bool { return a.open }
 // kid every key of the token's method is tried.
 func (a *Authenticator) Authenticate(authorization []byte, now time.Time) (*Principal, error) {
 	if a.open {
-		return &Principal{Subject: "local", Role: RoleAdmin}, nil
+		return &Principal{Subject: openSubject, Role: RoleAdmin}, nil
 	}
 	token, err := bearer(authorization)
 	if err != nil {
@@ -266,7 +288,7 @@ func (a *Authenticator) Authenticate(authorization []byte, now time.Time) (*Prin
 	if a.hasStatic {
 		sum := sha256.Sum256(token)
 		if subtle.ConstantTimeCompare(sum[:], a.staticSum[:]) == 1 {
-			return &Principal{Subject: "static", Role: RoleAdmin}, nil
+			return &Principal{Subject: staticSubject, Role: RoleAdmin}, nil
 		}
 	}
 	if !a.hasJWT {
@@ -301,11 +323,15 @@ func (a *Authenticator) parseJWT(token string, now time.Time) (*Principal, error
 			return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
 		}
 	}
+	if err := checkToolPatterns(claims.Tools); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
+	}
 	return &Principal{
 		Subject:   claims.Subject,
 		Role:      claims.Role,
 		Agents:    claims.Agents,
 		Runners:   claims.Runners,
+		Tools:     claims.Tools,
 		Sessions:  claims.Sessions,
 		Tenant:    claims.Tenant,
 		ExpiresAt: claims.ExpiresAt.Time,

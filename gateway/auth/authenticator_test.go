@@ -181,6 +181,25 @@ func TestOpenMode(t *testing.T) {
 	}
 }
 
+// TestSoleSubject: the subject every caller has when the credentials
+// make one principal, and none when JWTs may name several.
+func TestSoleSubject(t *testing.T) {
+	jwt := map[string][]byte{"": secret('k')}
+	for _, c := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{}, "local"},
+		{Options{StaticToken: testStatic}, "static"},
+		{Options{HMACSecrets: jwt, Issuer: "i", Audience: "a"}, ""},
+		{Options{StaticToken: testStatic, HMACSecrets: jwt, Issuer: "i", Audience: "a"}, ""},
+	} {
+		if got := newAuth(t, c.o).SoleSubject(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.o, got, c.want)
+		}
+	}
+}
+
 func TestStaticToken(t *testing.T) {
 	a := newAuth(t, Options{StaticToken: testStatic})
 	if a.Open() {

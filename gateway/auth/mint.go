@@ -19,6 +19,10 @@ type Claims struct {
 	Role Role
 	// Agents, Runners and Sessions scope agent, runner and channel tokens.
 	Agents, Runners, Sessions []string
+	// Tools becomes the tools claim: the patterns of the capabilities the
+	// token may serve as a runner (Principal.MayServe). Nil leaves the
+	// claim out; empty, not nil, is a claim that allows nothing.
+	Tools []string
 	// Tenant is copied into the token unchanged.
 	Tenant string
 	// TTL sets exp relative to the minting time; it must be positive because
@@ -57,6 +61,9 @@ func mint(method jwt.SigningMethod, key any, c Claims, now time.Time) (string, e
 	case c.Issuer == "" || c.Audience == "":
 		return "", errors.New("auth: mint: issuer and audience required")
 	}
+	if err := checkToolPatterns(c.Tools); err != nil {
+		return "", fmt.Errorf("auth: mint: %w", err)
+	}
 	t := jwt.NewWithClaims(method, tokenClaims{
 		RegisteredClaims: jwt.RegisteredClaims{
 			Subject:   c.Subject,
@@ -68,6 +75,7 @@ func mint(method jwt.SigningMethod, key any, c Claims, now time.Time) (string, e
 		Role:     c.Role,
 		Agents:   c.Agents,
 		Runners:  c.Runners,
+		Tools:    c.Tools,
 		Sessions: c.Sessions,
 		Tenant:   c.Tenant,
 	})

@@ -70,6 +70,10 @@ type Principal struct {
 	Agents []string
 	// Runners lists the runner ids a runner principal may act as.
 	Runners []string
+	// Tools is the credential's tools claim: patterns of the capabilities
+	// it may serve as a runner (see MayServe). Nil when the credential has
+	// no such claim; empty when it has one that allows nothing.
+	Tools []string
 	// Sessions is the credential's sessions claim. Nothing interprets it
 	// yet: a channel sees every prompt of its principal, on every door.
 	Sessions []string

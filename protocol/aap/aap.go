@@ -17,8 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strconv"
-	"strings"
+	"fmt"
 
 	"github.com/valyala/fasthttp"
 
@@ -98,7 +97,7 @@ var errBusy = errors.New("session is busy")
 func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	status, body := protocol.Failure(err)
 	if errors.Is(err, errBusy) {
-		status, body = fasthttp.StatusConflict, protocol.ErrorBody{Error: err.Error(), Code: "CONFLICT"}
+		status, body = fasthttp.StatusConflict, protocol.ErrorBody{Error: protocol.Sentence(err.Error()), Code: "CONFLICT"}
 	}
 	body.Details = nil
 	wire().WriteFailure(ctx, status, body)
@@ -212,7 +211,7 @@ func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Actio
 	}
 	c := configOf(&sess)
 	if err != nil || c.Agent == "" || c.Deleted {
-		return session.Session{}, config{}, errors.Join(session.ErrNotFound, errors.New("unknown session "+id))
+		return session.Session{}, config{}, fmt.Errorf("%w: unknown session %s", session.ErrNotFound, id)
 	}
 	return sess, c, nil
 }
@@ -386,18 +385,4 @@ func modeOf(v string) string {
 		return v
 	}
 	return modeNone
-}
-
-// lastEventID reads the sequence a resuming client names; ok is false
-// without one. One that is not a sequence is an error: taken as none, the
-// turn would be replayed from its start into a client that has seen it.
-func lastEventID(ctx *fasthttp.RequestCtx) (n uint64, ok bool, err error) {
-	h := strings.TrimSpace(string(ctx.Request.Header.Peek("Last-Event-ID")))
-	if h == "" {
-		return 0, false, nil
-	}
-	if n, err = strconv.ParseUint(h, 10, 64); err != nil {
-		return 0, false, protocol.Invalid("Last-Event-ID must be an event id of the stream: decimal digits within 64 bits")
-	}
-	return n, true, nil
 }

@@ -40,50 +40,102 @@ type turnInput struct {
 // historian folds a session's log into its AAP history: the messages the
 // clients submitted, the assistant's text, thinking and tool calls, and the
 // tools' results. Permission answers are never part of it.
+//
+// An assistant message's text and thinking blocks come in the order the
+// agent said them. Deltas of one kind in a row make one block, a run; a
+// delta of the other kind, or after a whole block, starts another. A whole
+// block (an output of kind text or reasoning) completes the last run of its
+// kind, taking its place, or else follows the blocks before it: an agent
+// may say each block's deltas and then the block, or all deltas and then
+// every block. Empty text says nothing.
 type historian struct {
-	out       []Message
-	blocks    []block
-	deltas    map[string]*strings.Builder // pending deltas by output kind
-	deltaKind []string                    // the order they came in
+	out    []Message
+	blocks []hblock
+}
+
+// hblock is a block of the open assistant message; run holds the deltas
+// of a run that no whole block completed yet (nil otherwise).
+type hblock struct {
+	block
+	run *strings.Builder
+}
+
+// blockType is the AAP block type an output kind says ("" for none).
+func blockType(kind string) string {
+	switch kind {
+	case "text", "text_delta":
+		return "text"
+	case "reasoning", "reasoning_delta":
+		return "thinking"
+	}
+	return ""
+}
+
+// textBlock is a block of type typ (text or thinking) saying text.
+func textBlock(typ, text string) block {
+	if typ == "thinking" {
+		return block{Type: typ, Thinking: text}
+	}
+	return block{Type: typ, Text: text}
+}
+
+// final is the block as history shows it.
+func (b *hblock) final() block {
+	if b.run == nil {
+		return b.block
+	}
+	return textBlock(b.Type, b.run.String())
 }
 
 func (h *historian) closeAssistant() {
-	h.flushDeltas()
 	if len(h.blocks) == 0 {
 		return
 	}
-	data, _ := json.Marshal(h.blocks)
+	blocks := make([]block, len(h.blocks))
+	for i := range h.blocks {
+		blocks[i] = h.blocks[i].final()
+	}
+	data, _ := json.Marshal(blocks)
 	h.out = append(h.out, Message{Role: "assistant", Content: data})
 	h.blocks = nil
 }
 
-// flushDeltas turns deltas that no whole text followed into blocks.
-func (h *historian) flushDeltas() {
-	for _, kind := range h.deltaKind {
-		text := h.deltas[kind].String()
-		if kind == "reasoning_delta" {
-			h.blocks = append(h.blocks, block{Type: "thinking", Thinking: text})
-		} else {
-			h.blocks = append(h.blocks, block{Type: "text", Text: text})
+// delta adds a delta of block type typ to the open assistant message: to
+// the run of that type that is its last block, or as a new run. It
+// returns the run's index.
+func (h *historian) delta(typ, text string) int {
+	if n := len(h.blocks); n > 0 && h.blocks[n-1].run != nil && h.blocks[n-1].Type == typ {
+		h.blocks[n-1].run.WriteString(text)
+		return n - 1
+	}
+	run := &strings.Builder{}
+	run.WriteString(text)
+	h.blocks = append(h.blocks, hblock{block: block{Type: typ}, run: run})
+	return len(h.blocks) - 1
+}
+
+// whole adds a whole block of type typ: in place of the last run of that
+// type, whose text was old (replaced), or after the other blocks. It
+// returns the block's index.
+func (h *historian) whole(typ, text string) (i int, old string, replaced bool) {
+	for i := len(h.blocks) - 1; i >= 0; i-- {
+		if b := &h.blocks[i]; b.run != nil && b.Type == typ {
+			old = b.run.String()
+			*b = hblock{block: textBlock(typ, text)}
+			return i, old, true
 		}
 	}
-	h.deltas, h.deltaKind = nil, nil
+	h.blocks = append(h.blocks, hblock{block: textBlock(typ, text)})
+	return len(h.blocks) - 1, "", false
 }
 
 func (h *historian) add(f *session.Resolved) {
 	it := &f.Item
 	switch it.Kind {
 	case session.KindDelta:
-		if h.deltas == nil {
-			h.deltas = map[string]*strings.Builder{}
+		if typ := blockType(it.Type); typ != "" && it.Text != "" {
+			h.delta(typ, it.Text)
 		}
-		b := h.deltas[it.Type]
-		if b == nil {
-			b = &strings.Builder{}
-			h.deltas[it.Type] = b
-			h.deltaKind = append(h.deltaKind, it.Type)
-		}
-		b.WriteString(it.Text)
 		return
 	case session.KindFact:
 		switch it.Type {
@@ -104,13 +156,8 @@ func (h *historian) add(f *session.Resolved) {
 		case session.FactOutput:
 			var o session.OutputFact
 			_ = json.Unmarshal(it.Data, &o)
-			switch o.Kind {
-			case "text":
-				h.dropDeltas("text_delta")
-				h.blocks = append(h.blocks, block{Type: "text", Text: o.Text})
-			case "reasoning":
-				h.dropDeltas("reasoning_delta")
-				h.blocks = append(h.blocks, block{Type: "thinking", Thinking: o.Text})
+			if typ := blockType(o.Kind); typ != "" && o.Text != "" {
+				h.whole(typ, o.Text)
 			}
 		case session.FactTurnCompleted, session.FactTurnFailed, session.FactTurnCancelled:
 			h.closeAssistant()
@@ -125,8 +172,7 @@ func (h *historian) add(f *session.Resolved) {
 	case event.StepCreated:
 		var p stepCreated
 		_ = json.Unmarshal(e.Payload, &p)
-		h.flushDeltas()
-		h.blocks = append(h.blocks, block{Type: "tool_use", ToolCallID: e.StepID, Name: p.ToolID, Input: objectOf(p.Arguments)})
+		h.blocks = append(h.blocks, hblock{block: block{Type: "tool_use", ToolCallID: e.StepID, Name: p.ToolID, Input: objectOf(p.Arguments)}})
 	case event.StepCompleted, event.StepFailed, event.StepTimedOut:
 		var p stepResult
 		_ = json.Unmarshal(e.Payload, &p)
@@ -139,26 +185,10 @@ func (h *historian) add(f *session.Resolved) {
 	}
 }
 
-// dropDeltas forgets deltas that a whole block of the same text replaces.
-func (h *historian) dropDeltas(kind string) {
-	if h.deltas[kind] == nil {
-		return
-	}
-	delete(h.deltas, kind)
-	for i, k := range h.deltaKind {
-		if k == kind {
-			h.deltaKind = append(h.deltaKind[:i], h.deltaKind[i+1:]...)
-			break
-		}
-	}
-}
-
 // messages returns the history so far, the open assistant message
 // included.
 func (h *historian) messages() []Message {
-	cp := *h
-	cp.out = append([]Message(nil), h.out...)
-	cp.blocks = append([]block(nil), h.blocks...)
+	cp := historian{out: append([]Message(nil), h.out...), blocks: h.blocks}
 	cp.closeAssistant()
 	if cp.out == nil {
 		return []Message{}

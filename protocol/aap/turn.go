@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -108,7 +110,7 @@ func (s *Surface) putSession(r *protocol.Request) error {
 	}
 	name := *req.Agent.Name
 	if _, ok := infos[name]; !ok {
-		return errors.Join(session.ErrNotFound, errors.New("unknown agent "+strconv.Quote(name)))
+		return fmt.Errorf("%w: unknown agent %q", session.ErrNotFound, name)
 	}
 	c := config{Agent: name, ServerTools: req.Agent.Tools, Options: req.Agent.Options, ClientTools: req.Tools}
 	attrs, _ := json.Marshal(&c)
@@ -175,7 +177,7 @@ func (s *Surface) postSession(r *protocol.Request) error {
 			return protocol.Invalid("a user message comes alone")
 		}
 		if active != "" {
-			return errors.Join(errBusy, errors.New("a turn of session "+sess.ID+" is running or waits for tool answers"))
+			return fmt.Errorf("%w: a turn of session %s is running or waits for tool answers", errBusy, sess.ID)
 		}
 		turn, from, err := s.submit(r.Ctx, &sess, c, req.Messages)
 		if err != nil {
@@ -300,26 +302,29 @@ func contentText(c json.RawMessage) string {
 	return string(c)
 }
 
-// answer answers a turn request: the turn's stream from position from
-// (delta or message mode), or, in mode none, the turn's new messages once
-// it stops.
+// answer answers a turn request: the turn's stream after log position
+// from (delta or message mode), or, in mode none, the turn's new messages
+// once it stops.
 func (s *Surface) answer(r *protocol.Request, id, turn string, from uint64, mode string, created bool) error {
 	if mode == modeNone {
 		return s.answerJSON(r, id, turn, from, created)
 	}
 	var first []sseEvent
 	if created {
-		first = append(first, sseEvent{"session_start", map[string]string{"sessionId": id}})
+		first = append(first, sseEvent{position{from, subSessionStart}, "session_start", map[string]string{"sessionId": id}})
 	}
-	first = append(first, sseEvent{"turn_start", map[string]any{}})
-	s.streamTurn(r, id, turn, from, mode, first)
+	first = append(first, sseEvent{position{from, subTurnStart}, "turn_start", map[string]any{}})
+	src, err := s.turnSource(r.Ctx, id, turn, position{seq: from}, mode, first)
+	if err != nil {
+		return err
+	}
+	s.streamTurn(r, src)
 	return nil
 }
 
 // streamTurn answers with the SSE stream of a turn (see turnSource), which
 // ends with its turn_stop.
-func (s *Surface) streamTurn(r *protocol.Request, id, turn string, from uint64, mode string, first []sseEvent) {
-	src := s.turnSource(id, turn, from, mode, first)
+func (s *Surface) streamTurn(r *protocol.Request, src *turnSource) {
 	r.Gateway.SSE(r, "aap", renderer, stream.SSEOptions{}, false, func(o *stream.Options) (stream.Source, func()) {
 		o.Final = isStop
 		return src, nil
@@ -330,7 +335,7 @@ func (s *Surface) streamTurn(r *protocol.Request, id, turn string, from uint64, 
 func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, created bool) error {
 	ctx, cancel := requestContext(r.Ctx, turnWait)
 	defer cancel()
-	src := s.turnSource(id, turn, from, modeMessage, nil)
+	src := s.turnSourceAt(id, turn, from, position{seq: from}, modeMessage, nil)
 	defer src.Close()
 	reason, err := src.waitStop(ctx)
 	if err != nil {
@@ -368,7 +373,9 @@ func (s *Surface) answerJSON(r *protocol.Request, id, turn string, from uint64, 
 
 // resumeStream answers GET /session/{id}/stream (extension): the stream of
 // the session's current (or last) turn after Last-Event-ID, ending with its
-// turn_stop; without Last-Event-ID, the turn's stream from its start.
+// turn_stop (at once when the client has the turn's last one); without
+// Last-Event-ID, or with an id from before the turn, the turn's stream
+// from its turn_start.
 func (s *Surface) resumeStream(r *protocol.Request) error {
 	sess, _, err := s.session(r.Ctx, r.Principal, auth.ActRead, r.Params[0])
 	if err != nil {
@@ -389,16 +396,32 @@ func (s *Surface) resumeStream(r *protocol.Request) error {
 	if mode == modeNone {
 		mode = modeDelta
 	}
-	var first []sseEvent
-	from, ok, err := lastEventID(r.Ctx)
+	start, err := s.turnStart(r.Ctx, sess.ID, &t)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		from = t.FirstSeq - 1
-		first = []sseEvent{{"turn_start", map[string]any{}}}
+	seen := position{seq: start, sub: subSessionStart}
+	if h := strings.TrimSpace(string(r.Ctx.Request.Header.Peek("Last-Event-ID"))); h != "" {
+		p, err := parsePosition(h)
+		if err != nil {
+			return err
+		}
+		last, err := s.o.Sessions.Last(r.Ctx, sess.ID)
+		if err != nil {
+			return err
+		}
+		if p.seq > last {
+			return protocol.Invalid("Last-Event-ID " + h + " is ahead of the session's log, which ends at " + strconv.FormatUint(last, 10))
+		}
+		if p.after(seen) {
+			seen = p
+		}
 	}
-	s.streamTurn(r, sess.ID, t.ID, from, mode, first)
+	var first []sseEvent
+	if seen.sub == subSessionStart {
+		first = []sseEvent{{position{seen.seq, subTurnStart}, "turn_start", map[string]any{}}}
+	}
+	s.streamTurn(r, s.turnSourceAt(sess.ID, t.ID, start, seen, mode, first))
 	return nil
 }
 
@@ -408,69 +431,151 @@ func (s *Surface) read(ctx context.Context, id string, after uint64, limit int) 
 	return s.o.Sessions.ReadResolved(ctx, s.o.Kernel, id, after, limit, nil)
 }
 
-// turnSource streams one turn of a session from a position: its facts
-// rendered in a mode, after the synthetic first events, until turn_stop.
+// turnSource streams one turn of a session to a client that has its
+// events up to seen: it renders the turn's facts from the turn's start
+// (what the client has is folded, not sent, so that every stream of the
+// turn renders alike), sends first once the log is folded up to seen, and
+// ends after the turn_stop that follows them, or at once when the client
+// has the turn's last turn_stop.
 type turnSource struct {
 	s     *Surface
 	id    string
 	turn  string
-	last  uint64
-	mode  string
+	last  uint64   // the log position read up to
+	seen  position // events up to it are the client's already
 	first []sseEvent
+	open  bool // the log is folded up to seen
+	r     turnRender
 	watch *session.Watch
 	done  bool
-	held  []sseEvent // the rendered events of the last Next
+	queue []sseEvent // rendered, not handed out yet
+	held  []sseEvent // the events of the last Next
 }
 
-func (s *Surface) turnSource(id, turn string, from uint64, mode string, first []sseEvent) *turnSource {
-	return &turnSource{s: s, id: id, turn: turn, last: from, mode: mode, first: first, watch: s.o.Sessions.Watch(id)}
+// turnSource returns the source of turn's stream for a client that has
+// its events up to seen, folding the turn from its start.
+func (s *Surface) turnSource(ctx context.Context, id, turn string, seen position, mode string, first []sseEvent) (*turnSource, error) {
+	t, err := s.o.Sessions.Turn(ctx, id, turn)
+	if err != nil {
+		return nil, err
+	}
+	start, err := s.turnStart(ctx, id, &t)
+	if err != nil {
+		return nil, err
+	}
+	return s.turnSourceAt(id, turn, start, seen, mode, first), nil
+}
+
+// turnStart is the log position before turn t's first fact. A turn whose
+// beginning retention removed (an ended one: a running turn's facts are
+// kept) cannot be rendered as its streams were, and is CURSOR_EXPIRED.
+func (s *Surface) turnStart(ctx context.Context, id string, t *session.Turn) (uint64, error) {
+	oldest, err := s.o.Sessions.First(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if t.FirstSeq == 0 || oldest > t.FirstSeq {
+		return 0, fmt.Errorf("%w: the beginning of turn %s of session %s is no longer kept", session.ErrCursorExpired, t.ID, id)
+	}
+	return t.FirstSeq - 1, nil
+}
+
+// turnSourceAt returns the source of turn's stream, folding the log from
+// position start.
+func (s *Surface) turnSourceAt(id, turn string, start uint64, seen position, mode string, first []sseEvent) *turnSource {
+	return &turnSource{s: s, id: id, turn: turn, last: start, seen: seen, first: first, r: newTurnRender(mode), watch: s.o.Sessions.Watch(id)}
 }
 
 func (src *turnSource) Next(buf []stream.Item) (int, error) {
-	if src.done {
-		return 0, stream.ErrEnd
-	}
 	src.held = src.held[:0]
-	n := 0
-	for len(src.first) > 0 && n < len(buf) {
-		src.held = append(src.held, src.first[0])
-		buf[n] = stream.Item{Seq: src.last, Type: src.first[0].name}
-		src.first = src.first[1:]
-		n++
-	}
-	// Facts of other turns and facts the mode does not show give no item:
-	// read on until one does or the log has nothing more, since an empty
-	// batch tells the stream to wait for the log to grow.
-	for n == 0 && !src.done {
-		facts, err := src.s.read(context.Background(), src.id, src.last, len(buf))
-		if err != nil {
-			return n, err
-		}
-		if len(facts) == 0 {
-			break
-		}
-		for i := range facts {
-			src.last = facts[i].Item.Seq
-			if facts[i].Item.TurnID != src.turn {
-				continue
-			}
-			ev, show, end := render(&facts[i], src.mode)
-			if !show {
-				continue
-			}
-			src.held = append(src.held, ev)
-			buf[n] = stream.Item{Seq: facts[i].Item.Seq, Type: ev.name}
-			n++
-			if end {
-				src.done = true
+	var err error
+	for len(src.held) < len(buf) {
+		if len(src.queue) == 0 {
+			if src.done {
 				break
 			}
+			// A read may fold only what the client has: read on until
+			// something is queued or the log has no more now.
+			var more bool
+			if more, err = src.fill(len(buf)); err != nil || len(src.queue) == 0 && !more {
+				break
+			}
+			continue
+		}
+		ev := src.queue[0]
+		src.queue = src.queue[1:]
+		src.held = append(src.held, ev)
+	}
+	for i := range src.held {
+		buf[i] = stream.Item{Seq: src.held[i].id.seq, Type: src.held[i].name, Value: &src.held[i]}
+	}
+	if len(src.held) == 0 && src.done && err == nil {
+		err = stream.ErrEnd
+	}
+	return len(src.held), err
+}
+
+// fill renders up to limit facts after the position read up to into the
+// queue: those of the turn that the client does not have, and first once
+// the log is folded up to what it has. more reports that the log may hold
+// more facts now.
+func (src *turnSource) fill(limit int) (more bool, err error) {
+	facts, err := src.s.read(context.Background(), src.id, src.last, limit)
+	if err != nil {
+		return false, err
+	}
+	// A read bounded by bytes may hold fewer facts than asked while the
+	// log has more: only an empty one says that it has none now.
+	more = len(facts) > 0
+	var evs []sseEvent
+	for i := range facts {
+		f := &facts[i]
+		if f.Item.Seq > src.seen.seq {
+			src.opened()
+		}
+		src.last = f.Item.Seq
+		if f.Item.TurnID != src.turn {
+			continue
+		}
+		evs = src.r.events(f, evs[:0])
+		for _, ev := range evs {
+			stop := ev.name == "turn_stop"
+			if !ev.id.after(src.seen) {
+				// The client has it. Past the turn's last turn_stop there
+				// is nothing more to send; after one for tool_use the turn
+				// goes on.
+				src.done = src.done || stop && ev.data.(map[string]string)["stopReason"] != stopToolUse
+				continue
+			}
+			src.queue = append(src.queue, ev)
+			if stop {
+				src.done = true
+				return false, nil
+			}
+		}
+		if src.done {
+			return false, nil
 		}
 	}
-	for i := range n {
-		buf[i].Value = &src.held[i]
+	if src.last >= src.seen.seq {
+		src.opened()
 	}
-	return n, nil
+	return more, nil
+}
+
+// opened queues the stream's first events, once the log is folded up to
+// what the client has. A turn_start, sent now or had by the client, ends
+// the client's blocks.
+func (src *turnSource) opened() {
+	if src.open {
+		return
+	}
+	src.open = true
+	if len(src.first) > 0 || src.seen.sub == subTurnStart {
+		clear(src.r.acc)
+	}
+	src.queue = append(src.queue, src.first...)
+	src.first = nil
 }
 
 func (src *turnSource) OnWake(f func()) { src.watch.OnWake(f) }
@@ -504,14 +609,14 @@ func (src *turnSource) waitStop(ctx context.Context) (string, error) {
 func isStop(it stream.Item) bool { return it.Type == "turn_stop" }
 
 // renderer shows AAP events: the name on the event line, the data as one
-// JSON object, the id (the session log's sequence) for resuming.
+// JSON object, the id for resuming.
 var renderer = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, error) {
 	ev := it.Value.(*sseEvent)
 	data, err := json.Marshal(ev.data)
 	if err != nil {
 		return false, err
 	}
-	f.ID = strconv.AppendUint(f.ID, it.Seq, 10)
+	f.ID = ev.id.appendTo(f.ID)
 	f.Event = ev.name
 	f.Data = append(f.Data, data...)
 	return true, nil

@@ -116,7 +116,9 @@ func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 func (s *Surface) session(ctx context.Context, p *auth.Principal, act auth.Action, id string) (session.Session, error) {
 	sess, err := protocol.Session(ctx, s.o.Sessions, p, act, id)
 	if errors.Is(err, auth.ErrHidden) {
-		return session.Session{}, session.ErrNotFound
+		// Word for word what an unknown id gets: a different answer would
+		// tell that someone's session has that id.
+		return session.Session{}, session.NotFound(id)
 	}
 	return sess, err
 }
@@ -171,9 +173,12 @@ func (s *Surface) createSession(r *protocol.Request) error {
 	if err := decode(r.Ctx.PostBody(), &req); err != nil {
 		return err
 	}
-	sess, err := s.o.Sessions.Create(r.Ctx, session.CreateRequest{
-		ID: req.SessionID, Title: req.Title, AgentID: req.AgentID, Owner: r.Principal.Subject, Tenant: r.Principal.Tenant,
+	sess, err := protocol.CreateSession(r.Ctx, s.o.Sessions, r.Principal, session.CreateRequest{
+		ID: req.SessionID, Title: req.Title, AgentID: req.AgentID,
 	})
+	if errors.Is(err, auth.ErrHidden) {
+		return session.NotFound(req.SessionID) // as a read of it answers
+	}
 	if err != nil {
 		return err
 	}

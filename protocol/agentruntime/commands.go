@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -118,10 +119,10 @@ func need(v, name string) error {
 func (s *Surface) submitTurn(r *protocol.Request, in *commandInput) (any, error) {
 	id := in.SessionID
 	if _, err := s.session(r.Ctx, r.Principal, auth.ActWrite, id); errors.Is(err, session.ErrNotFound) && in.AgentID != "" {
-		if err := r.Principal.Can(auth.ActWrite, auth.KindSession); err != nil {
-			return nil, err
+		sess, err := protocol.CreateSession(r.Ctx, s.o.Sessions, r.Principal, session.CreateRequest{ID: id, Title: in.Title, AgentID: in.AgentID})
+		if errors.Is(err, auth.ErrHidden) {
+			return nil, session.NotFound(id) // someone else's: as a read of it answers
 		}
-		sess, err := s.o.Sessions.Create(r.Ctx, session.CreateRequest{ID: id, Title: in.Title, AgentID: in.AgentID, Owner: r.Principal.Subject, Tenant: r.Principal.Tenant})
 		if err != nil {
 			return nil, err
 		}
@@ -190,14 +191,14 @@ func (s *Surface) answerInput(r *protocol.Request, in *commandInput, ref string)
 	}
 	v, err := s.o.Kernel.Get(r.Ctx, exec)
 	if err != nil {
-		return nil, errors.Join(kernel.ErrNotFound, errors.New("unknown action "+in.ActionID))
+		return nil, fmt.Errorf("%w: unknown action %s", kernel.ErrNotFound, in.ActionID)
 	}
 	res := auth.Resource{Kind: auth.KindExecution, ID: v.ID, Owner: auth.Owner{Principal: v.Owner, Tenant: v.Tenant}, AgentID: v.AgentID}
 	if r.Principal.Authorize(auth.ActWrite, res) != nil {
-		return nil, errors.Join(kernel.ErrNotFound, errors.New("unknown action "+in.ActionID))
+		return nil, fmt.Errorf("%w: unknown action %s", kernel.ErrNotFound, in.ActionID)
 	}
 	if v.Status != kernel.StatusBlocked || v.BlockReason != "signal" || v.BlockRef != signal {
-		return nil, errors.Join(kernel.ErrConflict, errors.New("action "+in.ActionID+" is not waiting for an answer"))
+		return nil, fmt.Errorf("%w: action %s is not waiting for an answer", kernel.ErrConflict, in.ActionID)
 	}
 	payload := in.Input
 	if len(payload) == 0 {

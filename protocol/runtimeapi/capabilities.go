@@ -28,6 +28,11 @@ type Capability struct {
 	IsReadOnly          bool            `json:"isReadOnly"`
 	SupportsIdempotency bool            `json:"supportsIdempotency"`
 	Accounts            []Account       `json:"accounts,omitempty"`
+	// Runners (extension) are the ids of the runners connected now that
+	// serve the capability, on any account: the built-in memory runner for
+	// the memory tools, and every runner the deployment trusts with an
+	// integration and that declared it.
+	Runners []string `json:"runners"`
 }
 
 // Account is a connected account an integration capability runs on.
@@ -48,28 +53,25 @@ type toolInfo struct {
 
 // capabilities returns every capability usable now: the memory tools and
 // every tool an online runner serves, its accounts gathered from the
-// "<tool>@<account>" variants the runners serve. A runner's description
-// fills in the metadata; an undescribed tool takes any object.
+// "<tool>@<account>" variants the runners serve, and the runners that
+// serve it, on any account. A runner's description fills in the metadata;
+// an undescribed tool takes any object.
 func (s *Surface) capabilities() []Capability {
-	out := make([]Capability, 0, len(s.memory))
-	for _, t := range s.memory {
-		out = append(out, Capability{Name: t.Name, Kind: kindMemory, Description: t.Description,
-			Parameters: t.Parameters, IsReadOnly: t.ReadOnly})
-	}
 	type gathered struct {
 		info     *toolInfo
 		accounts map[string]bool
+		runners  map[string]bool
 	}
 	tools := map[string]*gathered{}
 	for _, st := range s.o.Kernel.Tools() {
-		if len(st.Runners) == 1 && st.Runners[0] == memoryRunner {
-			continue
-		}
 		name, account, _ := strings.Cut(st.ID, "@")
 		g := tools[name]
 		if g == nil {
-			g = &gathered{accounts: map[string]bool{}}
+			g = &gathered{accounts: map[string]bool{}, runners: map[string]bool{}}
 			tools[name] = g
+		}
+		for _, r := range st.Runners {
+			g.runners[r] = true
 		}
 		if account != "" {
 			g.accounts[account] = true
@@ -81,11 +83,23 @@ func (s *Surface) capabilities() []Capability {
 			}
 		}
 	}
+	out := make([]Capability, 0, len(s.memory)+len(tools))
+	for _, t := range s.memory {
+		// The kernel serves these names to the built-in runner alone (see
+		// Start): whoever else declared one is not listed, as it is given
+		// none of their jobs.
+		runners := []string{}
+		if g := tools[t.Name]; g != nil {
+			runners = sortedSet(g.runners)
+		}
+		out = append(out, Capability{Name: t.Name, Kind: kindMemory, Description: t.Description,
+			Parameters: t.Parameters, IsReadOnly: t.ReadOnly, Runners: runners})
+	}
 	for name, g := range tools {
 		if s.memory[name].Name != "" {
-			continue // the built-in memory's names are its own
+			continue
 		}
-		c := Capability{Name: name, Kind: kindIntegration, Parameters: openSchema}
+		c := Capability{Name: name, Kind: kindIntegration, Parameters: openSchema, Runners: sortedSet(g.runners)}
 		described := map[string]Account{}
 		if g.info != nil {
 			c.Description, c.IsReadOnly, c.SupportsIdempotency = g.info.Description, g.info.IsReadOnly, g.info.SupportsIdempotency
@@ -109,6 +123,17 @@ func (s *Surface) capabilities() []Capability {
 		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// sortedSet returns the keys of m in order; never nil, so that a list
+// encodes as [] when empty.
+func sortedSet(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
 	return out
 }
 

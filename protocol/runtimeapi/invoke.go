@@ -77,12 +77,8 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) error {
 		return err
 	}
 	if c.Kind == kindMemory {
-		if err := s.o.Memory.Check(name, in.Input); err != nil {
-			status, code := fasthttp.StatusBadRequest, codeInvalidInput
-			if errors.Is(err, memory.ErrTooLarge) {
-				status, code = fasthttp.StatusRequestEntityTooLarge, codeTooLarge
-			}
-			return &apiError{status, code, err.Error(), nil}
+		if err := s.o.Memory.Check(r.Ctx, memory.Owner{Tenant: r.Principal.Tenant, Principal: r.Principal.Subject}, name, in.Input); err != nil {
+			return memoryRefusal(err)
 		}
 	}
 	key := string(r.Ctx.Request.Header.Peek("Idempotency-Key"))
@@ -116,6 +112,24 @@ func (s *Surface) invoke(r *protocol.Request, sessionID, name string) error {
 	return nil
 }
 
+// memoryRefusal is the answer to a memory call its check refused: 400 for
+// input that is not allowed, 413 for a note too large, 507 for a quota,
+// with the quota in details (scope, resource, max); another error (the
+// store's) is answered as such.
+func memoryRefusal(err error) error {
+	var qe *memory.QuotaError
+	switch {
+	case errors.As(err, &qe):
+		return &apiError{fasthttp.StatusInsufficientStorage, codeQuota, err.Error(),
+			map[string]any{"scope": qe.Scope, "resource": qe.Resource, "max": qe.Max}}
+	case errors.Is(err, memory.ErrTooLarge):
+		return &apiError{fasthttp.StatusRequestEntityTooLarge, codeTooLarge, err.Error(), nil}
+	case errors.Is(err, memory.ErrInvalid) || errors.Is(err, memory.ErrInvalidPath):
+		return &apiError{fasthttp.StatusBadRequest, codeInvalidInput, err.Error(), nil}
+	}
+	return err
+}
+
 // invocationSession returns the session an invocation is filed in: the
 // one named, or a new one. A new session made for a request with an
 // Idempotency-Key is named after the key, so that the retry files the
@@ -134,7 +148,7 @@ func (s *Surface) invocationSession(ctx context.Context, p *auth.Principal, name
 		return sess, nil
 	}
 	sess, err := s.newSession(ctx, p, id, "")
-	if errors.Is(err, session.ErrConflict) {
+	if errors.Is(err, session.ErrExists) || errors.Is(err, auth.ErrHidden) {
 		return s.session(ctx, p, auth.ActWrite, id) // a concurrent retry made it
 	}
 	return sess, err
@@ -300,26 +314,50 @@ func runStatus(st kernel.Status) string {
 	return "executing"
 }
 
-// summarize says in a few words what a finished invocation gave: "N hits"
-// for a search, as the seeds show.
+// summarize says in a few words what a finished invocation gave: "N
+// hits" for a search, as the seeds show, "N entries" for a listing, the
+// note's path for a memory read or write, and "<tool> completed" for any
+// other tool, whatever its output holds.
 func summarize(tool *kernel.ToolCall, output json.RawMessage) string {
+	if tool == nil {
+		return "completed"
+	}
 	var o struct {
 		Hits    []json.RawMessage `json:"hits"`
 		Entries []json.RawMessage `json:"entries"`
 		Path    string            `json:"path"`
 	}
 	_ = json.Unmarshal(output, &o)
-	switch {
-	case o.Hits != nil:
+	switch tool.ToolID {
+	case "memory_search":
 		return fmt.Sprintf("%d hits", len(o.Hits))
-	case o.Entries != nil:
+	case "memory_ls":
 		return fmt.Sprintf("%d entries", len(o.Entries))
-	case o.Path != "":
-		return o.Path
-	case tool != nil:
-		return tool.ToolID + " completed"
+	case "memory_read", "memory_write", "memory_append", "save_memory_note":
+		if o.Path != "" {
+			return o.Path
+		}
 	}
-	return "completed"
+	return tool.ToolID + " completed"
+}
+
+// errExternalRef refuses a reference out of a tool's parameters schema.
+var errExternalRef = errors.New("a tool's parameters may reference only their own document")
+
+// inDocumentOnly is the schema compiler's loader: it refuses every URL, so
+// that "$ref" and "$schema" resolve within the schema the runner sent (and
+// the standard's own meta-schemas, which the library carries), and nowhere
+// else. The library's default loader reads file URLs: a runner's
+// "$ref":"file:///..." read the gateway's files into a schema that then
+// judged, and quoted, people's input, and a file that did not exist
+// answered differently from one that did. Nothing is read, and compile
+// answers every refused reference with errExternalRef alone, not the
+// library's wording of it.
+type inDocumentOnly struct{ refused bool }
+
+func (l *inDocumentOnly) Load(string) (any, error) {
+	l.refused = true
+	return nil, errExternalRef
 }
 
 // schemaCache compiles capability parameter schemas once, by content.
@@ -377,10 +415,15 @@ func (c *schemaCache) compile(schema json.RawMessage) (*jsonschema.Schema, error
 		return nil, err
 	}
 	comp := jsonschema.NewCompiler()
+	loader := &inDocumentOnly{}
+	comp.UseLoader(loader)
 	if err := comp.AddResource("tool.json", doc); err != nil {
 		return nil, err
 	}
 	sch, err := comp.Compile("tool.json")
+	if loader.refused {
+		return nil, errExternalRef
+	}
 	if err != nil {
 		return nil, err
 	}

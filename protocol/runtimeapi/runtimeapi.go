@@ -40,6 +40,8 @@ type Kernel interface {
 	ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error
 	Watch(id string) *kernel.Watch
 	RunnerResult(ctx context.Context, runnerID string, req kernel.RunnerResultRequest, meta kernel.Meta) (kernel.After, error)
+	// Reserve makes the memory tools the built-in runner's alone.
+	Reserve(runnerID string, tools []string)
 }
 
 // Hub is what the built-in memory runner needs of the delivery hub: it
@@ -53,12 +55,15 @@ type Hub interface {
 type Memory interface {
 	// Tools describes the memory tools of both of the seeds' name sets.
 	Tools() []memory.Tool
-	// Check validates a call's input (its path, say) before it is run.
-	Check(name string, input json.RawMessage) error
-	// Call runs memory tool name for tenant on input and returns its
+	// Check validates a call of owner before it is run: its input (a path,
+	// say) and, for a write, the room its quotas leave.
+	Check(ctx context.Context, owner memory.Owner, name string, input json.RawMessage) error
+	// Call runs memory tool name for owner on input and returns its
 	// output. Errors that are the caller's (a version conflict, a missing
 	// note) fail the invocation with their message.
-	Call(ctx context.Context, tenant, name string, input json.RawMessage) (json.RawMessage, error)
+	Call(ctx context.Context, owner memory.Owner, name string, input json.RawMessage) (json.RawMessage, error)
+	// Capacity is how many calls Call holds at once, waiting or running.
+	Capacity() int
 }
 
 // Options configure the surface. Kernel and Sessions are required; without
@@ -125,6 +130,7 @@ const (
 	codeArchived        = "SESSION_ARCHIVED"
 	codeInvalidInput    = "INVALID_INPUT"
 	codeTooLarge        = "PAYLOAD_TOO_LARGE"
+	codeQuota           = "QUOTA_EXCEEDED"
 	codeInternal        = "INTERNAL_ERROR"
 )
 
@@ -160,10 +166,11 @@ func (s *Surface) Fail(ctx *fasthttp.RequestCtx, err error) {
 	for k, v := range ae.details {
 		details[k] = v
 	}
-	if ae.status == fasthttp.StatusInsufficientStorage {
+	// A full disk is passing; a quota is not.
+	if ae.status == fasthttp.StatusInsufficientStorage && ae.code != codeQuota {
 		ctx.Response.Header.Set("Retry-After", protocol.StorageRetryAfter)
 	}
-	writeJSON(ctx, ae.status, map[string]any{"error": ae.msg, "details": details})
+	writeJSON(ctx, ae.status, map[string]any{"error": protocol.Sentence(ae.msg), "details": details})
 }
 
 // classify maps the kernel's, the sessions' and the access rule's errors:
@@ -176,6 +183,10 @@ func classify(err error) *apiError {
 	status, code, known := protocol.Status(err)
 	if !known {
 		return &apiError{status, codeInternal, "internal error", nil}
+	}
+	var qerr *session.QuotaError
+	if errors.As(err, &qerr) {
+		return &apiError{status, code, err.Error(), map[string]any{"held": qerr.Held, "max": qerr.Max}}
 	}
 	return &apiError{status, code, err.Error(), nil}
 }

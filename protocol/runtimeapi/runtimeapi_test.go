@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -438,5 +440,60 @@ func TestAgentsShareTheNotes(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the agent never read the note")
+	}
+}
+
+// TestToolSchemaCannotReadFiles: a runner describes two tools whose
+// parameters reference a file of the gateway's machine, one that exists
+// (and would refuse the input) and one that does not. Invoked alike, they
+// answer alike: the reference is refused without reading anything, so the
+// file neither judges the input nor tells that it exists.
+func TestToolSchemaCannotReadFiles(t *testing.T) {
+	s := nodetest.Start(t, node.Options{})
+	api := &rt{t: t, base: s.URL}
+	existing := filepath.Join(t.TempDir(), "secret.json")
+	if err := os.WriteFile(existing, []byte(`{"type":"object","required":["secret"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := existing + ".gone"
+	cl, err := client.New(client.Options{BaseURL: s.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := func(_ context.Context, args json.RawMessage) (any, error) { return args, nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cl.RunRunner(ctx, &client.Runner{RunnerID: "probe-runner", Tools: map[string]client.ToolFunc{"probe.here": echo, "probe.gone": echo},
+			Info: []client.ToolInfo{
+				{Name: "probe.here", Parameters: json.RawMessage(`{"$ref":"file://` + existing + `"}`)},
+				{Name: "probe.gone", Parameters: json.RawMessage(`{"$ref":"file://` + missing + `"}`)},
+			}})
+	}()
+	t.Cleanup(func() { cancel(); <-done; cl.CloseIdleConnections() })
+	eventually.Check(t, func() error {
+		n := 0
+		for _, c := range integrations(api.json("GET", "/capabilities", nil, 200)) {
+			if p, _ := c["parameters"].(obj); p["$ref"] != nil {
+				n++
+			}
+		}
+		if n != 2 {
+			return fmt.Errorf("%d of the 2 described probes listed", n)
+		}
+		return nil
+	})
+	answer := func(tool string) string {
+		status, data := api.do("POST", "/tools/"+tool, obj{"input": obj{}, "wait": true})
+		var out obj
+		if err := json.Unmarshal(data, &out); err != nil {
+			t.Fatalf("%s: %d %s", tool, status, data)
+		}
+		return fmt.Sprintf("%d %v %v", status, out["status"], out["output"])
+	}
+	here, gone := answer("probe.here"), answer("probe.gone")
+	if here != gone || here != "200 completed map[]" {
+		t.Fatalf("a schema naming a file that exists answers %q, one naming a missing file %q; want both 200 completed with the input", here, gone)
 	}
 }

@@ -67,6 +67,9 @@ func (s *Surface) createSession(r *protocol.Request) error {
 		return err
 	}
 	sess, err := s.newSession(r.Ctx, r.Principal, in.ID, in.Title)
+	if errors.Is(err, auth.ErrHidden) {
+		return notFound("session", in.ID) // as a read of it answers
+	}
 	if err != nil {
 		return err
 	}
@@ -75,9 +78,10 @@ func (s *Surface) createSession(r *protocol.Request) error {
 }
 
 // newSession makes a session for p; a session made with a token is the
-// seeds' "api" source.
+// seeds' "api" source. A taken id of another is auth.ErrHidden (see
+// protocol.CreateSession).
 func (s *Surface) newSession(ctx context.Context, p *auth.Principal, id, title string) (session.Session, error) {
-	return s.o.Sessions.Create(ctx, session.CreateRequest{ID: id, Title: title, Source: "api", Owner: p.Subject, Tenant: p.Tenant})
+	return protocol.CreateSession(ctx, s.o.Sessions, p, session.CreateRequest{ID: id, Title: title, Source: "api"})
 }
 
 // getSession answers GET /sessions/{id}: the session with its newest

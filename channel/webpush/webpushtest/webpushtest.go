@@ -301,6 +301,16 @@ func (s *Service) Expire(tb testing.TB, sub Subscription) {
 	s.call(tb, "/expire-subscription/"+sub.ClientHash, map[string]string{}, nil)
 }
 
+// WaitRequests waits until the proxy has seen n pushes to sub (it records
+// one once the service has answered it) and returns them.
+func (s *Service) WaitRequests(tb testing.TB, sub Subscription, n int) []Request {
+	tb.Helper()
+	return eventually.Value(tb, strconv.Itoa(n)+" pushes seen", func() ([]Request, bool) {
+		r := s.Requests(sub)
+		return r, len(r) >= n
+	})
+}
+
 // Requests returns the pushes to sub the proxy saw.
 func (s *Service) Requests(sub Subscription) []Request {
 	s.mu.Lock()
