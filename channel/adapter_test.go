@@ -117,6 +117,18 @@ func (p *platform) card(dest, actionID string) (shown, bool) {
 	return shown{}, false
 }
 
+// refOf returns the ref Send returned for the card of actionID at dest.
+func (p *platform) refOf(dest, actionID string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ref := range p.order {
+		if s := p.cards[ref]; s.dest == dest && s.action == actionID {
+			return ref
+		}
+	}
+	return ""
+}
+
 // waitCard waits for the card of actionID at dest.
 func (p *platform) waitCard(t *testing.T, dest, actionID string) shown {
 	t.Helper()

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
+	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel"
+	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -93,6 +95,12 @@ type Answer struct {
 	Principal string
 	// Value is the pressed button's value (Card.Values).
 	Value string
+	// Ref is the platform's reference of the card the button is on, as
+	// its adapter's Send returned it, when the platform says (Telegram's
+	// callback and Slack's interaction name their message). A card whose
+	// record a stop lost, between its send and the record's commit, is
+	// edited through it.
+	Ref string
 }
 
 // Answer settles a prompt with a pressed button: the value must be one
@@ -107,7 +115,7 @@ func (r *Registry) Answer(ctx context.Context, a Answer) (rec bridge.Record, won
 	if !ok {
 		return bridge.Record{}, false, r.Refuse(a.Adapter, RefusedTampered, "the button's data is not signed for this destination")
 	}
-	return r.decide(ctx, a.Adapter, a.Dest, a.User, a.Principal, actionID, decision)
+	return r.decide(ctx, a.Adapter, a.Dest, a.Ref, a.User, a.Principal, actionID, decision)
 }
 
 // TokenAnswer is an answer carried by a token (Card.Token): a push
@@ -143,7 +151,7 @@ func (r *Registry) AnswerToken(ctx context.Context, adapter string, t TokenAnswe
 	if err := r.spend(ctx, adapter, c); err != nil {
 		return bridge.Record{}, false, err
 	}
-	return r.decide(ctx, adapter, c.Dest, c.Dest, c.Owner, c.Action, t.Decision)
+	return r.decide(ctx, adapter, c.Dest, "", c.Dest, c.Owner, c.Action, t.Decision)
 }
 
 // PeekToken returns the prompt a token answers, without spending it, so a
@@ -229,7 +237,7 @@ type press struct {
 }
 
 // decide is the answer path shared by buttons and tokens.
-func (r *Registry) decide(ctx context.Context, adapter, dest, user, principal, actionID, decision string) (bridge.Record, bool, error) {
+func (r *Registry) decide(ctx context.Context, adapter, dest, ref, user, principal, actionID, decision string) (bridge.Record, bool, error) {
 	d := r.deciderOf()
 	if d == nil {
 		return bridge.Record{}, false, ErrNotStarted
@@ -255,8 +263,14 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, user, principal, a
 	if !r.mayAnswer(rec, principal) {
 		return bridge.Record{}, false, r.Refuse(adapter, RefusedResponder, principal+" may not answer this prompt")
 	}
+	k := destKey(adapter, rec.Owner, dest)
+	var b store.Batch
+	adopted := r.adoptCard(&b, k, actionID, ref)
 	if rec.State != bridge.StatePending {
 		r.count(adapter, StatAnswers, "recorded")
+		if adopted {
+			r.editAdopted(ctx, &b, k, rec)
+		}
 		return rec, false, nil
 	}
 	outcome, scope, err := bridge.ParseDecision(decision)
@@ -264,7 +278,6 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, user, principal, a
 		return bridge.Record{}, false, r.Refuse(adapter, RefusedMalformed, err.Error())
 	}
 	pid := actionID + "|" + adapter + "|" + dest
-	var b store.Batch
 	_ = b.Put(kindPress, pid, &press{ActionID: actionID, Adapter: adapter, Dest: dest, At: time.Now().UTC()})
 	if err := r.st.Write(ctx, &b); err != nil {
 		return bridge.Record{}, false, fmt.Errorf("channel: record answer: %w", err)
@@ -287,6 +300,40 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, user, principal, a
 	// Its channel.permission_returned is logged with the retraction.
 	r.count(adapter, StatAnswers, "won")
 	return cur, true, nil
+}
+
+// adoptCard stages in b the record of a card shown at k for actionID
+// that the registry has none of: its send was cut by a stop before the
+// record was committed, and the press names it (ref). It reports whether
+// it staged one.
+func (r *Registry) adoptCard(b *store.Batch, k peer.Key, actionID, ref string) bool {
+	if ref == "" {
+		return false
+	}
+	id := cardID(k, actionID)
+	var c card
+	if err := r.st.Get(kindCard, id, &c); !errors.Is(err, store.ErrNotFound) {
+		return false
+	}
+	return b.Put(kindCard, id, &card{Ref: ref, ShownAt: time.Now().UTC()}) == nil
+}
+
+// editAdopted commits an adopted card of a settled prompt with the edit
+// to its outcome, which the retraction, done before the card was known,
+// could not ask for.
+func (r *Registry) editAdopted(ctx context.Context, b *store.Batch, k peer.Key, rec bridge.Record) {
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		r.log.Warn("card of a settled prompt not edited", "action", rec.ActionID, "err", err)
+		return
+	}
+	s := r.hub.Stage(b, k, event.PermissionResolved, data, "")
+	if err := r.st.Write(ctx, b); err != nil {
+		s.Abort()
+		r.log.Warn("card of a settled prompt not edited", "action", rec.ActionID, "err", err)
+		return
+	}
+	s.Publish()
 }
 
 // mayAnswer reports whether principal may answer rec through an adapter:

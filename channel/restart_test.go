@@ -78,3 +78,45 @@ func TestAdapterEditCutByAStopIsDoneAfterTheRestart(t *testing.T) {
 		t.Fatalf("record after the restart: %+v", got.DecidedBy)
 	}
 }
+
+// TestAdapterCardWhoseRecordAStopLostIsEditedThroughItsPress: a gateway
+// stopped between a card's send and its record's commit does not know
+// the card; a press on it names it, so it is edited to the outcome,
+// whether that press decides the prompt or finds it settled elsewhere.
+func TestAdapterCardWhoseRecordAStopLostIsEditedThroughItsPress(t *testing.T) {
+	for _, settledFirst := range []bool{false, true} {
+		p := newPlatform(channel.Route{Owner: "alice", ID: "room1"}, channel.Route{Owner: "alice", ID: "room2"})
+		dir := t.TempDir()
+		s := startWith(t, p, fastRetry, node.Options{Data: dir})
+		rec := channeltest.Ask(t, s.Node, "alice", "deploy.app", nil)
+		c := p.waitCard(t, "room1", rec.ActionID)
+		other := p.waitCard(t, "room2", rec.ActionID)
+		s.Stop()
+		st := storetest.Open(t, store.Options{Dir: dir})
+		if err := channel.ForgetCards(st, rec.ActionID); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s.Restart()
+		want := bridge.StateApproved
+		if settledFirst {
+			if _, won, err := s.Node.Channels.Answer(context.Background(), channel.Answer{Adapter: "fake", Dest: "room2", User: "U1", Principal: "alice",
+				Value: other.card.Values[bridge.DecisionDeny]}); err != nil || !won {
+				t.Fatalf("answer in room2: %v %v", err, won)
+			}
+			want = bridge.StateDenied
+		}
+		ref := p.refOf("room1", rec.ActionID)
+		got, won, err := s.Node.Channels.Answer(context.Background(), channel.Answer{Adapter: "fake", Dest: "room1", User: "U1", Principal: "alice",
+			Value: c.card.Values[bridge.DecisionAllowOnce], Ref: ref})
+		if err != nil || won == settledFirst || got.State != want {
+			t.Fatalf("settled first %v: answer: %v %v %+v", settledFirst, err, won, got)
+		}
+		p.waitEdit(t, "room1", rec.ActionID, want)
+		if n := p.sends("room1"); n != 1 {
+			t.Fatalf("settled first %v: %d cards sent, want 1", settledFirst, n)
+		}
+	}
+}

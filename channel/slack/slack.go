@@ -313,12 +313,29 @@ func (a *App) verify(h http.Header, body []byte, now time.Time) (reason, msg str
 	return "", ""
 }
 
+// messageRef is the ref Send returned for the message of cb, when cb
+// names it.
+func messageRef(cb slackapi.InteractionCallback) string {
+	conv, ts := cb.Container.ChannelID, cb.Container.MessageTs
+	if conv == "" {
+		conv = cb.Channel.ID
+	}
+	if ts == "" {
+		ts = cb.Message.Timestamp
+	}
+	if conv == "" || ts == "" {
+		return ""
+	}
+	return conv + "|" + ts
+}
+
 // press answers one button press and, when it did not decide the prompt,
 // tells the person why in a message only they see.
 func (a *App) press(ctx context.Context, cb slackapi.InteractionCallback, act *slackapi.BlockAction) {
 	user := cb.User.ID
 	rec, won, err := a.reg.Answer(ctx, channel.Answer{
 		Adapter: a.Name(), Dest: act.BlockID, User: user, Principal: a.o.Users[user], Value: act.Value,
+		Ref: messageRef(cb),
 	})
 	var note string
 	var re *channel.RefusedError

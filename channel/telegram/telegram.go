@@ -453,7 +453,7 @@ func (b *Bot) answer(ctx context.Context, q *tgbotapi.CallbackQuery) string {
 	user := q.From.ID
 	rec, won, err := b.reg.Answer(ctx, channel.Answer{
 		Adapter: b.Name(), Dest: strconv.FormatInt(q.Message.Chat.ID, 10), User: strconv.FormatInt(user, 10),
-		Principal: b.o.Users[user], Value: q.Data,
+		Principal: b.o.Users[user], Value: q.Data, Ref: strconv.Itoa(q.Message.MessageID),
 	})
 	var re *channel.RefusedError
 	switch {
