@@ -27,6 +27,7 @@ func write(t *testing.T, s *Store, f func(b *Batch)) {
 // TestPowerCutFSJournalAloneRestoresEverything: the journal by itself rebuilds every
 // acknowledged write, deletes included, across segments, with the epoch.
 func TestPowerCutFSJournalAloneRestoresEverything(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []SyncMode{SyncAlways, SyncBatch} {
 		t.Run(mode.String(), func(t *testing.T) { testJournalAloneRestoresEverything(t, mode) })
 	}
@@ -321,6 +322,7 @@ func TestCheckpointSyncsValueLogOnlyWhenUsed(t *testing.T) {
 // value again instead of taking the table's word for it. It read back
 // empty before.
 func TestPowerCutFSKeepsLargeValues(t *testing.T) {
+	t.Parallel()
 	m := onCutFS(t)
 	s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
 	defer s.Close()
@@ -352,6 +354,7 @@ func TestPowerCutFSKeepsLargeValues(t *testing.T) {
 // again, each time before Badger writes a table, keeps a few journal
 // segments, not one more per start, and every write.
 func TestPowerCutFSCrashLoopKeepsTheJournalSmall(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	seq := uint64(0)
 	for range 8 {

@@ -102,6 +102,7 @@ func TestLazyDeletedNeverReachesBadger(t *testing.T) {
 // them. A power cut keeps what was synced: the journal and Badger's
 // tables, not its memory tables.
 func TestPowerCutFSLazyWritesSurvive(t *testing.T) {
+	t.Parallel()
 	for _, inTable := range []bool{false, true} {
 		name := "handed over"
 		if inTable {
