@@ -91,6 +91,9 @@ func TestAdapterCardWhoseRecordAStopLostIsEditedThroughItsPress(t *testing.T) {
 		rec := channeltest.Ask(t, s.Node, "alice", "deploy.app", nil)
 		c := p.waitCard(t, "room1", rec.ActionID)
 		other := p.waitCard(t, "room2", rec.ActionID)
+		// Both cards recorded and their deliveries acknowledged: the
+		// restart carries nothing again, so only the lost records differ.
+		eventually.True(t, "the cards recorded", func() bool { return s.Node.Channels.Stats().Queued == 0 })
 		s.Stop()
 		st := storetest.Open(t, store.Options{Dir: dir})
 		if err := channel.ForgetCards(st, rec.ActionID); err != nil {
