@@ -133,13 +133,27 @@ func TestWebPushAppInChromium(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no service worker registration reported")
 	}
-	deliver := func(msg string) {
+	// deliver hands msg to the service worker, as the browser's push
+	// service would, until shown holds. A push service delivers again
+	// until the browser takes the message; DevTools' delivery is one
+	// dispatch, which a worker being started on a loaded machine can
+	// miss, so the test delivers again too.
+	deliver := func(what, msg string, shown func() bool) {
 		t.Helper()
-		if _, err := cdp.Call(ctx, b.Target, serviceworker.DeliverPushMessage, serviceworker.DeliverPushMessageParams{
-			Origin: s.URL, RegistrationID: reg.RegistrationID, Data: msg,
-		}); err != nil {
-			t.Fatalf("deliver push: %v", err)
-		}
+		eventually.True(t, what, func() bool {
+			if _, err := cdp.Call(ctx, b.Target, serviceworker.DeliverPushMessage, serviceworker.DeliverPushMessageParams{
+				Origin: s.URL, RegistrationID: reg.RegistrationID, Data: msg,
+			}); err != nil {
+				t.Fatalf("deliver push: %v", err)
+			}
+			for range 20 {
+				if shown() {
+					return true
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			return false
+		})
 	}
 	notifications := func() string {
 		return br.evalAsync(`navigator.serviceWorker.ready.then(r => r.getNotifications()).then(ns =>
@@ -147,12 +161,11 @@ func TestWebPushAppInChromium(t *testing.T) {
 	}
 
 	rec := channeltest.Ask(t, s.Node, "local", "deploy.app", map[string]any{"target": "prod"})
-	deliver(svc.WaitMessages(t, sub, 1)[0])
 	var shown []struct {
 		Tag, Title, Body string
 		Actions          []string
 	}
-	eventually.True(t, "the notification shown", func() bool {
+	deliver("the notification shown", svc.WaitMessages(t, sub, 1)[0], func() bool {
 		_ = json.Unmarshal([]byte(notifications()), &shown)
 		return len(shown) == 1
 	})
@@ -179,8 +192,7 @@ func TestWebPushAppInChromium(t *testing.T) {
 		t.Fatalf("record: %+v by %+v", got, got.DecidedBy)
 	}
 	// The withdrawal replaces the notification by the outcome.
-	deliver(svc.WaitMessages(t, sub, 2)[1])
-	eventually.True(t, "the notification replaced by the outcome", func() bool {
+	deliver("the notification replaced by the outcome", svc.WaitMessages(t, sub, 2)[1], func() bool {
 		_ = json.Unmarshal([]byte(notifications()), &shown)
 		return len(shown) == 1 && strings.HasPrefix(shown[0].Body, "Allowed once by local via webpush") && len(shown[0].Actions) == 0
 	})
