@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -434,6 +435,41 @@ func TestAdapterRefusesWhoMayNotAnswer(t *testing.T) {
 		if n := st.Counted("fake", channel.StatRefused, reason); n != want {
 			t.Fatalf("refused %s: %d, want %d (%+v)", reason, n, want, st)
 		}
+	}
+}
+
+// TestAdapterRespondersComeWithThePrompt: a policy rule's responders are
+// kept on each of its prompts and decide who may answer it through a
+// channel, before the --channel-responders list of the same rule and
+// instead of the owner.
+func TestAdapterRespondersComeWithThePrompt(t *testing.T) {
+	p := newPlatform(channel.Route{Owner: "alice", ID: "room1"})
+	co := fastRetry
+	co.Responders = map[string][]string{"team": {"carol"}}
+	s := startWith(t, p, co, node.Options{Policy: policytest.Parse(t, `
+rules:
+  - id: team
+    priority: 1
+    when: {tool_id: "deploy*"}
+    then: {decision: require_approval, reason: "the on-call team answers", responders: [bob, dave]}
+default:
+  decision: allow
+`)})
+	rec := channeltest.Ask(t, s.Node, "alice", "deploy.app", nil)
+	if !slices.Equal(rec.Responders, []string{"bob", "dave"}) {
+		t.Fatalf("the prompt's responders: %q", rec.Responders)
+	}
+	allow := p.waitCard(t, "room1", rec.ActionID).card.Values[bridge.DecisionAllowOnce]
+	for _, who := range []string{"alice", "carol"} {
+		_, _, err := answer(t, s, channel.Answer{Adapter: "fake", Dest: "room1", User: "U-" + who, Principal: who, Value: allow})
+		var re *channel.RefusedError
+		if !errors.As(err, &re) || re.Reason != channel.RefusedResponder {
+			t.Fatalf("%s's answer: %v, want refused for %s", who, err, channel.RefusedResponder)
+		}
+	}
+	got, won, err := answer(t, s, channel.Answer{Adapter: "fake", Dest: "room1", User: "U-dave", Principal: "dave", Value: allow})
+	if err != nil || !won || got.DecidedBy.Principal != "dave" {
+		t.Fatalf("dave's answer: %v won=%v %+v", err, won, got.DecidedBy)
 	}
 }
 

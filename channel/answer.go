@@ -337,9 +337,13 @@ func (r *Registry) editAdopted(ctx context.Context, b *store.Batch, k peer.Key, 
 }
 
 // mayAnswer reports whether principal may answer rec through an adapter:
-// the people Options.Responders lists for rec's policy rule, or else the
-// prompt's owner.
+// the people its policy rule named when it was requested (its
+// Responders), or else those Options.Responders lists for the rule, or
+// else the prompt's owner.
 func (r *Registry) mayAnswer(rec bridge.Record, principal string) bool {
+	if len(rec.Responders) > 0 {
+		return slices.Contains(rec.Responders, principal)
+	}
 	if who, ok := r.responders[rec.RuleID]; ok {
 		return slices.Contains(who, principal)
 	}
