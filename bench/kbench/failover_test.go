@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
+)
+
+// TestMain lets the test binary run as kbench, so that a test drives it
+// out of process, as a benchmark does; kbench itself imports nothing of
+// Gatehouse, its tests stand up real Gatehouse nodes.
+func TestMain(m *testing.M) {
+	if os.Getenv("KBENCH_TEST_AS_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestKbenchSpreadsOverURLsAndFailsOver runs kbench with two URLs, a
+// gateway at the first and nothing yet at the second: the actors whose
+// turn is the second move to the first. Mid-run the gateway stops and comes
+// back, on the same data folder, at the second address, as another node of
+// a cluster would take over: every actor moves there, resuming its stream,
+// and every execution of the run completes.
+func TestKbenchSpreadsOverURLsAndFailsOver(t *testing.T) {
+	o := node.Options{Data: t.TempDir()}
+	first := nodetest.Start(t, o)
+	second := freeAddr(t)
+	var out bytes.Buffer
+	var logs syncbuf.Buffer
+	cmd := exec.Command(os.Args[0], "-url", first.URL+",http://"+second, "-agents", "2", "-runners", "2",
+		"-remote", "-tools", "1", "-concurrency", "4", "-duration", "4s", "-exec-timeout", "20s", "-timeout", "50s",
+		"-max-err-logs", "-1", "-q")
+	cmd.Env = append(os.Environ(), "KBENCH_TEST_AS_MAIN=1")
+	cmd.Stdout, cmd.Stderr = &out, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	eventually.Check(t, func() error {
+		if c := first.Node.Kernel.Stats().Completed; c < 20 {
+			return fmt.Errorf("%d executions completed", c)
+		}
+		return nil
+	})
+	first.Stop()
+	o.Addr = second
+	nodetest.Start(t, o)
+
+	select {
+	case <-done:
+		if waitErr != nil {
+			t.Fatalf("kbench: %v\n%s\n%s", waitErr, out.String(), logs.String())
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatalf("kbench did not end\n%s", logs.String())
+	}
+	var s summary
+	if err := json.Unmarshal(out.Bytes(), &s); err != nil {
+		t.Fatalf("kbench output %q: %v", out.String(), err)
+	}
+	moved := s.Counters["agent_failovers"] + s.Counters["runner_failovers"] + s.Counters["client_failovers"]
+	if s.Executions == 0 || s.OK != s.Executions || moved == 0 {
+		t.Fatalf("%d executions, %d ok, %d failovers; fail reasons %v, counters %v\n%s", s.Executions, s.OK, moved, s.FailReasons, s.Counters, logs.String())
+	}
+	t.Logf("%d executions, all completed, %d failovers", s.Executions, moved)
+}
+
+// TestKbenchRefusesAURLOffLoopback: every -url must be loopback.
+func TestKbenchRefusesAURLOffLoopback(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-url", "http://127.0.0.1:1,http://192.0.2.1:8080", "-timeout", "5s")
+	cmd.Env = append(os.Environ(), "KBENCH_TEST_AS_MAIN=1")
+	outb, err := cmd.CombinedOutput()
+	if err == nil || !bytes.Contains(outb, []byte("non-loopback")) {
+		t.Fatalf("kbench with a URL off loopback: %v %s", err, outb)
+	}
+}
