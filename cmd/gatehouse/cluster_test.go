@@ -167,12 +167,18 @@ func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
 	if _, err := js1.CreateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3}); err != nil {
 		t.Fatalf("create R3 stream: %v", err)
 	}
+	// A publish is retried until the stream has a leader (after a kill,
+	// its replicas elect one, as the meta group does); its message id makes
+	// a retry of one that was stored but not answered a no-op.
 	publish := func(js jetstream.JetStream, from, to int) {
 		t.Helper()
 		for i := from; i < to; i++ {
-			if _, err := js.Publish(ctx, "r3.x", fmt.Appendf(nil, "m%d", i)); err != nil {
-				t.Fatalf("publish %d: %v", i, err)
-			}
+			eventually.Check(t, func() error {
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				_, err := js.Publish(pctx, "r3.x", fmt.Appendf(nil, "m%d", i), jetstream.WithMsgID(fmt.Sprintf("m%d", i)))
+				return err
+			})
 		}
 	}
 	publish(js1, 0, 5)
