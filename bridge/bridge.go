@@ -69,8 +69,12 @@ type Notifier interface {
 	// Retract tells the channels that a prompt was settled (they remove
 	// it) and, for a settlement by a person's answer, where the answer came
 	// back from (r.DecidedBy): it is called once per settled record,
-	// whichever door the answer came through.
-	Retract(r Record)
+	// whichever door the answer came through. It commits done in the same
+	// write as the retraction, also when there is no channel to tell:
+	// done clears the bridge's note that the retraction is owed, and a
+	// retraction still owed is made again when the bridge starts (the
+	// gateway stopped between the settlement's commit and this call).
+	Retract(r Record, done *store.Batch)
 }
 
 // Options configure a Bridge.
@@ -97,6 +101,10 @@ const (
 	kindPending   = "action_pending"
 	kindForwarded = "action_forwarded" // the prompt reached the channels' outboxes
 	kindAllow     = "allow_always"
+	// kindUnretracted marks a settled prompt whose retraction has not
+	// reached the channels' outboxes yet; written with the settlement,
+	// deleted with the retraction.
+	kindUnretracted = "action_unretracted"
 )
 
 // New loads pending prompts and allow-always rules from the store.
@@ -131,7 +139,43 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: load allow rules: %w", err)
 	}
 	b.forwardUnsent(ctx)
+	if err := b.retractUnsent(ctx); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// retractUnsent retracts the settled prompts whose retraction was not
+// recorded: the gateway stopped between a settlement's commit and its
+// fan-out, which channels would otherwise never hear of, and the channel
+// log would miss the answer's channel.permission_returned.
+func (b *Bridge) retractUnsent(ctx context.Context) error {
+	if b.n == nil {
+		return nil
+	}
+	var ids []string
+	if err := b.st.Records(kindUnretracted, func(id string, _ func(any) error) bool {
+		ids = append(ids, id)
+		return ctx.Err() == nil
+	}); err != nil {
+		return fmt.Errorf("bridge: load unretracted: %w", err)
+	}
+	for _, id := range ids {
+		var r Record
+		if err := b.st.Get(kindAction, id, &r); err != nil {
+			return fmt.Errorf("bridge: load action %s: %w", id, err)
+		}
+		b.n.Retract(r, retracted(id))
+	}
+	return nil
+}
+
+// retracted returns the write that clears the note that action id's
+// retraction is owed.
+func retracted(id string) *store.Batch {
+	var done store.Batch
+	done.DeleteLazy(kindUnretracted, id)
+	return &done
 }
 
 // forwardUnsent forwards the pending prompts whose fan-out was not recorded:
@@ -194,6 +238,10 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	_ = batch.Put(kindAction, actionID, &r)
 	batch.Delete(kindPending, actionID)
 	batch.Delete(kindForwarded, actionID)
+	if b.n != nil {
+		// Read back only at a start; the retraction deletes it at once.
+		_ = batch.CreateLazy(kindUnretracted, actionID, true)
+	}
 	allowKey := ""
 	if r.State == StateApproved && d.Scope == kernel.ScopeSession {
 		allowKey = r.SessionID + "/" + r.ToolID
@@ -209,7 +257,7 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	}
 	publish = func() {
 		if b.n != nil {
-			b.n.Retract(r)
+			b.n.Retract(r, retracted(actionID))
 		}
 	}
 	return apply, publish

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,10 +33,22 @@ func TestParseDecision(t *testing.T) {
 	}
 }
 
-type notes struct{ prompts, retracts []string }
+// notes is a Notifier that keeps what it is told: the prompts' ids, and
+// the retractions' states and ids. With commit set, it commits each
+// retraction's done, as the channels do.
+type notes struct {
+	commit                          func(*store.Batch)
+	prompts, retracts, retractedIDs []string
+}
 
-func (n *notes) Prompt(r Record)  { n.prompts = append(n.prompts, r.ActionID) }
-func (n *notes) Retract(r Record) { n.retracts = append(n.retracts, r.State) }
+func (n *notes) Prompt(r Record) { n.prompts = append(n.prompts, r.ActionID) }
+func (n *notes) Retract(r Record, done *store.Batch) {
+	n.retracts = append(n.retracts, r.State)
+	n.retractedIDs = append(n.retractedIDs, r.ActionID)
+	if n.commit != nil {
+		n.commit(done)
+	}
+}
 
 // TestRecordLifecycleSurvivesReopen: a prompt staged, committed, published
 // and settled is recorded, audited and reloaded from the same folder.
@@ -142,5 +155,48 @@ func TestUnforwardedPromptIsForwardedAtStart(t *testing.T) {
 	}
 	if len(n.prompts) != 1 || n.prompts[0] != "lost" {
 		t.Fatalf("forwarded at start: %v, want [lost]", n.prompts)
+	}
+}
+
+// TestUnretractedSettlementIsRetractedAtStart: a prompt settled but whose
+// retraction never reached the channels (a crash between the two) is
+// retracted when the bridge starts again; one retracted is not retracted
+// again, nor is the first one at the start after.
+func TestUnretractedSettlementIsRetractedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	st := storetest.Open(t, store.Options{Dir: dir})
+	commit := func(batch *store.Batch) {
+		t.Helper()
+		if err := st.Write(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := New(context.Background(), Options{Store: st, Notifier: &notes{commit: commit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"sent", "lost"} {
+		var batch store.Batch
+		apply, publish := b.Requested(&batch, kernel.Approval{ActionID: id, Owner: "alice", RequestedAt: time.Now()})
+		commit(&batch)
+		apply()
+		publish()
+		batch = store.Batch{}
+		apply, publish = b.Resolved(&batch, id, kernel.Decision{Outcome: kernel.OutcomeDenied, DecidedBy: &kernel.DecidedBy{Principal: "alice"}, DecidedAt: time.Now()})
+		commit(&batch)
+		apply()
+		if i == 0 {
+			publish() // the crash comes before the second answer's fan-out
+		}
+	}
+	for _, want := range [][]string{{"lost"}, nil} {
+		st = storetest.Reopen(t, st, store.Options{Dir: dir})
+		n := &notes{commit: commit}
+		if _, err := New(context.Background(), Options{Store: st, Notifier: n}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(n.retractedIDs, want) || len(n.prompts) != 0 {
+			t.Fatalf("retracted at start: %v (prompts forwarded: %v), want %v", n.retractedIDs, n.prompts, want)
+		}
 	}
 }

@@ -734,10 +734,18 @@ func (r *Registry) forward(ctx context.Context, rec bridge.Record, only *Channel
 // delivery carrying the settled record to every channel of rec.Owner, so
 // each device removes the prompt, and, when a person's answer settled it,
 // logs channel.permission_returned for where that answer came back from
-// (see returnedFact), all in one durable write. Every answer, through
-// whichever door, settles its record exactly once, so each is logged once.
-func (r *Registry) Retract(rec bridge.Record) {
+// (see returnedFact), all in one durable write with done. Every answer,
+// through whichever door, settles its record exactly once, so each is
+// logged once.
+func (r *Registry) Retract(rec bridge.Record, done *store.Batch) {
+	var b store.Batch
+	if done != nil {
+		b.Merge(done)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
 	if rec.Owner == "" {
+		r.writeDone(ctx, rec, &b)
 		return
 	}
 	ol, release, err := r.enterOwner(rec.Owner)
@@ -746,8 +754,6 @@ func (r *Registry) Retract(rec bridge.Record) {
 		return
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-	defer cancel()
 	r.mu.Lock()
 	if _, ok := r.settled[rec.ActionID]; !ok {
 		if old := r.settledRing[r.settledNext]; old != "" {
@@ -758,7 +764,6 @@ func (r *Registry) Retract(rec bridge.Record) {
 		r.settled[rec.ActionID] = struct{}{}
 	}
 	r.mu.Unlock()
-	var b store.Batch
 	var returned []fact
 	var seen *record
 	if f, ok := returnedFact(&rec); ok {
@@ -772,12 +777,28 @@ func (r *Registry) Retract(rec bridge.Record) {
 			}
 		}
 	}
-	if err := r.fanout(ctx, ol, &b, r.channelsOf(rec.Owner), event.PermissionResolved, rec, "", returned...); err != nil {
+	chans := r.channelsOf(rec.Owner)
+	if len(chans) == 0 && len(returned) == 0 {
+		r.writeDone(ctx, rec, &b)
+		return
+	}
+	if err := r.fanout(ctx, ol, &b, chans, event.PermissionResolved, rec, "", returned...); err != nil {
 		r.log.Error("retraction not forwarded to channels", "action", rec.ActionID, "owner", rec.Owner, "err", err)
 		return
 	}
 	if seen != nil {
 		r.touch(seen.key(), seen.LastSeen)
+	}
+}
+
+// writeDone writes b, the bridge's done of a retraction with nothing to
+// tell any channel.
+func (r *Registry) writeDone(ctx context.Context, rec bridge.Record, b *store.Batch) {
+	if b.Len() == 0 {
+		return
+	}
+	if err := r.st.Write(ctx, b); err != nil {
+		r.log.Error("retraction not recorded", "action", rec.ActionID, "err", err)
 	}
 }
 
