@@ -49,6 +49,8 @@ type Kernel interface {
 type Hub interface {
 	Attach(k peer.Key, cursor *uint64, caps ...string) (*peer.Conn, *peer.Reset)
 	Ack(k peer.Key, seq uint64) bool
+	// Flush returns once every acknowledgement made so far is durable.
+	Flush() error
 	Peers(q peer.Query) (page []peer.Info, more bool)
 	Stats() peer.Stats
 }

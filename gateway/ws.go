@@ -524,6 +524,15 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 	switch fr.Type {
 	case frameAck:
 		p.current.Load().Ack(fr.Seq)
+		// An ack with an id asks to be told once it is durable, as an
+		// HTTP ack's answer tells.
+		if fr.ID != "" {
+			if err := p.s.hub.Flush(); err != nil {
+				_ = w.replyError(fr.ID, ackError(err))
+				return
+			}
+			_ = w.reply(fr.ID, fasthttp.StatusOK, statusOK)
+		}
 	case frameResume:
 		if !first {
 			w.frameRefused(fr, "resume must be the first frame")
