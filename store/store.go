@@ -131,6 +131,10 @@ type Options struct {
 	pageOutEvery time.Duration
 	readSpace    func(dir string) (diskUsage, error)
 	idleAfter    time.Duration
+	// released, for tests, is called each time a checkpoint has let
+	// journal segments go: from then on Badger's files alone hold their
+	// writes.
+	released func()
 }
 
 // maxGroupBytes bounds the keys and values one commit groups, so that a
@@ -1327,8 +1331,10 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 			s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
 			return s.applied.Load()
 		}
-		if _, err := s.journal.release(s.releasable(durable)); err != nil {
+		if n, err := s.journal.release(s.releasable(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
+		} else if n > 0 && s.opts.released != nil {
+			s.opts.released()
 		}
 		if s.size.syncRelease && s.journal.pending() > 1 {
 			s.syncRelease()
@@ -1396,9 +1402,13 @@ func (s *Store) syncRelease() bool {
 	// Every version up to at is in Badger's tables or in the memory
 	// table whose log was just synced.
 	s.vlogDirty.Store(false)
-	if _, err := s.journal.release(s.releasable(at + 1)); err != nil {
+	n, err := s.journal.release(s.releasable(at + 1))
+	if err != nil {
 		s.log.Warn("checkpoint: journal segments kept", "err", err)
 		return false
+	}
+	if n > 0 && s.opts.released != nil {
+		s.opts.released()
 	}
 	return true
 }
