@@ -166,6 +166,18 @@ func (l *cutLedger) action(id, exec string) *actionFact {
 	return a
 }
 
+// asking notes that an answer to prompt id is about to be sent, even once
+// the cut has begun: it may settle the prompt without its answer coming
+// back. A prompt the ledger does not hold (its creation came back only
+// once the cut had begun) stays out of it.
+func (l *cutLedger) asking(id string) {
+	l.note(func() {
+		if a := l.actions[id]; a != nil {
+			a.asked = true
+		}
+	})
+}
+
 // note runs fn under the ledger's lock even once the cut has begun: for
 // what may have happened, as opposed to what was acknowledged.
 func (l *cutLedger) note(fn func()) {
@@ -271,7 +283,7 @@ func loadPrompts(ctx context.Context, client, streams *http.Client, base string,
 		if i/len(doors)%2 == 1 {
 			decision = "deny"
 		}
-		l.note(func() { l.action(aid, id).asked = true })
+		l.asking(aid)
 		status, out, err := post(ctx, client, base+"/v0/actions/"+aid+"/respond", map[string]any{"decision": decision})
 		if err != nil || status != 200 {
 			continue
@@ -458,7 +470,7 @@ func runWSChannel(ctx context.Context, base string, l *cutLedger, f *channelFact
 				}
 			})
 			if d.event == eventRequested && d.state == "pending" && d.door == "ws" {
-				l.note(func() { l.action(d.action, d.exec).asked = true })
+				l.asking(d.action)
 				if err := w.send(ctx, map[string]any{"type": "command", "id": "r:" + d.action, "command": "respond",
 					"body": map[string]any{"action_id": d.action, "decision": "allow_once"}}); err != nil {
 					return err
@@ -598,7 +610,9 @@ func checkFacts(t *testing.T, client, streams *http.Client, base string, l *cutL
 		switch {
 		case status == 404:
 			fig.lost++
-			t.Errorf("prompt %s, acknowledged, is gone", aid)
+			xs, ex, _ := send(ctx, client, http.MethodGet, base+"/v0/executions/"+a.exec, nil)
+			evs, _, _ := executionEvents(ctx, client, base, a.exec)
+			t.Errorf("prompt %s, acknowledged, is gone; its execution %s: %d %v, events %+v", aid, a.exec, xs, ex, evs)
 			continue
 		case status != 200 || state == "":
 			fig.corrupted++

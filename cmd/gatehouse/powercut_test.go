@@ -27,10 +27,11 @@ import (
 // what the disk holds. Every write acknowledged before the cut must be
 // there, and the folder must open every time. A few cycles run in the
 // suite; GATEHOUSE_POWERCUT_CYCLES=100 runs more and logs the figures, and
-// GATEHOUSE_POWERCUT_PRELOAD=10000 stores that many executions first, for
-// the restart time of a fuller folder (GATEHOUSE_POWERCUT_PRELOAD_PLAIN=1
-// stores them on the plain folder, without the power-cut file system in
-// between, which a large preload needs to take minutes rather than hours).
+// GATEHOUSE_POWERCUT_PRELOAD=10000 stores that many executions first, each
+// cancelled once created, for the restart time of a fuller folder
+// (GATEHOUSE_POWERCUT_PRELOAD_LIVE=1 leaves them pending instead, for the
+// restart time with that many live executions to replay; at 100,000, the
+// bound of live executions, the load then creates nothing).
 
 // cutLedger is what the gateway acknowledged before a cut began; acks
 // that come once it has begun (from the process running on, a ghost) are
@@ -112,7 +113,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	// Streams last as long as their reader wants.
 	streams := &http.Client{}
 	if n, err := strconv.Atoi(os.Getenv("GATEHOUSE_POWERCUT_PRELOAD")); err == nil && n > 0 {
-		preload(t, client, backing, addr, flags, ledger, n, os.Getenv("GATEHOUSE_POWERCUT_PRELOAD_PLAIN") == "1")
+		preload(t, client, backing, addr, flags, ledger, n, os.Getenv("GATEHOUSE_POWERCUT_PRELOAD_LIVE") == "1")
 	}
 	for cycle := range cycles {
 		m := cutfs.MountForTest(t, backing, cutfs.Options{})
@@ -167,17 +168,12 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 }
 
 // preload stores n executions in the folder backing, through a gateway
-// with flags, closed cleanly after, and records them. The gateway runs on a
-// power-cut file system unless plain is set.
-func preload(t *testing.T, client *http.Client, backing, addr string, flags []string, l *cutLedger, n int, plain bool) {
+// with flags on a power-cut file system, closed cleanly after, and records
+// them. Each is cancelled once created unless live is set.
+func preload(t *testing.T, client *http.Client, backing, addr string, flags []string, l *cutLedger, n int, live bool) {
 	t.Helper()
-	dir := backing
-	var m *cutfs.FS
-	if !plain {
-		m = cutfs.MountForTest(t, backing, cutfs.Options{})
-		dir = m.Dir()
-	}
-	c := newChild(addr, dir, flags...)
+	m := cutfs.MountForTest(t, backing, cutfs.Options{})
+	c := newChild(addr, m.Dir(), flags...)
 	c.start(t)
 	began := time.Now()
 	var wg sync.WaitGroup
@@ -199,6 +195,12 @@ func preload(t *testing.T, client *http.Client, backing, addr string, flags []st
 					return
 				}
 				id, _ := ex["id"].(string)
+				if !live {
+					if status, _, err := post(context.Background(), client, c.base+"/v0/executions/"+id+"/cancel", nil); err != nil || status != 200 {
+						t.Errorf("preload %d: cancel: %d %v", mine, status, err)
+						return
+					}
+				}
 				l.record(func() { l.execs[id] = 0 })
 			}
 		})
@@ -208,10 +210,8 @@ func preload(t *testing.T, client *http.Client, backing, addr string, flags []st
 		t.Fatal(err)
 	}
 	_ = c.cmd.Wait()
-	if m != nil {
-		if err := m.Close(); err != nil {
-			t.Fatal(err)
-		}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("preloaded %d executions in %v", n, time.Since(began).Round(time.Second))
 }
