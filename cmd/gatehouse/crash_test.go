@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
@@ -37,7 +38,7 @@ type child struct {
 	cmd       *exec.Cmd
 	addr, dir string
 	base      string
-	logs      *bytes.Buffer
+	logs      *syncbuf.Buffer
 }
 
 // startChild starts a server process on addr and folder dir and returns
@@ -53,7 +54,7 @@ func startChild(t testing.TB, addr, dir string) *child {
 // further serve flags; the process is this test binary acting as the
 // gatehouse binary.
 func newChild(addr, dir string, flags ...string) *child {
-	logs := &bytes.Buffer{}
+	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--addr", addr, "--data", dir, "--log-level", "warn"}, flags...)...)
 	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
 	cmd.Stdout, cmd.Stderr = logs, logs

@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,7 +50,8 @@ func cutServeFlags(t *testing.T) []string {
 	if err := os.WriteFile(policy, []byte(cutPolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return []string{"--sync", "always", "--disk-budget", "512MiB", "--policy", policy}
+	// At info level, a slow start's log says what it did.
+	return []string{"--sync", "always", "--disk-budget", "512MiB", "--policy", policy, "--log-level", "info"}
 }
 
 // The two human channels of the open gateway's one person, "local".
@@ -68,9 +70,6 @@ const (
 // its creation (the execution's 201), and perhaps an answer.
 type actionFact struct {
 	exec string
-	// asked is set once an answer was sent, whether or not the gateway
-	// acknowledged it.
-	asked bool
 	// answer is the state an acknowledged answer settled the prompt in;
 	// "" while none was acknowledged.
 	answer string
@@ -95,7 +94,9 @@ type channelFact struct {
 	// unacked holds the deliveries seen above acked. A delivery is sent
 	// only once its write is durable, so each above sent must come again.
 	unacked map[uint64]channelFrame
-	// requested and resolved are the prompts seen forwarded and retracted.
+	// requested and resolved are the prompts seen forwarded and retracted,
+	// also once the cut had begun: an acknowledgement of such a delivery
+	// may have been persisted, and it is not sent again.
 	requested, resolved map[string]bool
 }
 
@@ -103,11 +104,15 @@ func newChannelFact() *channelFact {
 	return &channelFact{unacked: map[uint64]channelFrame{}, requested: map[string]bool{}, resolved: map[string]bool{}}
 }
 
-// saw records delivery d.
+// saw records delivery d, sent before the cut began.
 func (f *channelFact) saw(d channelFrame) {
 	if d.seq > f.acked {
 		f.unacked[d.seq] = d
 	}
+}
+
+// seen notes delivery d, whenever it was sent.
+func (f *channelFact) seen(d channelFrame) {
 	switch d.event {
 	case eventRequested:
 		f.requested[d.action] = true
@@ -168,14 +173,9 @@ func (l *cutLedger) action(id, exec string) *actionFact {
 
 // asking notes that an answer to prompt id is about to be sent, even once
 // the cut has begun: it may settle the prompt without its answer coming
-// back. A prompt the ledger does not hold (its creation came back only
-// once the cut had begun) stays out of it.
+// back, and before the ledger holds the prompt.
 func (l *cutLedger) asking(id string) {
-	l.note(func() {
-		if a := l.actions[id]; a != nil {
-			a.asked = true
-		}
-	})
+	l.note(func() { l.asked[id] = true })
 }
 
 // note runs fn under the ledger's lock even once the cut has begun: for
@@ -184,6 +184,17 @@ func (l *cutLedger) note(fn func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	fn()
+}
+
+// startRunners starts the two runner processes of the cycles' load on the
+// gateway at base, serving the tools of their jobs until ctx ends.
+func startRunners(ctx context.Context, wg *sync.WaitGroup, base string) {
+	for r := range 2 {
+		wg.Go(func() {
+			_ = runnerCmd(ctx, []string{"--url", base, "--runner-id", "cut-runner", "--consumer-id", fmt.Sprintf("cut-runner-%d", r),
+				"--tools", "gatehouse.echo,gatehouse.sha256", "--log-level", "error"}, io.Discard, io.Discard)
+		})
+	}
 }
 
 // pause waits d, or less if ctx ends: between attempts on a gateway that
@@ -463,6 +474,7 @@ func runWSChannel(ctx context.Context, base string, l *cutLedger, f *channelFact
 			return fmt.Errorf("%w: %s", errReset, fr.Data)
 		case "delivery":
 			d := parseDelivery(fr.Seq, fr.Event, fr.Data)
+			l.note(func() { f.seen(d) })
 			l.record(func() {
 				f.saw(d)
 				if d.event == eventRequested {
@@ -573,6 +585,7 @@ func runSSEChannel(ctx context.Context, client, streams *http.Client, base strin
 		if d.reset {
 			return fmt.Errorf("%w: %s", errReset, fr.Data)
 		}
+		l.note(func() { f.seen(d) })
 		l.record(func() {
 			f.epoch = epoch
 			f.saw(d)
@@ -622,7 +635,7 @@ func checkFacts(t *testing.T, client, streams *http.Client, base string, l *cutL
 		states[aid] = state
 		if a.answer == "" {
 			fig.pending++
-			if !a.asked && state != "pending" {
+			if !l.asked[aid] && state != "pending" {
 				fig.corrupted++
 				t.Errorf("prompt %s, never answered, is %s", aid, state)
 			}
@@ -729,7 +742,7 @@ func checkFacts(t *testing.T, client, streams *http.Client, base string, l *cutL
 // is sent: nothing it had acknowledged, and everything it is owed: every
 // delivery it was sent and did not try to acknowledge, every prompt still
 // pending (states holds each prompt's state now), and the retraction of
-// every prompt it was sent that is settled now.
+// every prompt settled now, which goes to every channel of its owner.
 func checkChannel(t *testing.T, name string, f *channelFact, frames <-chan channelFrame, states map[string]string, fig *cutFigures) {
 	t.Helper()
 	seqs := map[uint64]channelFrame{}
@@ -743,7 +756,7 @@ func checkChannel(t *testing.T, name string, f *channelFact, frames <-chan chann
 		switch {
 		case state == "pending" && !f.requested[aid]:
 			requested[aid] = true
-		case state != "pending" && f.requested[aid] && !f.resolved[aid]:
+		case state != "pending" && !f.resolved[aid]:
 			resolved[aid] = true
 		}
 	}
@@ -820,19 +833,17 @@ func jsonEqual(a any, b json.RawMessage) bool {
 	return reflect.DeepEqual(a, bv)
 }
 
-// awaitJobsEnd starts a runner on the gateway at base and waits for every
-// direct execution of a tool in the ledger to end: a job the cuts left
-// queued, dispatched or running is run again, never lost.
+// awaitJobsEnd starts the load's runners again on the gateway at base and
+// waits for every direct execution of a tool in the ledger to end: a job
+// the cuts left queued, dispatched or running is run again, never lost.
+// The runners come back under their consumer ids, so that the jobs they
+// held are not left for their grace period to end.
 func awaitJobsEnd(t *testing.T, client *http.Client, base string, l *cutLedger) (ended, completed int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	defer func() { cancel(); <-done }()
-	go func() {
-		defer close(done)
-		_ = runnerCmd(ctx, []string{"--url", base, "--runner-id", "cut-runner", "--consumer-id", "cut-runner-0",
-			"--tools", "gatehouse.echo,gatehouse.sha256", "--log-level", "error"}, io.Discard, io.Discard)
-	}()
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	startRunners(ctx, &wg, base)
 	ids := map[string]bool{}
 	for id := range l.jobExecs {
 		ids[id] = true

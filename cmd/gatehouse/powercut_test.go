@@ -48,6 +48,7 @@ type cutLedger struct {
 	// of gatehouse.echo created; channels the two human channels, by
 	// channel id (see powercut_facts_test.go).
 	actions  map[string]*actionFact
+	asked    map[string]bool // prompts an answer was sent to, acknowledged or not
 	jobs     map[string]jobFact
 	jobExecs map[string]bool
 	channels map[string]*channelFact
@@ -55,7 +56,7 @@ type cutLedger struct {
 
 func newCutLedger() *cutLedger {
 	return &cutLedger{execs: map[string]int{}, notes: map[string]string{}, session: map[string]bool{}, turns: map[string]string{},
-		actions: map[string]*actionFact{}, jobs: map[string]jobFact{}, jobExecs: map[string]bool{},
+		actions: map[string]*actionFact{}, asked: map[string]bool{}, jobs: map[string]jobFact{}, jobExecs: map[string]bool{},
 		channels: map[string]*channelFact{wsChannelID: newChannelFact(), sseChannelID: newChannelFact()}}
 }
 
@@ -77,6 +78,15 @@ func (l *cutLedger) count(n func() int) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return n()
+}
+
+// restart records a restart that took d, of child c; a slow one is logged
+// with what the child logged.
+func (f *cutFigures) restart(t *testing.T, d time.Duration, c *child) {
+	f.restarts = append(f.restarts, d)
+	if d > 5*time.Second {
+		t.Logf("restart %d took %v:\n%s", len(f.restarts), d.Round(time.Millisecond), c.logs)
+	}
 }
 
 // cutFigures are a run's counts.
@@ -121,7 +131,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 		began := time.Now()
 		c.start(t) // a folder that does not open fails here
 		if cycle > 0 {
-			fig.restarts = append(fig.restarts, time.Since(began))
+			fig.restart(t, time.Since(began), c)
 		}
 		if cycle == 0 {
 			registerChannels(t, streams, c.base)
@@ -150,13 +160,15 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	c := newChild(addr, m.Dir(), flags...)
 	began := time.Now()
 	c.start(t)
-	fig.restarts = append(fig.restarts, time.Since(began))
+	fig.restart(t, time.Since(began), c)
 	checkLedger(t, client, c.base, ledger, &fig)
 	checkFacts(t, client, streams, c.base, ledger, &fig)
 	ended, completed := awaitJobsEnd(t, client, c.base, ledger)
 	c.stop()
 
 	slices.Sort(fig.restarts)
+	t.Logf("restarts to /v0/ready: p50 %v, p90 %v, max %v", fig.restarts[len(fig.restarts)/2].Round(time.Millisecond),
+		fig.restarts[len(fig.restarts)*9/10].Round(time.Millisecond), fig.restarts[len(fig.restarts)-1].Round(time.Millisecond))
 	t.Logf("%d cuts: %d executions (%d signals), %d memory appends, %d AAP turns, %d prompts (%d answers), %d runner results, %d channel acks acknowledged; "+
 		"%d lost, %d corrupted, 0 failed starts; %d tool calls ended after the last restart, %d completed; restart p50 %v, max %v",
 		fig.cycles, len(ledger.execs), fig.signals, len(ledger.notes), len(ledger.turns), fig.answered+fig.pending, fig.answered, fig.jobs, fig.peerAcks,
@@ -231,12 +243,7 @@ func loadAndCut(t *testing.T, client, streams *http.Client, c *child, m *cutfs.F
 	wg.Go(func() {
 		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
 	})
-	for r := range 2 {
-		wg.Go(func() {
-			_ = runnerCmd(ctx, []string{"--url", c.base, "--runner-id", "cut-runner", "--consumer-id", fmt.Sprintf("cut-runner-%d", r),
-				"--tools", "gatehouse.echo,gatehouse.sha256", "--log-level", "error"}, io.Discard, io.Discard)
-		})
-	}
+	startRunners(ctx, &wg, c.base)
 	waitAgentOnline(t, client, c.base)
 	wsRand, sseRand := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
 	wg.Go(func() { loadWSChannel(ctx, t, c.base, l, wsRand) })
