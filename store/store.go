@@ -371,6 +371,7 @@ func Open(o Options) (*Store, error) {
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
 	}
+	began := time.Now()
 	if !o.InMemory {
 		if err := recoverBadger(bo, log); err != nil {
 			return nil, err
@@ -403,6 +404,7 @@ func Open(o Options) (*Store, error) {
 	}
 	s.lazy.interval, s.lazy.maxBytes = cmp.Or(o.lazyInterval, z.lazyWait), z.lazyBytes
 	last := db.MaxVersion()
+	opened := time.Now()
 	if !o.InMemory {
 		jo := journalOptions{minSegment: min(minSegmentSize, z.segment), maxSegment: z.segment, recycle: z.journal / 2,
 			durable: o.Sync == SyncAlways, log: log}
@@ -418,8 +420,9 @@ func Open(o Options) (*Store, error) {
 			last = max(last, replayed)
 			s.late.add(r.from, r.at)
 			s.replayed = r
-			if r.skipped > 0 {
-				log.Info("journal replayed", "writes", r.applied, "already_held", r.skipped)
+			if r.skipped > 0 || r.applied > 0 {
+				log.Info("journal replayed", "writes", r.applied, "already_held", r.skipped,
+					"badger_open", opened.Sub(began).Round(time.Millisecond), "replay", time.Since(opened).Round(time.Millisecond))
 			}
 		}
 		if err != nil {

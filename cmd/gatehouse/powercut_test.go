@@ -85,7 +85,8 @@ func (l *cutLedger) count(n func() int) int {
 func (f *cutFigures) restart(t *testing.T, d time.Duration, c *child) {
 	f.restarts = append(f.restarts, d)
 	if d > 5*time.Second {
-		t.Logf("restart %d took %v:\n%s", len(f.restarts), d.Round(time.Millisecond), c.logs)
+		t.Logf("restart %d took %v, from %s:\n%s", len(f.restarts), d.Round(time.Millisecond),
+			time.Now().Add(-d).UTC().Format("15:04:05.000"), c.logs)
 	}
 }
 
