@@ -165,9 +165,15 @@ const (
 	kindPress = "chpress"
 )
 
-// typeCardNote is an outbox delivery of the adapter layer: edit the card
-// of a still-pending prompt to say NoteNotRecorded.
-const typeCardNote = "card.note"
+// Outbox deliveries of the adapter layer itself.
+const (
+	// typeCardNote: edit the card of a still-pending prompt to say
+	// NoteNotRecorded.
+	typeCardNote = "card.note"
+	// typeCardAdopt: record a card a press named (an adoption), and edit
+	// it if its prompt is settled.
+	typeCardAdopt = "card.adopt"
+)
 
 // card is a shown card's durable record.
 type card struct {
@@ -569,6 +575,8 @@ func (r *Registry) carry(ctx context.Context, dr *driver, d peer.Delivery) (gone
 		return r.edit(ctx, dr, rec, "")
 	case typeCardNote:
 		return r.edit(ctx, dr, rec, NoteNotRecorded)
+	case typeCardAdopt:
+		return r.adopt(ctx, dr, d.Data)
 	}
 	r.count(dr.a.Name(), StatDropped, "invalid")
 	return false
@@ -606,6 +614,34 @@ func (r *Registry) show(ctx context.Context, dr *driver, rec bridge.Record) (gon
 			return gone
 		}
 	}
+}
+
+// adopt records the card of an adoption unless the destination has a
+// record of one already, and edits it if its prompt was settled when
+// pressed: the retraction that came before found no card to edit.
+func (r *Registry) adopt(ctx context.Context, dr *driver, data []byte) (gone bool) {
+	var a adoption
+	if err := json.Unmarshal(data, &a); err != nil || a.Ref == "" {
+		r.count(dr.a.Name(), StatDropped, "invalid")
+		return false
+	}
+	id := cardID(dr.key, a.ActionID)
+	var c card
+	if err := r.st.Get(kindCard, id, &c); !errors.Is(err, store.ErrNotFound) {
+		return false
+	}
+	var b store.Batch
+	_ = b.Put(kindCard, id, &card{Ref: a.Ref, ShownAt: time.Now().UTC()})
+	if err := r.st.Write(ctx, &b); err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("pressed card not recorded: it will not be edited", "channel", dr.a.Name(), "action", a.ActionID, "err", err)
+		}
+		return false
+	}
+	if a.State == bridge.StatePending {
+		return false
+	}
+	return r.edit(ctx, dr, a.Record, "")
 }
 
 // edit edits the card of rec, if one was shown: to its outcome when rec
