@@ -1,0 +1,213 @@
+package seglog
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Read bounds.
+const (
+	// DefaultReadCount is how many entries a Read returns at most when
+	// asked for zero or fewer; MaxReadCount bounds any.
+	DefaultReadCount = 1024
+	MaxReadCount     = 1 << 16
+	// DefaultReadBytes is how many bytes of data a Read returns at most
+	// when asked for zero or fewer; MaxReadBytes bounds any. A Read
+	// returns at least one entry when there is one, however large.
+	DefaultReadBytes = 4 << 20
+	MaxReadBytes     = 64 << 20
+	// maxSpan bounds one read of a segment: entries close together are
+	// read at once, up to this many bytes, gaps between them included.
+	maxSpan = 1 << 20
+	// maxGap is the widest gap between two entries read at once.
+	maxGap = 4 << 10
+)
+
+// Entry is one entry of a stream.
+type Entry struct {
+	// Seq is the entry's sequence in its stream.
+	Seq uint64
+	// Data is the entry's bytes, owned by the caller.
+	Data []byte
+}
+
+// hit is an entry found for a read, in its segment.
+type hit struct {
+	seg *segment
+	loc
+}
+
+// visible filters out of ls the entries that ds hide.
+func visible(ls []loc, ds []drop) []loc {
+	if len(ds) == 0 {
+		return ls
+	}
+	return slices.DeleteFunc(ls, func(l loc) bool {
+		for _, d := range ds {
+			if d.hides(l) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// floor returns the lowest sequence of stream that seg may hold visibly:
+// a drop newer than everything in seg hides all of the stream below it.
+func floor(seg *segment, ds []drop) uint64 {
+	f := uint64(0)
+	for _, d := range ds {
+		if d.version > seg.maxVersion {
+			f = max(f, d.before)
+		}
+	}
+	return f
+}
+
+// Read returns the entries of stream after sequence after, in order: at
+// most maxCount of them and, past the first, at most maxBytes of data (zero
+// or less means the defaults; both are capped, see MaxReadCount and
+// MaxReadBytes). It returns none when there are none.
+func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry, error) {
+	if maxCount <= 0 {
+		maxCount = DefaultReadCount
+	}
+	if maxBytes <= 0 {
+		maxBytes = DefaultReadBytes
+	}
+	maxCount, maxBytes = min(maxCount, MaxReadCount), min(maxBytes, MaxReadBytes)
+	if after == math.MaxUint64 {
+		return nil, nil
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.segs == nil {
+		return nil, ErrClosed
+	}
+	ds := l.drops[stream]
+	var hits []hit
+	for _, seg := range l.segs {
+		idx := seg.index()
+		if !idx.has(stream) {
+			continue
+		}
+		from := max(after+1, floor(seg, ds))
+		// Fetch until maxCount are visible, or the segment has no more.
+		for got := 0; got < maxCount; {
+			ls, err := idx.lookup(stream, from, maxCount, false)
+			if err != nil {
+				return nil, err
+			}
+			if len(ls) == 0 {
+				break
+			}
+			full := len(ls) == maxCount
+			from = ls[len(ls)-1].seq + 1
+			ls = visible(ls, ds)
+			for _, lc := range ls {
+				hits = append(hits, hit{seg, lc})
+			}
+			got += len(ls)
+			if !full || from == 0 {
+				break
+			}
+		}
+	}
+	if len(hits) == 0 {
+		return nil, nil
+	}
+	// Several segments may hold the stream: a copy brought forward lies
+	// after newer entries. The newest version of a sequence wins.
+	slices.SortFunc(hits, func(a, b hit) int {
+		return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(b.version, a.version))
+	})
+	hits = slices.CompactFunc(hits, func(a, b hit) bool { return a.seq == b.seq })
+	n, size := 0, 0
+	for n < len(hits) && n < maxCount && (n == 0 || size+int(hits[n].len) <= maxBytes) {
+		size += int(hits[n].len)
+		n++
+	}
+	hits = hits[:n]
+	return readData(hits)
+}
+
+// readData reads the hits' data, with one read for entries close together
+// in a segment, and returns them as entries in the hits' order.
+func readData(hits []hit) ([]Entry, error) {
+	out := make([]Entry, len(hits))
+	order := make([]int, len(hits))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		ha, hb := hits[a], hits[b]
+		return cmp.Or(cmp.Compare(ha.seg.num, hb.seg.num), cmp.Compare(ha.off, hb.off))
+	})
+	for i := 0; i < len(order); {
+		first := hits[order[i]]
+		start, end := int64(first.off), int64(first.off)+int64(first.len)
+		j := i + 1
+		for ; j < len(order); j++ {
+			h := hits[order[j]]
+			if h.seg != first.seg || int64(h.off) > end+maxGap || int64(h.off)+int64(h.len)-start > maxSpan {
+				break
+			}
+			end = max(end, int64(h.off)+int64(h.len))
+		}
+		buf := make([]byte, end-start)
+		if _, err := first.seg.f.ReadAt(buf, start); err != nil {
+			return nil, fmt.Errorf("seglog: read segment %d: %w", first.seg.num, err)
+		}
+		for _, k := range order[i:j] {
+			h := hits[k]
+			a := int64(h.off) - start
+			out[k] = Entry{Seq: h.seq, Data: buf[a : a+int64(h.len) : a+int64(h.len)]}
+		}
+		i = j
+	}
+	return out, nil
+}
+
+// Bounds returns the lowest and highest sequence of stream that a read
+// can return, or zeros when it holds none.
+func (l *Log) Bounds(stream string) (first, last uint64, err error) {
+	es, err := l.Read(stream, 0, 1, 1)
+	if err != nil || len(es) == 0 {
+		return 0, 0, err
+	}
+	first = es[0].Seq
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.segs == nil {
+		return 0, 0, ErrClosed
+	}
+	ds := l.drops[stream]
+	const chunk = 64
+	for _, seg := range l.segs {
+		idx := seg.index()
+		if !idx.has(stream) {
+			continue
+		}
+		low := max(floor(seg, ds), last+1)
+		for from := uint64(math.MaxUint64); ; {
+			ls, err := idx.lookup(stream, from, chunk, true)
+			if err != nil {
+				return 0, 0, err
+			}
+			if len(ls) == 0 || ls[len(ls)-1].seq < low {
+				break
+			}
+			if v := visible(ls, ds); len(v) > 0 {
+				last = max(last, v[len(v)-1].seq)
+				break
+			}
+			if len(ls) < chunk {
+				break
+			}
+			from = ls[0].seq
+		}
+	}
+	return first, last, nil
+}
