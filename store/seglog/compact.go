@@ -7,6 +7,10 @@ import (
 	"slices"
 )
 
+// itemFraming estimates what an item takes besides its name and data:
+// kind, lengths, sequence and version, and a share of its record's header.
+const itemFraming = 8
+
 // CompactStats says what a Compact did.
 type CompactStats struct {
 	// Segments is how many segments were deleted, and Freed their bytes.
@@ -29,6 +33,15 @@ func (l *Log) Compact(ctx context.Context, maxLive float64) (CompactStats, error
 	l.compactMu.Lock()
 	defer l.compactMu.Unlock()
 	var st CompactStats
+	// The segments written from now on hold the copies: they are not for
+	// this walk, which would otherwise go round for ever.
+	l.mu.RLock()
+	if l.segs == nil {
+		l.mu.RUnlock()
+		return st, ErrClosed
+	}
+	stop := l.segs[len(l.segs)-1].num
+	l.mu.RUnlock()
 	for ctx.Err() == nil {
 		l.mu.RLock()
 		if l.segs == nil {
@@ -36,18 +49,18 @@ func (l *Log) Compact(ctx context.Context, maxLive float64) (CompactStats, error
 			return st, ErrClosed
 		}
 		var seg *segment
-		if len(l.segs) > 1 && l.segs[0].side != nil {
-			seg = l.segs[0]
+		if s := l.segs[0]; len(l.segs) > 1 && s.side != nil && s.num < stop {
+			seg = s
 		}
 		l.mu.RUnlock()
 		if seg == nil {
 			return st, nil
 		}
-		live, bytes, err := l.liveOf(seg)
+		live, bytes, framed, err := l.liveOf(seg)
 		if err != nil {
 			return st, err
 		}
-		if float64(bytes) > maxLive*float64(seg.end) {
+		if maxLive < 1 && float64(framed) > maxLive*float64(seg.end) {
 			return st, nil
 		}
 		n, err := l.copyForward(ctx, seg, live)
@@ -70,12 +83,12 @@ func (l *Log) Compact(ctx context.Context, maxLive float64) (CompactStats, error
 	return st, ctx.Err()
 }
 
-// liveOf returns the entries of seg that no drop hides, by stream, and
-// their bytes of data.
-func (l *Log) liveOf(seg *segment) (map[string][]loc, int64, error) {
-	live := map[string][]loc{}
-	var bytes int64
-	err := seg.side.each(func(stream string, ls []loc) error {
+// liveOf returns the entries of seg that no drop hides, by stream, their
+// bytes of data, and an estimate of the bytes they take in the segment,
+// names and framing included.
+func (l *Log) liveOf(seg *segment) (live map[string][]loc, bytes, framed int64, err error) {
+	live = map[string][]loc{}
+	err = seg.side.each(func(stream string, ls []loc) error {
 		l.mu.RLock()
 		ls = visible(ls, l.drops[stream])
 		l.mu.RUnlock()
@@ -83,14 +96,15 @@ func (l *Log) liveOf(seg *segment) (map[string][]loc, int64, error) {
 			live[stream] = ls
 			for _, lc := range ls {
 				bytes += int64(lc.len)
+				framed += int64(lc.len) + int64(len(stream)) + itemFraming
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("seglog: compact segment %d: %w", seg.num, err)
+		return nil, 0, 0, fmt.Errorf("seglog: compact segment %d: %w", seg.num, err)
 	}
-	return live, bytes, nil
+	return live, bytes, framed, nil
 }
 
 // copyForward appends live's entries of seg again, in batches of at most
