@@ -173,6 +173,7 @@ type Log struct {
 	drops map[string][]drop
 	held  int64 // bytes of records in every segment
 
+	records   atomic.Uint64 // records written: groups and copies
 	published atomic.Uint64 // newest version readers see
 	durable   atomic.Uint64 // newest version on disk
 	failed    atomic.Pointer[error]
@@ -706,6 +707,7 @@ func (l *Log) write(group []*waiter) error {
 	seg.end = l.off
 	l.held += int64(len(rec))
 	l.mu.Unlock()
+	l.records.Add(1)
 	l.lastVersion = newest
 	l.published.Store(newest)
 	if l.o.Sync == SyncAlways {
@@ -802,13 +804,16 @@ type Stats struct {
 	Bytes int64
 	// Streams with drops remembered, and those drops.
 	DroppedStreams, Drops int
+	// Records is how many records this Log wrote: one per group of
+	// commits, each with one write (and under SyncAlways one sync).
+	Records uint64
 }
 
 // Stats returns what the log holds.
 func (l *Log) Stats() Stats {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	st := Stats{Segments: len(l.segs), Bytes: l.held, DroppedStreams: len(l.drops)}
+	st := Stats{Segments: len(l.segs), Bytes: l.held, DroppedStreams: len(l.drops), Records: l.records.Load()}
 	for _, ds := range l.drops {
 		st.Drops += len(ds)
 	}

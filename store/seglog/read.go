@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 )
 
 // Read bounds.
@@ -88,12 +89,25 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 	}
 	ds := l.drops[stream]
 	var hits []hit
+	// Once maxCount are found, a segment whose first entry comes after
+	// the last of them has nothing to add: a stream's entries mostly grow
+	// with the segments, and a replay skips the later ones at one read.
+	bound := uint64(math.MaxUint64)
 	for _, seg := range l.segs {
 		idx := seg.index()
 		if !idx.has(stream) {
 			continue
 		}
 		from := max(after+1, floor(seg, ds))
+		if bound != math.MaxUint64 {
+			probe, err := idx.lookup(stream, from, 1, false)
+			if err != nil {
+				return nil, err
+			}
+			if len(probe) == 0 || probe[0].seq > bound {
+				continue
+			}
+		}
 		// Fetch until maxCount are visible, or the segment has no more.
 		for got := 0; got < maxCount; {
 			ls, err := idx.lookup(stream, from, maxCount, false)
@@ -110,20 +124,21 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 				hits = append(hits, hit{seg, lc})
 			}
 			got += len(ls)
-			if !full || from == 0 {
+			if !full {
 				break
+			}
+		}
+		if len(hits) >= maxCount {
+			hits = newestFirst(hits)[:min(len(hits), maxCount)]
+			if len(hits) == maxCount {
+				bound = hits[maxCount-1].seq
 			}
 		}
 	}
 	if len(hits) == 0 {
 		return nil, nil
 	}
-	// Several segments may hold the stream: a copy brought forward lies
-	// after newer entries. The newest version of a sequence wins.
-	slices.SortFunc(hits, func(a, b hit) int {
-		return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(b.version, a.version))
-	})
-	hits = slices.CompactFunc(hits, func(a, b hit) bool { return a.seq == b.seq })
+	hits = newestFirst(hits)
 	n, size := 0, 0
 	for n < len(hits) && n < maxCount && (n == 0 || size+int(hits[n].len) <= maxBytes) {
 		size += int(hits[n].len)
@@ -133,20 +148,56 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 	return readData(hits)
 }
 
+// spans are the buffers readData reads spans of entries into, maxSpan
+// bytes each, reused.
+var spans = sync.Pool{New: func() any { b := make([]byte, maxSpan); return &b }}
+
+// newestFirst sorts hits by sequence and keeps, of each sequence, the
+// newest version: a copy brought forward lies after newer entries, in
+// another segment.
+func newestFirst(hits []hit) []hit {
+	slices.SortFunc(hits, func(a, b hit) int {
+		return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(b.version, a.version))
+	})
+	return slices.CompactFunc(hits, func(a, b hit) bool { return a.seq == b.seq })
+}
+
 // readData reads the hits' data, with one read for entries close together
-// in a segment, and returns them as entries in the hits' order.
+// in a segment, and returns them as entries in the hits' order, their data
+// in one allocation.
 func readData(hits []hit) ([]Entry, error) {
 	out := make([]Entry, len(hits))
 	order := make([]int, len(hits))
+	total := 0
 	for i := range order {
 		order[i] = i
+		total += int(hits[i].len)
 	}
 	slices.SortFunc(order, func(a, b int) int {
 		ha, hb := hits[a], hits[b]
 		return cmp.Or(cmp.Compare(ha.seg.num, hb.seg.num), cmp.Compare(ha.off, hb.off))
 	})
+	backing := make([]byte, total)
+	at := 0
+	place := func(k int) []byte {
+		n := int(hits[k].len)
+		d := backing[at : at+n : at+n]
+		at += n
+		out[k] = Entry{Seq: hits[k].seq, Data: d}
+		return d
+	}
+	sp := spans.Get().(*[]byte)
+	defer spans.Put(sp)
 	for i := 0; i < len(order); {
 		first := hits[order[i]]
+		if first.len > maxSpan/2 {
+			// Large: read where it goes.
+			if _, err := first.seg.f.ReadAt(place(order[i]), int64(first.off)); err != nil {
+				return nil, fmt.Errorf("seglog: read segment %d: %w", first.seg.num, err)
+			}
+			i++
+			continue
+		}
 		start, end := int64(first.off), int64(first.off)+int64(first.len)
 		j := i + 1
 		for ; j < len(order); j++ {
@@ -156,14 +207,13 @@ func readData(hits []hit) ([]Entry, error) {
 			}
 			end = max(end, int64(h.off)+int64(h.len))
 		}
-		buf := make([]byte, end-start)
+		buf := (*sp)[:end-start]
 		if _, err := first.seg.f.ReadAt(buf, start); err != nil {
 			return nil, fmt.Errorf("seglog: read segment %d: %w", first.seg.num, err)
 		}
 		for _, k := range order[i:j] {
-			h := hits[k]
-			a := int64(h.off) - start
-			out[k] = Entry{Seq: h.seq, Data: buf[a : a+int64(h.len) : a+int64(h.len)]}
+			a := int64(hits[k].off) - start
+			copy(place(k), buf[a:])
 		}
 		i = j
 	}
