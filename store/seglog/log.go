@@ -477,19 +477,23 @@ func (l *Log) addDrop(stream string, d drop) {
 	l.drops[stream] = append(ds, d)
 }
 
-// prepare creates segment num of size bytes, preallocated, and under
-// SyncAlways written with zeros: a sync of a write over blocks the file
-// already has commits no file-system metadata. The folder is synced, so
-// the name outlives a power cut.
+// prepare creates segment num. Under SyncAlways it is preallocated to
+// size bytes and written with zeros, so that the sync of each group's
+// write, over blocks the file already has, commits no file-system
+// metadata; under SyncNone, which syncs seldom, it grows as it is written,
+// and an idle log takes no more room than it holds. The folder is synced,
+// so the name outlives a power cut.
 func (l *Log) prepare(num uint64, size int64) prepared {
 	path := l.segPath(num)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return prepared{err: fmt.Errorf("seglog: new segment: %w", err)}
 	}
-	err = preallocate(f, size)
-	if err == nil && l.o.Sync == SyncAlways {
-		err = zeroFill(f, size)
+	if l.o.Sync == SyncAlways {
+		err = preallocate(f, size)
+		if err == nil {
+			err = zeroFill(f, size)
+		}
 	}
 	if err == nil {
 		err = fdatasync(f)
