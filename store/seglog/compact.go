@@ -122,9 +122,9 @@ func (l *Log) copyForward(ctx context.Context, seg *segment, live map[string][]l
 		if len(hits) == 0 {
 			return nil
 		}
-		l.mu.RLock()
+		l.files.RLock()
 		es, err := readData(hits)
-		l.mu.RUnlock()
+		l.files.RUnlock()
 		if err != nil {
 			return err
 		}
@@ -174,8 +174,12 @@ func (l *Log) deleteSegment(seg *segment) error {
 		}
 	}
 	l.mu.Unlock()
+	// Reads that found its entries before it left the list may be
+	// reading its data still.
+	l.files.Lock()
 	_ = seg.f.Close()
 	_ = seg.side.close()
+	l.files.Unlock()
 	// The sidecar goes first: a segment without one is read at the next
 	// start, while a sidecar without its segment is only deleted.
 	if err := os.Remove(l.idxPath(seg.num)); err != nil {

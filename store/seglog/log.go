@@ -167,8 +167,10 @@ type Log struct {
 	lastVersion uint64
 
 	// mu guards the segments and the drops for readers; the leader takes
-	// it to publish a record.
+	// it to publish a record. files is held shared by a read while it
+	// reads segments' data, outside mu, and exclusively to close them.
 	mu    sync.RWMutex
+	files sync.RWMutex
 	segs  []*segment // oldest first; the last is the one written
 	drops map[string][]drop
 	held  int64 // bytes of records in every segment
@@ -874,6 +876,8 @@ func (l *Log) Close() error {
 // closeFiles closes every segment and sidecar; reads fail with ErrClosed
 // from then on.
 func (l *Log) closeFiles() {
+	l.files.Lock()
+	defer l.files.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, s := range l.segs {

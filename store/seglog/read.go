@@ -82,6 +82,25 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 	if after == math.MaxUint64 {
 		return nil, nil
 	}
+	l.files.RLock()
+	defer l.files.RUnlock()
+	hits, err := l.find(stream, after, maxCount)
+	if err != nil || len(hits) == 0 {
+		return nil, err
+	}
+	n, size := 0, 0
+	for n < len(hits) && n < maxCount && (n == 0 || size+int(hits[n].len) <= maxBytes) {
+		size += int(hits[n].len)
+		n++
+	}
+	// The data is read outside mu, so that the writer publishing a record
+	// waits for no read of a disk; files keeps the segments open.
+	return readData(hits[:n])
+}
+
+// find returns the places of stream's entries after sequence after that a
+// read returns, at most maxCount, in sequence order.
+func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.segs == nil {
@@ -135,17 +154,7 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 			}
 		}
 	}
-	if len(hits) == 0 {
-		return nil, nil
-	}
-	hits = newestFirst(hits)
-	n, size := 0, 0
-	for n < len(hits) && n < maxCount && (n == 0 || size+int(hits[n].len) <= maxBytes) {
-		size += int(hits[n].len)
-		n++
-	}
-	hits = hits[:n]
-	return readData(hits)
+	return newestFirst(hits), nil
 }
 
 // spans are the buffers readData reads spans of entries into, maxSpan
