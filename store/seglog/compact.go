@@ -52,8 +52,11 @@ func (l *Log) Compact(ctx context.Context, maxLive float64) (CompactStats, error
 		if s := l.segs[0]; len(l.segs) > 1 && s.side != nil && s.num < stop {
 			seg = s
 		}
+		drops := l.dropCount
 		l.mu.RUnlock()
-		if seg == nil {
+		if seg == nil || maxLive <= l.tooLive.maxLive && l.tooLive.num == seg.num && l.tooLive.drops == drops {
+			// Nothing to compact, or nothing hidden since the oldest
+			// was found too live.
 			return st, nil
 		}
 		live, bytes, framed, err := l.liveOf(seg)
@@ -61,6 +64,7 @@ func (l *Log) Compact(ctx context.Context, maxLive float64) (CompactStats, error
 			return st, err
 		}
 		if maxLive < 1 && float64(framed) > maxLive*float64(seg.end) {
+			l.tooLive.num, l.tooLive.drops, l.tooLive.maxLive = seg.num, drops, maxLive
 			return st, nil
 		}
 		n, err := l.copyForward(ctx, seg, live)

@@ -181,6 +181,15 @@ type Log struct {
 	failed    atomic.Pointer[error]
 	sealing   sync.WaitGroup
 	compactMu sync.Mutex
+	// dropCount counts the drops recorded, under mu; tooLive is the
+	// oldest segment Compact last found too live for maxLive, and
+	// dropCount then: until a drop comes, it is not read again for as
+	// much. Under compactMu.
+	dropCount uint64
+	tooLive   struct {
+		num, drops uint64
+		maxLive    float64
+	}
 }
 
 // segment is one segment file.
@@ -469,6 +478,7 @@ func (l *Log) sealNow(seg *segment) error {
 // addDrop records a drop of stream; one that another hides no less is
 // forgotten. The caller holds mu, or is the only user.
 func (l *Log) addDrop(stream string, d drop) {
+	l.dropCount++
 	ds := l.drops[stream]
 	for _, o := range ds {
 		if o.before >= d.before && o.version >= d.version {

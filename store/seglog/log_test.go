@@ -441,3 +441,23 @@ func TestClosedLogRefuses(t *testing.T) {
 		t.Errorf("second Close = %v", err)
 	}
 }
+
+// TestCompactLooksAgainOnceADropCame: a segment found too live is not
+// read again for as much until a drop comes; once one hides its entries,
+// the next Compact drops it.
+func TestCompactLooksAgainOnceADropCame(t *testing.T) {
+	l := openLog(t, t.TempDir(), Options{SegmentSize: 4 << 10})
+	defer l.Close()
+	for seq := uint64(1); seq <= 100; seq++ {
+		commit(t, l, func(b *Batch) { b.Append("x/a", seq, data("x/a", seq, 100)) })
+	}
+	for range 2 {
+		if st, err := l.Compact(context.Background(), 0.5); err != nil || st.Segments != 0 {
+			t.Fatalf("compact of a live log: %+v, %v", st, err)
+		}
+	}
+	commit(t, l, func(b *Batch) { b.DropBefore("x/a", 101) })
+	if st, err := l.Compact(context.Background(), 0.5); err != nil || st.Segments == 0 || st.Entries != 0 {
+		t.Fatalf("compact once everything is dropped: %+v, %v", st, err)
+	}
+}
