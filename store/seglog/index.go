@@ -63,19 +63,20 @@ func (m *memIndex) add(stream string, l loc) {
 // its sidecar.
 type segmentIndex interface {
 	// lookup returns at most n of the stream's entries in the segment, in
-	// sequence order: the first whose sequence is at least from; or, with
-	// back set, the last whose sequence is below from. It returns nil when
-	// the segment holds none.
-	lookup(stream string, from uint64, n int, back bool) ([]loc, error)
+	// (sequence, version) order: the first at or past from; or, with back
+	// set, the last before from. It returns nil when the segment holds
+	// none. A read goes on from past the last it got, so that no version
+	// of a sequence is skipped.
+	lookup(stream string, from loc, n int, back bool) ([]loc, error)
 	// has reports whether the segment may hold entries of stream.
 	has(stream string) bool
 }
 
 func (m *memIndex) has(stream string) bool { return len(m.streams[stream]) > 0 }
 
-func (m *memIndex) lookup(stream string, from uint64, n int, back bool) ([]loc, error) {
+func (m *memIndex) lookup(stream string, from loc, n int, back bool) ([]loc, error) {
 	ls := m.streams[stream]
-	i, _ := slices.BinarySearchFunc(ls, loc{seq: from}, compareLoc)
+	i, _ := slices.BinarySearchFunc(ls, from, compareLoc)
 	if back {
 		return slices.Clone(ls[max(0, i-n):i]), nil
 	}

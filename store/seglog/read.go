@@ -117,7 +117,7 @@ func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 		if !idx.has(stream) {
 			continue
 		}
-		from := max(after+1, floor(seg, ds))
+		from := loc{seq: max(after+1, floor(seg, ds))}
 		if bound != math.MaxUint64 {
 			probe, err := idx.lookup(stream, from, 1, false)
 			if err != nil {
@@ -137,7 +137,8 @@ func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 				break
 			}
 			full := len(ls) == maxCount
-			from = ls[len(ls)-1].seq + 1
+			last := ls[len(ls)-1]
+			from = loc{seq: last.seq, version: last.version + 1}
 			ls = visible(ls, ds)
 			for _, lc := range ls {
 				hits = append(hits, hit{seg, lc})
@@ -148,7 +149,8 @@ func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 			}
 		}
 		if len(hits) >= maxCount {
-			hits = newestFirst(hits)[:min(len(hits), maxCount)]
+			hits = newestFirst(hits)
+			hits = hits[:min(len(hits), maxCount)]
 			if len(hits) == maxCount {
 				bound = hits[maxCount-1].seq
 			}
@@ -250,7 +252,7 @@ func (l *Log) Bounds(stream string) (first, last uint64, err error) {
 			continue
 		}
 		low := max(floor(seg, ds), last+1)
-		for from := uint64(math.MaxUint64); ; {
+		for from := (loc{seq: math.MaxUint64}); ; {
 			ls, err := idx.lookup(stream, from, chunk, true)
 			if err != nil {
 				return 0, 0, err
@@ -265,7 +267,7 @@ func (l *Log) Bounds(stream string) (first, last uint64, err error) {
 			if len(ls) < chunk {
 				break
 			}
-			from = ls[0].seq
+			from = ls[0]
 		}
 	}
 	return first, last, nil

@@ -400,14 +400,25 @@ func (s *sidecar) search(r row, from uint64) (uint32, error) {
 	return lo, nil
 }
 
-func (s *sidecar) lookup(stream string, from uint64, n int, back bool) ([]loc, error) {
+func (s *sidecar) lookup(stream string, from loc, n int, back bool) ([]loc, error) {
 	r, ok, err := s.findRow(stream)
 	if err != nil || !ok {
 		return nil, err
 	}
-	i, err := s.search(r, from)
+	i, err := s.search(r, from.seq)
 	if err != nil {
 		return nil, err
+	}
+	// Past the versions of from's sequence below from's: a sequence has
+	// more than one only when a copy brought forward met its original.
+	for ; from.version > 0 && i < r.count; i++ {
+		l, err := s.entryAt(r.first + i)
+		if err != nil {
+			return nil, err
+		}
+		if compareLoc(l, from) >= 0 {
+			break
+		}
 	}
 	if back {
 		lo := uint32(max(0, int(i)-n))
