@@ -97,3 +97,20 @@ func (s segmentLogs) Sync(context.Context) (uint64, error) {
 }
 
 func (s segmentLogs) Close() error { return s.l.Close() }
+
+// retainer is a Logs that the store runs retention on: the segment log
+// drops its oldest segments, copying forward what is still live in them.
+type retainer interface {
+	Retain(ctx context.Context) error
+}
+
+// retainLive is the share of the oldest segment's bytes still live below
+// which retention rewrites it: at most half of what is written again is
+// copied, so a byte is copied at most once on average.
+const retainLive = 0.5
+
+// Retain compacts the segment log (see seglog.Log.Compact).
+func (s segmentLogs) Retain(ctx context.Context) error {
+	_, err := s.l.Compact(ctx, retainLive)
+	return err
+}
