@@ -50,11 +50,14 @@ var ErrFormat = errors.New("store: data folder format not supported")
 
 // inSegments reports whether stream is kept in the segment log.
 func (s *Store) inSegments(stream string) bool {
-	if s.logs == nil {
-		return false
-	}
+	return s.logs != nil && s.segmentName([]byte(stream))
+}
+
+// segmentName reports whether the log named name is kept in the segment
+// log, without making a string of it: every write asks.
+func (s *Store) segmentName(name []byte) bool {
 	for _, p := range s.segmentLogs {
-		if strings.HasPrefix(stream, p) {
+		if len(name) >= len(p) && string(name[:len(p)]) == p {
 			return true
 		}
 	}
@@ -62,14 +65,14 @@ func (s *Store) inSegments(stream string) bool {
 }
 
 // segmentKey reports whether key is an entry of a log kept in the segment
-// log, and if so its stream and sequence.
-func (s *Store) segmentKey(key []byte) (stream string, seq uint64, ok bool) {
+// log, and if so its stream's name and its sequence.
+func (s *Store) segmentKey(key []byte) (stream []byte, seq uint64, ok bool) {
 	if s.logs == nil || len(key) < 2+1+8 || key[0] != 'l' || key[1] != '/' || key[len(key)-9] != 0 {
-		return "", 0, false
+		return nil, 0, false
 	}
-	stream = string(key[2 : len(key)-9])
-	if !s.inSegments(stream) {
-		return "", 0, false
+	stream = key[2 : len(key)-9]
+	if !s.segmentName(stream) {
+		return nil, 0, false
 	}
 	return stream, binary.BigEndian.Uint64(key[len(key)-8:]), true
 }
@@ -82,7 +85,8 @@ func (s *Store) segmentKey(key []byte) (stream string, seq uint64, ok bool) {
 func (s *Store) splitLogs(ops []op) (entries []LogEntry, drops []LogDrop, rest []op) {
 	rest = make([]op, 0, len(ops))
 	for _, o := range ops {
-		stream, seq, ok := s.segmentKey(o.key)
+		name, seq, ok := s.segmentKey(o.key)
+		stream := string(name)
 		switch {
 		case !ok:
 			rest = append(rest, o)
@@ -231,10 +235,11 @@ func (s *Store) moveLogs(last uint64) (int, error) {
 	}
 	for it.Rewind(); it.Valid(); it.Next() {
 		item := it.Item()
-		stream, seq, ok := s.segmentKey(item.Key())
+		name, seq, ok := s.segmentKey(item.Key())
 		if !ok {
 			continue
 		}
+		stream := string(name)
 		val, err := item.ValueCopy(nil)
 		if err != nil {
 			return moved, fmt.Errorf("store: move the logs: read %s/%d: %w", stream, seq, err)
