@@ -125,13 +125,17 @@ func (s *Store) checkLogs(b *Batch) error {
 		if len(stream) > seglog.MaxStreamName {
 			return fmt.Errorf("%w: log name of %d bytes, at most %d", ErrTooLarge, len(stream), seglog.MaxStreamName)
 		}
-		size += len(o.key) + len(o.val)
+		size += len(stream) + len(o.val) + logItemOverhead
 	}
 	if size > maxLogBatch {
 		return fmt.Errorf("%w: %d bytes of log entries in one batch, at most %d", ErrTooLarge, size, maxLogBatch)
 	}
 	return nil
 }
+
+// logItemOverhead is what the segment log counts for an entry besides its
+// name and data (a kind byte and four varints, at most).
+const logItemOverhead = 1 + 4*binary.MaxVarintLen64
 
 // maxLogBatch bounds the log writes of one batch, and so of one group past
 // maxGroupBytes: what one append to the segment log may hold.
@@ -297,9 +301,10 @@ func (s *Store) clearMovedLogs() error {
 	return nil
 }
 
-// openLogs opens the segment log of the folder, moving the logs of a
-// format 1 folder first, and returns the version the segment log holds
-// up to, which the journal's replay starts above.
+// openLogs opens the folder's segment log (emptied first in a format 1
+// folder, whose logs settleFormat moves once the journal is replayed),
+// records the format of a new folder, and reports whether the folder is of
+// format 1.
 func (s *Store) openLogs(z sizing) (legacy bool, err error) {
 	format, err := readFormat(s.opts.Dir, s.db)
 	if err != nil {

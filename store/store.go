@@ -1704,8 +1704,9 @@ func (b *Batch) settling() bool {
 }
 
 // DeleteEntry removes entry seq of the log named stream. Logs are deleted
-// from their start: in the segment log (every log but the peer outboxes,
-// see segments.go) deleting entry seq deletes the entries below it too.
+// from their start: in the segment log (the logs Options.SegmentLogs
+// names, see segments.go) deleting entry seq deletes the entries below it
+// too, those written by earlier batches.
 func (b *Batch) DeleteEntry(stream string, seq uint64) {
 	b.add(op{key: logKey(stream, seq), del: true})
 }
