@@ -317,7 +317,11 @@ func (s *Store) openLogs(z sizing) (legacy bool, err error) {
 			return false, fmt.Errorf("store: move the logs: %w", err)
 		}
 	}
-	logs, err := openSegmentLogs(dir, seglog.Options{SegmentSize: z.segment, MaxBatchBytes: 2 * maxLogBatch, Logger: s.log})
+	size := z.segment
+	if s.opts.segmentSize > 0 {
+		size = s.opts.segmentSize
+	}
+	logs, err := openSegmentLogs(dir, seglog.Options{SegmentSize: size, MaxBatchBytes: 2 * maxLogBatch, Logger: s.log})
 	if err != nil {
 		return false, err
 	}

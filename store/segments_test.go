@@ -257,3 +257,47 @@ func TestPowerCutFSJournalRefillsTheSegmentLog(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactDropsTheSegmentsOfPrunedLogs: once retention deleted the
+// logs, Compact gives their segments back, and copies forward the log
+// that lives on.
+func TestCompactDropsTheSegmentsOfPrunedLogs(t *testing.T) {
+	dir := t.TempDir()
+	s := openWith(t, Options{Dir: dir, segmentSize: 16 << 10})
+	defer s.Close()
+	for i := range 100 {
+		write(t, s, func(b *Batch) {
+			for seq := uint64(1); seq <= 5; seq++ {
+				b.Append(fmt.Sprint("x/done", i), seq, bytes.Repeat([]byte{1}, 200))
+			}
+			b.Append("x/live", uint64(i+1), []byte("still running"))
+		})
+	}
+	for i := range 100 {
+		write(t, s, func(b *Batch) {
+			for seq := uint64(1); seq <= 5; seq++ {
+				b.DeleteEntry(fmt.Sprint("x/done", i), seq)
+			}
+		})
+	}
+	segs := func() int {
+		m, _ := filepath.Glob(filepath.Join(dir, logsDir, "*.seg"))
+		return len(m)
+	}
+	before := segs()
+	if before < 5 {
+		t.Fatalf("%d segments; the test wants several", before)
+	}
+	if err := s.Compact(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if after := segs(); after > 2 {
+		t.Errorf("%d segments after Compact, %d before", after, before)
+	}
+	if es, err := s.Read("x/live", 0, 0); err != nil || len(es) != 100 {
+		t.Errorf("the live log: %d of 100 entries, %v", len(es), err)
+	}
+	if es, err := s.Read("x/done7", 0, 0); err != nil || len(es) != 0 {
+		t.Errorf("a pruned log: %v, %v", seqsOf(es), err)
+	}
+}

@@ -128,7 +128,7 @@ type Options struct {
 	CloseTimeout time.Duration
 
 	// segmentSize, memTableSize, lazyInterval and pageOutEvery override
-	// the journal's segment size, Badger's memory table size, how long
+	// the journal's and the segment log's segment size, Badger's memory table size, how long
 	// lazy writes may wait and how often table pages are handed back, for
 	// tests; readSpace, how the file system's free space is read.
 	segmentSize  int64
