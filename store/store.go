@@ -120,7 +120,8 @@ type Options struct {
 	// SegmentLogs are the starts of the names of the logs kept in the
 	// segment log rather than in Badger (see segments.go); nil means the
 	// kernel's, the sessions' and the channels' logs. A store in memory
-	// keeps every log in Badger.
+	// keeps every log in Badger. A folder must be opened with the same
+	// SegmentLogs each time: a log is read only where they send it.
 	SegmentLogs []string
 	// CloseTimeout bounds how long Close waits for Badger to write its
 	// memory tables out; zero means 30s. Past it the store closes as
