@@ -317,7 +317,7 @@ func (s *Store) openLogs(z sizing) (legacy bool, err error) {
 			return false, fmt.Errorf("store: move the logs: %w", err)
 		}
 	}
-	size := z.segment
+	size := z.logSegment
 	if s.opts.segmentSize > 0 {
 		size = s.opts.segmentSize
 	}
