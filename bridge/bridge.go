@@ -69,12 +69,8 @@ type Notifier interface {
 	// Retract tells the channels that a prompt was settled (they remove
 	// it) and, for a settlement by a person's answer, where the answer came
 	// back from (r.DecidedBy): it is called once per settled record,
-	// whichever door the answer came through. It commits done in the same
-	// write as the retraction, also when there is no channel to tell:
-	// done clears the bridge's note that the retraction is owed, and a
-	// retraction still owed is made again when the bridge starts (the
-	// gateway stopped between the settlement's commit and this call).
-	Retract(r Record, done *store.Batch)
+	// whichever door the answer came through.
+	Retract(r Record)
 }
 
 // Options configure a Bridge.
@@ -100,11 +96,8 @@ const (
 	kindAction    = "action"
 	kindPending   = "action_pending"
 	kindForwarded = "action_forwarded" // the prompt reached the channels' outboxes
+	kindRetract   = "action_retract"   // settled; the retraction may not have reached the channels
 	kindAllow     = "allow_always"
-	// kindUnretracted marks a settled prompt whose retraction has not
-	// reached the channels' outboxes yet; written with the settlement,
-	// deleted with the retraction.
-	kindUnretracted = "action_unretracted"
 )
 
 // New loads pending prompts and allow-always rules from the store.
@@ -139,43 +132,38 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: load allow rules: %w", err)
 	}
 	b.forwardUnsent(ctx)
-	if err := b.retractUnsent(ctx); err != nil {
-		return nil, err
-	}
+	b.retractUnsent(ctx)
 	return b, nil
 }
 
-// retractUnsent retracts the settled prompts whose retraction was not
-// recorded: the gateway stopped between a settlement's commit and its
-// fan-out, which channels would otherwise never hear of, and the channel
-// log would miss the answer's channel.permission_returned.
-func (b *Bridge) retractUnsent(ctx context.Context) error {
+// retractUnsent retracts the settled prompts whose retraction may not
+// have reached the channels: the gateway stopped between a settlement's
+// commit and its retraction's. Each settlement is retracted once, unless
+// a stop falls between the retraction's commit and its marker's removal.
+func (b *Bridge) retractUnsent(ctx context.Context) {
 	if b.n == nil {
-		return nil
+		return
 	}
 	var ids []string
-	if err := b.st.Records(kindUnretracted, func(id string, _ func(any) error) bool {
+	_ = b.st.Records(kindRetract, func(id string, _ func(any) error) bool {
 		ids = append(ids, id)
 		return ctx.Err() == nil
-	}); err != nil {
-		return fmt.Errorf("bridge: load unretracted: %w", err)
-	}
+	})
 	for _, id := range ids {
-		var r Record
-		if err := b.st.Get(kindAction, id, &r); err != nil {
-			return fmt.Errorf("bridge: load action %s: %w", id, err)
+		if r, err := b.Get(id); err == nil && r.State != StatePending {
+			b.retract(ctx, r)
 		}
-		b.n.Retract(r, retracted(id))
 	}
-	return nil
 }
 
-// retracted returns the write that clears the note that action id's
-// retraction is owed.
-func retracted(id string) *store.Batch {
-	var done store.Batch
-	done.DeleteLazy(kindUnretracted, id)
-	return &done
+// retract hands a settled record to the channels and removes its marker.
+func (b *Bridge) retract(ctx context.Context, r Record) {
+	b.n.Retract(r)
+	var batch store.Batch
+	batch.DeleteLazy(kindRetract, r.ActionID)
+	if err := b.st.Write(ctx, &batch); err != nil {
+		b.log.Warn("record prompt retraction", "action", r.ActionID, "err", err)
+	}
 }
 
 // forwardUnsent forwards the pending prompts whose fan-out was not recorded:
@@ -239,8 +227,9 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	batch.Delete(kindPending, actionID)
 	batch.Delete(kindForwarded, actionID)
 	if b.n != nil {
-		// Read back only at a start; the retraction deletes it at once.
-		_ = batch.CreateLazy(kindUnretracted, actionID, true)
+		// Lazy: the marker lives until the retraction is committed, a
+		// moment later, and so mostly never reaches Badger.
+		_ = batch.CreateLazy(kindRetract, actionID, true)
 	}
 	allowKey := ""
 	if r.State == StateApproved && d.Scope == kernel.ScopeSession {
@@ -257,7 +246,7 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	}
 	publish = func() {
 		if b.n != nil {
-			b.n.Retract(r, retracted(actionID))
+			b.retract(context.Background(), r)
 		}
 	}
 	return apply, publish

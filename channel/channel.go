@@ -130,6 +130,27 @@ type Options struct {
 	// LogLimit is how many events of each owner's channel log are kept;
 	// older ones are deleted. Zero means 10000.
 	LogLimit int
+
+	// Adapters are the chat and push channels the gateway drives itself
+	// (see Adapter); Start starts them.
+	Adapters []Adapter
+	// Responders lists, by policy rule id, the people who may answer that
+	// rule's prompts through an adapter; a rule not listed is answered by
+	// the prompt's owner only.
+	Responders map[string][]string
+	// MaxSends bounds the adapter calls in flight in all; zero means 16.
+	MaxSends int
+	// SendTimeout bounds one adapter call; zero means 10s.
+	SendTimeout time.Duration
+	// MaxAttempts bounds the attempts to edit a card; zero means 10. A
+	// card is sent as long as its prompt is pending.
+	MaxAttempts int
+}
+
+// Defaults returns the value each zero bound of the adapter layer's
+// Options takes; the other fields are zero.
+func Defaults() Options {
+	return Options{MaxSends: 16, SendTimeout: 10 * time.Second, MaxAttempts: 10}
 }
 
 // Channel is one registered human channel.
@@ -140,7 +161,7 @@ type Channel struct {
 	ChannelID string `json:"channel_id"`
 	// PeerID is the native peer id: who or what on that channel.
 	PeerID string `json:"native_peer_id"`
-	// Kind is KindNative or KindWebhook.
+	// Kind is KindNative, KindWebhook or KindAdapter.
 	Kind string `json:"kind"`
 	// URL is a webhook's origin: the scheme and host of its URL, nothing
 	// else (see origin).
@@ -161,6 +182,7 @@ type record struct {
 	Kind      string    `msgpack:"k"`
 	URL       string    `msgpack:"u,omitempty"`
 	Secret    []byte    `msgpack:"s,omitempty"`
+	Data      []byte    `msgpack:"d,omitempty"` // an adapter's: never in Channel
 	CreatedAt time.Time `msgpack:"ca"`
 	LastSeen  time.Time `msgpack:"ls"`
 }
@@ -229,6 +251,19 @@ type Registry struct {
 	ops       sync.WaitGroup // calls in flight; Close waits for them
 	closeOnce sync.Once
 	expiring  chan struct{} // closed when expireLoop has returned
+
+	// The adapter layer (adapter.go, answer.go).
+	adapters    []Adapter
+	responders  map[string][]string
+	keys        *keys
+	sends       chan struct{} // a slot per adapter call in flight
+	sendTimeout time.Duration
+	maxAttempts int
+	decider     Decider // set by Start
+	drivers     map[peer.Key]*driver
+	runners     sync.WaitGroup
+	spendMu     sync.Mutex
+	stats       counters
 }
 
 // New loads the registered channels from o.Store and starts a sender for
@@ -253,14 +288,40 @@ func New(ctx context.Context, o Options) (*Registry, error) {
 	o.RetryMax = max(o.RetryMax, o.RetryBase)
 	option.Default(&o.MaxChannels, 64)
 	option.Default(&o.LogLimit, 10000)
+	d := Defaults()
+	option.Default(&o.MaxSends, d.MaxSends)
+	option.Default(&o.SendTimeout, d.SendTimeout)
+	option.Default(&o.MaxAttempts, d.MaxAttempts)
+	names := map[string]bool{}
+	for _, a := range o.Adapters {
+		if err := checkID("adapter name", a.Name(), MaxChannelID, false); err != nil {
+			return nil, err
+		}
+		if a.Name() == WebhookChannel || names[a.Name()] {
+			return nil, fmt.Errorf("%w: adapter name %q is taken", ErrInvalid, a.Name())
+		}
+		names[a.Name()] = true
+	}
+	k, err := loadKeys(ctx, o.Store)
+	if err != nil {
+		return nil, err
+	}
 	r := &Registry{
 		st: o.Store, hub: o.Hub, log: o.Logger, client: o.HTTPClient, egress: g, retention: o.Retention,
 		retryBase: o.RetryBase, retryMax: o.RetryMax, maxChans: o.MaxChannels, logLimit: uint64(o.LogLimit),
 		chans: map[peer.Key]*record{}, owners: map[string]map[peer.Key]*record{}, claims: map[peer.Key]string{},
 		logs: map[string]*ownerLog{}, senders: map[peer.Key]*sender{}, settled: map[string]struct{}{},
 		settledRing: make([]string, settledMemory),
+		adapters:    slices.Clone(o.Adapters), responders: o.Responders, keys: k,
+		sends: make(chan struct{}, o.MaxSends), sendTimeout: o.SendTimeout, maxAttempts: o.MaxAttempts,
+		drivers: map[peer.Key]*driver{},
 	}
-	err := store.EachRecord(ctx, r.st, kindChannel, "", func(_ string, rc *record) bool {
+	for _, a := range r.adapters {
+		if b, ok := a.(Binder); ok {
+			b.Bind(r)
+		}
+	}
+	err = store.EachRecord(ctx, r.st, kindChannel, "", func(_ string, rc *record) bool {
 		r.addLocked(rc)
 		return true
 	})
@@ -297,6 +358,17 @@ func (r *Registry) Close() {
 		for _, s := range senders {
 			<-s.done
 		}
+		r.mu.Lock()
+		drivers := make([]*driver, 0, len(r.drivers))
+		for k, d := range r.drivers {
+			drivers = append(drivers, d)
+			delete(r.drivers, k)
+		}
+		r.mu.Unlock()
+		for _, d := range drivers {
+			<-d.done
+		}
+		r.runners.Wait()
 		<-r.expiring
 	})
 }
@@ -311,6 +383,7 @@ func (r *Registry) expireLoop() {
 		select {
 		case <-t.C:
 			r.expire(time.Now().Add(-r.retention))
+			r.forgetSpent(time.Now())
 		case <-r.ctx.Done():
 			return
 		}
@@ -376,6 +449,10 @@ func (r *Registry) drop(ctx context.Context, ol *ownerLog, rc *record, reason st
 	}
 	r.mu.Unlock()
 	r.stopSender(k)
+	if rc.Kind == KindAdapter {
+		r.stopDriver(k)
+		r.forgetCards(ctx, k)
+	}
 	r.hub.Forget(k)
 	return nil
 }
@@ -473,6 +550,12 @@ func (r *Registry) channelsOf(owner string) []record {
 	return out
 }
 
+// reachable drops from chans the adapter registrations whose adapter is
+// not configured: nothing would carry their deliveries.
+func (r *Registry) reachable(chans []record) []record {
+	return slices.DeleteFunc(chans, func(rc record) bool { return rc.Kind == KindAdapter && r.adapterOf(rc.ChannelID) == nil })
+}
+
 func less(a, b *record) bool {
 	if a.Owner != b.Owner {
 		return a.Owner < b.Owner
@@ -522,8 +605,8 @@ func (r *Registry) Connect(ctx context.Context, owner, channelID, peerID string)
 	if err := checkIDs(owner, channelID, peerID); err != nil {
 		return Channel{}, false, err
 	}
-	if channelID == WebhookChannel {
-		return Channel{}, false, fmt.Errorf("%w: channel id %q is reserved for webhooks", ErrInvalid, WebhookChannel)
+	if reserved(channelID) || r.adapterOf(channelID) != nil {
+		return Channel{}, false, fmt.Errorf("%w: channel id %q is reserved for the gateway's own channels", ErrInvalid, channelID)
 	}
 	ol, release, err := r.enterOwner(owner)
 	if err != nil {
@@ -718,7 +801,7 @@ func (r *Registry) forward(ctx context.Context, rec bridge.Record, only *Channel
 	if settled {
 		return nil
 	}
-	chans := r.channelsOf(rec.Owner)
+	chans := r.reachable(r.channelsOf(rec.Owner))
 	if only != nil {
 		k := Key(only.ChannelID, only.PeerID)
 		chans = slices.DeleteFunc(chans, func(rc record) bool { return rc.key() != k })
@@ -734,18 +817,10 @@ func (r *Registry) forward(ctx context.Context, rec bridge.Record, only *Channel
 // delivery carrying the settled record to every channel of rec.Owner, so
 // each device removes the prompt, and, when a person's answer settled it,
 // logs channel.permission_returned for where that answer came back from
-// (see returnedFact), all in one durable write with done. Every answer,
-// through whichever door, settles its record exactly once, so each is
-// logged once.
-func (r *Registry) Retract(rec bridge.Record, done *store.Batch) {
-	var b store.Batch
-	if done != nil {
-		b.Merge(done)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-	defer cancel()
+// (see returnedFact), all in one durable write. Every answer, through
+// whichever door, settles its record exactly once, so each is logged once.
+func (r *Registry) Retract(rec bridge.Record) {
 	if rec.Owner == "" {
-		r.writeDone(ctx, rec, &b)
 		return
 	}
 	ol, release, err := r.enterOwner(rec.Owner)
@@ -754,6 +829,8 @@ func (r *Registry) Retract(rec bridge.Record, done *store.Batch) {
 		return
 	}
 	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
 	r.mu.Lock()
 	if _, ok := r.settled[rec.ActionID]; !ok {
 		if old := r.settledRing[r.settledNext]; old != "" {
@@ -764,6 +841,7 @@ func (r *Registry) Retract(rec bridge.Record, done *store.Batch) {
 		r.settled[rec.ActionID] = struct{}{}
 	}
 	r.mu.Unlock()
+	var b store.Batch
 	var returned []fact
 	var seen *record
 	if f, ok := returnedFact(&rec); ok {
@@ -777,28 +855,12 @@ func (r *Registry) Retract(rec bridge.Record, done *store.Batch) {
 			}
 		}
 	}
-	chans := r.channelsOf(rec.Owner)
-	if len(chans) == 0 && len(returned) == 0 {
-		r.writeDone(ctx, rec, &b)
-		return
-	}
-	if err := r.fanout(ctx, ol, &b, chans, event.PermissionResolved, rec, "", returned...); err != nil {
+	if err := r.fanout(ctx, ol, &b, r.reachable(r.channelsOf(rec.Owner)), event.PermissionResolved, rec, "", returned...); err != nil {
 		r.log.Error("retraction not forwarded to channels", "action", rec.ActionID, "owner", rec.Owner, "err", err)
 		return
 	}
 	if seen != nil {
 		r.touch(seen.key(), seen.LastSeen)
-	}
-}
-
-// writeDone writes b, the bridge's done of a retraction with nothing to
-// tell any channel.
-func (r *Registry) writeDone(ctx context.Context, rec bridge.Record, b *store.Batch) {
-	if b.Len() == 0 {
-		return
-	}
-	if err := r.st.Write(ctx, b); err != nil {
-		r.log.Error("retraction not recorded", "action", rec.ActionID, "err", err)
 	}
 }
 

@@ -268,7 +268,7 @@ func TestRetractLogsWhereTheAnswerCameBack(t *testing.T) {
 			} else if tc.state == bridge.StateDenied {
 				rec.Decision = bridge.DecisionDeny
 			}
-			n.reg.Retract(rec, nil)
+			n.reg.Retract(rec)
 
 			evs := events(t, n.reg, "alice")
 			var returned []logged
@@ -346,7 +346,7 @@ func TestPromptRetractBackfill(t *testing.T) {
 		t.Fatalf("bob's channel holds %d deliveries, want 0", got)
 	}
 
-	n.reg.Retract(settled(a1), nil)
+	n.reg.Retract(settled(a1))
 	d = recv(t, phone)
 	if d.Type != event.PermissionResolved || actionOf(t, d).State != bridge.StateApproved {
 		t.Fatalf("phone got %s %s", d.Type, d.Data)

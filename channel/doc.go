@@ -13,6 +13,18 @@
 //
 // Deliveries are at least once: a consumer dedupes prompts by action_id.
 //
+// # Adapters
+//
+// The chat and push channels the gateway drives itself (Telegram, Slack and
+// Web Push, in the packages of those names below this one) are Adapters.
+// Each of their destinations is a registration of kind KindAdapter, whose
+// outbox a driver carries through the adapter: the prompts' cards shown,
+// edited once settled, retried with back-off within bounds (MaxSends,
+// SendTimeout, MaxAttempts). Answers come back through Answer (a button's
+// signed value) or AnswerToken (a notification's one-time token); Start
+// wires the Decider that settles them. docs/channels.md describes them to
+// operators.
+//
 // # Webhook channels
 //
 // A principal may configure one outbound webhook (SetWebhook), for a chat

@@ -171,3 +171,24 @@ func (g egress) client() *http.Client {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }
+
+// Egress is the webhooks' outbound address policy, for adapters that
+// reach addresses people give them (push endpoints): the same refusals
+// (ErrDeniedAddress) and the same allow-list.
+type Egress struct{ g egress }
+
+// NewEgress returns the policy that lets through the allow networks
+// besides public addresses.
+func NewEgress(allow []netip.Prefix) Egress {
+	return Egress{g: egress{allow: append([]netip.Prefix(nil), allow...)}}
+}
+
+// CheckURL refuses a URL whose host is a literal address, or localhost,
+// that may not be reached (an error matching ErrDeniedAddress). Other
+// names are checked when Client dials them.
+func (e Egress) CheckURL(u *url.URL) error { return e.g.checkURL(u) }
+
+// Client returns an HTTP client that dials only addresses the policy
+// allows, ignores proxy settings and follows no redirects, as the
+// webhooks' client does.
+func (e Egress) Client() *http.Client { return e.g.client() }

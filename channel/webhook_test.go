@@ -161,7 +161,7 @@ func TestWebhookRetriesInOrder(t *testing.T) {
 	a1 := pending("alice", "a1")
 	n.reg.Prompt(a1)
 	n.reg.Prompt(pending("alice", "a2"))
-	n.reg.Retract(settled(a1), nil)
+	n.reg.Retract(settled(a1))
 	hs := b.waitFor("three acknowledged deliveries", func(hs []hit) bool { return okCount(hs) == 3 })
 	checkSigned(t, hs)
 	var got []string

@@ -33,6 +33,7 @@ type Kernel interface {
 	Declare(ctx context.Context, agentID string, info json.RawMessage) error
 	DescribeTools(runnerID string, info map[string]json.RawMessage)
 	UpdateCapabilities(runnerID string, tools []string)
+	RunnerCapabilities(runnerID string) []string
 	RemoveRunner(runnerID string)
 	ReservedTool(capability string) (runnerID string, reserved bool)
 	BuiltinRunner(runnerID string) bool

@@ -140,7 +140,7 @@ func bodyUnread(ctx *fasthttp.RequestCtx) bool {
 // Content-Type at all is taken as JSON, as the kernel API always did: no
 // browser sends one across origins without an Origin header, which
 // checkOrigin judges.
-func checkMediaType(ctx *fasthttp.RequestCtx) error {
+func checkMediaType(ctx *fasthttp.RequestCtx, form bool) error {
 	if ctx.IsGet() || ctx.IsHead() || ctx.IsOptions() {
 		return nil
 	}
@@ -153,6 +153,9 @@ func checkMediaType(ctx *fasthttp.RequestCtx) error {
 		return nil
 	}
 	mt, _, err := mime.ParseMediaType(string(ct))
+	if err == nil && form && mt == "application/x-www-form-urlencoded" {
+		return nil
+	}
 	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json") ||
 		mt == "application/msgpack" || mt == "application/x-msgpack" || mt == "application/vnd.msgpack") {
 		return nil

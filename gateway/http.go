@@ -81,7 +81,7 @@ func classify(err error) (int, protocol.ErrorBody) {
 		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeToolNotAllowed}
 	case errors.Is(err, auth.ErrForbidden):
 		// The error says "forbidden: …" itself.
-		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeForbidden}
+		return fasthttp.StatusForbidden, protocol.ErrorBody{Error: err.Error(), Code: CodeForbidden, Details: details}
 	case errors.Is(err, auth.ErrMissingToken), errors.Is(err, auth.ErrMalformed),
 		errors.Is(err, auth.ErrInvalidToken), errors.Is(err, auth.ErrExpiredToken):
 		return fasthttp.StatusUnauthorized, protocol.ErrorBody{Error: "unauthorized: " + err.Error(), Code: CodeUnauthorized}

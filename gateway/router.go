@@ -13,6 +13,7 @@ type route struct {
 	pattern string
 	segs    []string
 	public  bool // no authentication (health and readiness probes)
+	form    bool // takes application/x-www-form-urlencoded bodies (a platform's hook)
 	handle  func(*call) error
 	// surface, when set, is the protocol surface the route belongs to: it
 	// words the gateway's refusals in its protocol.

@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/gateway/wsaccept"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -31,6 +32,11 @@ type Options struct {
 	Auth     *auth.Authenticator
 	Bridge   Bridge   // nil: no /v0/actions (approvals only through signals)
 	Channels Channels // nil (or no Bridge): no human channels
+	// Hooks are the endpoints through which chat platforms call the
+	// gateway (channel.Hooker), served without a bearer token.
+	Hooks []channel.Hook
+	// Push is the Web Push channel; nil: none.
+	Push Push
 	// Surfaces are the protocol surfaces mounted beside /v0.
 	Surfaces []protocol.Surface
 	// Sessions are the durable sessions executions may be filed under;
@@ -143,6 +149,8 @@ func New(o Options) (*Server, error) {
 	s.peerRoutes(s.routes)
 	s.actionRoutes(s.routes)
 	s.channelRoutes(s.routes)
+	s.hookRoutes(s.routes)
+	s.pushRoutes(s.routes)
 	for _, sf := range o.Surfaces {
 		s.mount(s.routes, sf)
 	}
@@ -313,7 +321,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	route = r.pattern
-	if err := checkMediaType(ctx); err != nil {
+	if err := checkMediaType(ctx, r.form); err != nil {
 		s.refuse(ctx, r.surface, err)
 		return
 	}

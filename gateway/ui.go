@@ -61,15 +61,19 @@ func loadUIAssets() map[string]uiAsset {
 // package mime: the host's /etc/mime.types may be missing or disagree, and
 // with nosniff a browser refuses a script or stylesheet of the wrong type.
 var uiTypes = map[string]string{
-	".html": "text/html; charset=utf-8",
-	".js":   "text/javascript; charset=utf-8",
-	".css":  "text/css; charset=utf-8",
+	".html":        "text/html; charset=utf-8",
+	".js":          "text/javascript; charset=utf-8",
+	".css":         "text/css; charset=utf-8",
+	".webmanifest": "application/manifest+json",
+	".png":         "image/png",
 }
 
 // uiCSP confines the page to its own origin: the token it holds can only
-// be sent to this gateway, and no injected markup can run script.
+// be sent to this gateway, and no injected markup can run script. The
+// manifest and the service worker of the installable app are its own
+// files too.
 const uiCSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
-	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+	"connect-src 'self'; manifest-src 'self'; worker-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // serveUI serves the approvals page under /ui/ and reports whether the
 // request was for it. The files need no authentication: they hold no data,

@@ -32,13 +32,17 @@ func TestUIServesStaticFiles(t *testing.T) {
 		{"/ui/", "text/html; charset=utf-8", "<title>Gatehouse approvals</title>"},
 		{"/ui/app.js", "text/javascript; charset=utf-8", "permission.resolved"},
 		{"/ui/style.css", "text/css; charset=utf-8", "prefers-color-scheme"},
+		{"/ui/manifest.webmanifest", "application/manifest+json", `"display": "standalone"`},
+		{"/ui/sw.js", "text/javascript; charset=utf-8", "notificationclick"},
+		{"/ui/icon-192.png", "image/png", "PNG"},
 	} {
 		status, body, h := a.do("GET", f.path, nil)
 		if status != 200 || h.Get("Content-Type") != f.ctype || !strings.Contains(string(body), f.contains) {
 			t.Fatalf("GET %s: %d %q, body has %q: %v", f.path, status, h.Get("Content-Type"), f.contains, strings.Contains(string(body), f.contains))
 		}
 		if h.Get("Cache-Control") != "no-cache" || h.Get("ETag") == "" || h.Get("X-Content-Type-Options") != "nosniff" ||
-			!strings.Contains(h.Get("Content-Security-Policy"), "connect-src 'self'") {
+			!strings.Contains(h.Get("Content-Security-Policy"), "connect-src 'self'") ||
+			!strings.Contains(h.Get("Content-Security-Policy"), "manifest-src 'self'; worker-src 'self'") {
 			t.Fatalf("GET %s headers: %v", f.path, h)
 		}
 		if again, body, _ := a.do("GET", f.path, nil, "If-None-Match", h.Get("ETag")); again != 304 || len(body) != 0 {

@@ -598,11 +598,16 @@ func (p *peerSession) say(fr inFrame) bool {
 	return true
 }
 
-// scope checks that a refreshed credential still grants the socket's id.
+// scope checks that a refreshed credential still grants the socket's id
+// and, for a runner, every tool the runner serves: a credential narrowed
+// since may not keep serving what it no longer may declare.
 func (p *peerSession) scope(pr *auth.Principal) error {
 	switch p.ps.role {
 	case kernel.RoleRunner:
-		return p.s.actAsRunner(pr, p.ps.key.ID)
+		if err := p.s.actAsRunner(pr, p.ps.key.ID); err != nil {
+			return err
+		}
+		return p.s.mayServe(pr, p.s.k.RunnerCapabilities(p.ps.key.ID))
 	case channel.RoleChannel:
 		_, err := person(pr, auth.ActWrite) // the refresh already requires the same subject
 		return err

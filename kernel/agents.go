@@ -523,7 +523,7 @@ func (k *Kernel) invokeTool(t *tx, fx *effects, in *Intent) IntentResult {
 	}
 	t.add(event.StepCreated, stepID, &created)
 	if dec.Decision == policy.RequireApproval {
-		k.requestApproval(t, fx, created, stepID, dec.Reason, dec.RuleID, dec.ExpiresIn, string(dec.OnExpiry))
+		k.requestApproval(t, fx, created, stepID, dec)
 		return IntentResult{Accepted: true, StepID: stepID, PendingApproval: true}
 	}
 	if in.Remote && !k.dispatchNow(t, fx, stepID, &created) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
@@ -46,6 +47,11 @@ type Approval struct {
 	RequestedAt time.Time       `json:"requested_at" msgpack:"rq"`
 	ExpiresAt   *time.Time      `json:"expires_at,omitempty" msgpack:"x"`
 	OnExpiry    string          `json:"on_expiry,omitempty" msgpack:"ox"`
+	// Responders, when set, are the people who may answer through the
+	// chat and push channels instead of Owner: the policy rule's list
+	// when the prompt was requested, kept with it so that a policy
+	// reload does not change who may answer a pending prompt.
+	Responders []string `json:"responders,omitempty" msgpack:"rs,omitempty"`
 }
 
 // Decision settles an approval.
@@ -84,12 +90,13 @@ func argsHash(args json.RawMessage) string {
 }
 
 // requestApproval adds the events of a new prompt and stages its record.
-func (k *Kernel) requestApproval(t *tx, fx *effects, st stepCreatedPayload, stepID string, reason, ruleID string, expiresIn time.Duration, onExpiry string) {
+func (k *Kernel) requestApproval(t *tx, fx *effects, st stepCreatedPayload, stepID string, dec policy.Result) {
 	ex := t.ex
 	actionID := event.NewID()
+	reason, ruleID, onExpiry := dec.Reason, dec.RuleID, string(dec.OnExpiry)
 	var expires *time.Time
-	if expiresIn > 0 {
-		at := t.now.Add(expiresIn)
+	if dec.ExpiresIn > 0 {
+		at := t.now.Add(dec.ExpiresIn)
 		expires = &at
 	}
 	if onExpiry == "" {
@@ -114,7 +121,7 @@ func (k *Kernel) requestApproval(t *tx, fx *effects, st stepCreatedPayload, step
 		apply, publish := k.approvals.Requested(&t.batch, Approval{
 			ActionID: actionID, SessionID: ex.SessionID, Owner: ex.Owner, Tenant: ex.Tenant, ExecutionID: ex.ID, StepID: stepID,
 			AgentID: ex.AgentID, ToolID: st.ToolID, Arguments: args, ArgsHash: hash, Reason: reason, RuleID: ruleID,
-			RequestedAt: t.now, ExpiresAt: expires, OnExpiry: onExpiry,
+			RequestedAt: t.now, ExpiresAt: expires, OnExpiry: onExpiry, Responders: dec.Responders,
 		})
 		t.onCommit(apply)
 		fx.add(publish)

@@ -699,6 +699,27 @@ func (k *Kernel) UpdateCapabilities(runnerID string, tools []string) {
 	k.dispatch()
 }
 
+// RunnerCapabilities returns, sorted, the capabilities runnerID's
+// connections serve now.
+func (k *Kernel) RunnerCapabilities(runnerID string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var caps []string
+	if rs := k.runners[runnerID]; rs != nil {
+		seen := map[string]bool{}
+		for _, c := range rs.consumers {
+			for cp := range c.caps {
+				if !seen[cp] {
+					seen[cp] = true
+					caps = append(caps, cp)
+				}
+			}
+		}
+	}
+	slices.Sort(caps)
+	return caps
+}
+
 // RemoveRunner unregisters a runner: its connections end and the jobs it
 // held go back to the queue at once.
 func (k *Kernel) RemoveRunner(runnerID string) {

@@ -1,6 +1,9 @@
 package node
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatehouse-dev/gatehouse/channel"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/store"
 )
@@ -27,4 +30,59 @@ func newStoreCollector(st *store.Store) *gateway.SnapshotCollector[store.Stats] 
 	c.Gauge("gatehouse_store_level0_stall_tables", "Tables in Badger's level 0 at which writes wait.", func(s store.Stats) float64 { return float64(s.Level0Stall) })
 	c.Gauge("gatehouse_store_table_bytes", "Bytes of Badger's tables, every level.", func(s store.Stats) float64 { return float64(s.TableBytes) })
 	return c
+}
+
+// channelCollector exports the channel adapters' figures from one
+// snapshot per scrape.
+type channelCollector struct {
+	r                                        *channel.Registry
+	sends, dropped, refused, answers, queued *prometheus.Desc
+}
+
+func newChannelCollector(r *channel.Registry) *channelCollector {
+	return &channelCollector{
+		r: r,
+		sends: prometheus.NewDesc("gatehouse_channel_sends_total",
+			"Calls of the chat and push channels' platforms, by channel and result: sent (a card shown), edited (a card edited or withdrawn), failed (retried).",
+			[]string{"channel", "result"}, nil),
+		dropped: prometheus.NewDesc("gatehouse_channel_dropped_total",
+			"Cards given up on, by channel and reason: refused (the platform refused for good), attempts (an edit failed every attempt), gone (the destination is gone and was removed), invalid.",
+			[]string{"channel", "reason"}, nil),
+		refused: prometheus.NewDesc("gatehouse_channel_refused_total",
+			"Answers through chat and push channels refused, by channel and reason (signature, stale, replayed, tampered, unmapped_user, not_responder, token_reused, ...).",
+			[]string{"channel", "reason"}, nil),
+		answers: prometheus.NewDesc("gatehouse_channel_answers_total",
+			"Answers through chat and push channels, by channel and result: won (it decided the prompt) or recorded (another answer had; the recorded outcome was returned).",
+			[]string{"channel", "result"}, nil),
+		queued: prometheus.NewDesc("gatehouse_channel_queued",
+			"Deliveries the chat and push channels have not carried yet (their durable outboxes).", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *channelCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.sends
+	ch <- c.dropped
+	ch <- c.refused
+	ch <- c.answers
+	ch <- c.queued
+}
+
+// Collect implements prometheus.Collector.
+func (c *channelCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.r.Stats()
+	for _, n := range s.Counts {
+		v := float64(n.N)
+		switch n.Family {
+		case channel.StatSent, channel.StatEdited, channel.StatFailed:
+			ch <- prometheus.MustNewConstMetric(c.sends, prometheus.CounterValue, v, n.Adapter, n.Family)
+		case channel.StatDropped:
+			ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, v, n.Adapter, n.Reason)
+		case channel.StatRefused:
+			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, v, n.Adapter, n.Reason)
+		case channel.StatAnswers:
+			ch <- prometheus.MustNewConstMetric(c.answers, prometheus.CounterValue, v, n.Adapter, n.Reason)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(s.Queued))
 }

@@ -13,11 +13,15 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/slack"
+	"github.com/gatehouse-dev/gatehouse/channel/telegram"
+	"github.com/gatehouse-dev/gatehouse/channel/webpush"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -43,9 +47,10 @@ type Node struct {
 	Policy   *policy.Engine
 	Auth     *auth.Authenticator
 
-	ln  net.Listener
-	log *slog.Logger
-	o   Options
+	ln   net.Listener
+	log  *slog.Logger
+	push *webpush.Push // the Web Push channel, if any
+	o    Options
 	// closers release what Open built, last first.
 	closers closers
 }
@@ -100,7 +105,13 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	n.Hub = hub
 	n.closers.push(release(hub.Close))
-	chans, err := channel.New(ctx, channel.Options{Store: st, Hub: hub, Logger: o.Logger, Retention: retention, WebhookAllow: o.WebhookAllow})
+	co := o.Channels
+	co.Store, co.Hub, co.Logger, co.Retention, co.WebhookAllow = st, hub, o.Logger, retention, o.WebhookAllow
+	if err := n.adapters(&co); err != nil {
+		return err
+	}
+	adapters := co.Adapters
+	chans, err := channel.New(ctx, co)
 	if err != nil {
 		return err
 	}
@@ -131,6 +142,9 @@ func (n *Node) build(ctx context.Context) error {
 	if err := sessions.Start(ctx, k); err != nil {
 		return err
 	}
+	if err := chans.Start(ctx, decider{k: k, b: br}); err != nil {
+		return err
+	}
 	mo := o.Memory
 	mo.Store, mo.Logger = st, o.Logger
 	if mo.LegacyOwner == "" {
@@ -146,6 +160,17 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	if err := so.Registry.Register(newStoreCollector(st)); err != nil {
 		return fmt.Errorf("node: store metrics: %w", err)
+	}
+	if err := so.Registry.Register(newChannelCollector(chans)); err != nil {
+		return fmt.Errorf("node: channel metrics: %w", err)
+	}
+	for _, a := range adapters {
+		if h, ok := a.(channel.Hooker); ok {
+			so.Hooks = append(so.Hooks, h.Hooks()...)
+		}
+	}
+	if n.push != nil {
+		so.Push = n.push
 	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
@@ -168,6 +193,44 @@ func (n *Node) build(ctx context.Context) error {
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
 	n.closers.push(n.startRetention())
+	return nil
+}
+
+// adapters adds the chat and push channels that o configures to co's.
+func (n *Node) adapters(co *channel.Options) error {
+	o := n.o
+	co.Adapters = slices.Clone(co.Adapters)
+	if o.Telegram != nil {
+		to := *o.Telegram
+		to.Logger = o.Logger.With("channel", channel.AdapterTelegram)
+		tg, err := telegram.New(to)
+		if err != nil {
+			return err
+		}
+		co.Adapters = append(co.Adapters, tg)
+	}
+	if o.Slack != nil {
+		so := *o.Slack
+		so.Logger = o.Logger.With("channel", channel.AdapterSlack)
+		app, err := slack.New(so)
+		if err != nil {
+			return err
+		}
+		co.Adapters = append(co.Adapters, app)
+	}
+	if o.WebPush != nil {
+		wo := *o.WebPush
+		wo.Dir, wo.Allow, wo.Logger = o.Data, o.WebhookAllow, o.Logger.With("channel", channel.AdapterWebPush)
+		if o.InMemory {
+			wo.Dir = ""
+		}
+		p, err := webpush.New(wo)
+		if err != nil {
+			return err
+		}
+		n.push = p
+		co.Adapters = append(co.Adapters, p)
+	}
 	return nil
 }
 

@@ -6,6 +6,10 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/channel/slack"
+	"github.com/gatehouse-dev/gatehouse/channel/telegram"
+	"github.com/gatehouse-dev/gatehouse/channel/webpush"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -57,7 +61,22 @@ type Options struct {
 	PeerRetention time.Duration
 	// WebhookAllow lists the internal networks chat webhooks may reach
 	// (see channel.Options.WebhookAllow); nil: public addresses only.
+	// Push endpoints follow the same rules.
 	WebhookAllow []netip.Prefix
+	// Channels configure the human channels: the chat and push adapters
+	// (Adapters, an embedder's own), who may answer through them
+	// (Responders) and their send bounds. Store, Hub, Logger, Retention
+	// and WebhookAllow are filled in.
+	Channels channel.Options
+	// Telegram, when set, adds the Telegram channel (its Logger is
+	// filled in).
+	Telegram *telegram.Options
+	// Slack, when set, adds the Slack channel (its Logger is filled in).
+	Slack *slack.Options
+	// WebPush, when set, adds the Web Push channel: its Dir is the data
+	// folder (none when InMemory), its Allow WebhookAllow and its Logger
+	// are filled in.
+	WebPush *webpush.Options
 	// SessionsPerPrincipal is the most durable sessions one principal (an
 	// owner within its tenant) may hold, archived ones included (see
 	// session.Options.MaxPerOwner).
@@ -96,6 +115,7 @@ func Defaults() Options {
 		Auth:              auth.Options{Leeway: auth.DefaultLeeway},
 		Kernel:            kernel.Defaults(),
 		Server:            gateway.Defaults(),
+		Channels:          channel.Defaults(),
 		Memory:            memory.Defaults(),
 		OutboxLimit:       peers.OutboxLimit,
 		OutboxRetention:   peers.Retention,

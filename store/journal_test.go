@@ -416,12 +416,13 @@ func TestPowerCutFSIdleJournalLetsGo(t *testing.T) {
 }
 
 // TestPowerCutFSRightAfterTheJournalLetsGo cuts the power the moment a
-// checkpoint has let journal segments go, when Badger's files alone hold
-// their writes: under writes, its tables (synced as they are written),
-// the folder naming them, and its value log for the values too large for
-// a table, which a checkpoint syncs; once idle, its memory table's log,
-// synced by the settling checkpoint. Every write acknowledged before the
-// cut is there after it: appends small and large, deletes, lazy records.
+// checkpoint has let journal segments go, when Badger's files and the
+// segment log alone hold their writes: under writes, Badger's tables
+// (synced as they are written), the folder naming them, and its value log
+// for the records too large for a table, which a checkpoint syncs; once
+// idle, its memory table's log, synced by the settling checkpoint. Every
+// write acknowledged before the cut is there after it: records small and
+// large, log entries, deletes of both, lazy records.
 func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -432,7 +433,7 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 		writes int
 	}{
 		// 1 MiB memory tables: a few hundred batches write tables out,
-		// and values over about 150 KiB go to the value log.
+		// and records over about 150 KiB go to the value log.
 		{"tables and value log, under writes", Options{segmentSize: 256 << 10, memTableSize: 1 << 20, idleAfter: time.Hour}, 0},
 		// Memory tables too large to be written out: only the idle
 		// journal's settling, which syncs the memory table's log, lets
@@ -474,6 +475,7 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 				return 2000 + int(i%7)*1000
 			}
 			data := func(i uint64) []byte { return bytes.Repeat([]byte{byte(i), byte(i >> 8)}, size(i)/2) }
+			entry := func(i uint64) []byte { return fmt.Appendf(nil, "entry %d", i) }
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -484,8 +486,13 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 					default:
 					}
 					var b Batch
-					b.Append("ev", i, data(i))
+					if err := b.Put("rec", fmt.Sprint(i), data(i)); err != nil {
+						t.Error(err)
+						return
+					}
+					b.Append("ev", i, entry(i))
 					if i%5 == 0 {
+						b.Delete("rec", fmt.Sprint(i-3))
 						b.DeleteEntry("ev", i-3)
 					}
 					if err := b.PutLazy("peer", "p", i); err != nil {
@@ -515,13 +522,17 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 			r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
 			defer r.Close()
 			for i, n := range acked {
+				var rec []byte
+				recErr := r.Get("rec", fmt.Sprint(i), &rec)
 				got, err := r.Entry("ev", i)
 				switch {
-				case deleted[i] && err == nil:
-					t.Errorf("entry %d, deleted, is back", i)
+				case deleted[i] && (recErr == nil || err == nil):
+					t.Errorf("write %d, deleted, is back: record %v, entry %v", i, recErr, err)
 				case deleted[i]:
-				case err != nil || len(got) != n || !bytes.Equal(got, data(i)):
-					t.Errorf("entry %d: %d of %d bytes, %v", i, len(got), n, err)
+				case recErr != nil || len(rec) != n || !bytes.Equal(rec, data(i)):
+					t.Errorf("record %d: %d of %d bytes, %v", i, len(rec), n, recErr)
+				case err != nil || !bytes.Equal(got, entry(i)):
+					t.Errorf("entry %d: %q, %v", i, got, err)
 				}
 			}
 			var p uint64

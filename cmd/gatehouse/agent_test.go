@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client/sse"
-	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
@@ -137,7 +136,14 @@ func text(evs []aapEvent, name, key string) string {
 // the README's AAP quick start does.
 func aapWorld(t *testing.T) (*nodetest.Server, *aapClient) {
 	t.Helper()
-	s := nodetest.Start(t, node.Options{Kernel: kernel.Options{AgentGrace: time.Minute}})
+	return aapWorldWith(t, node.Options{})
+}
+
+// aapWorldWith is aapWorld with a gateway of options o.
+func aapWorldWith(t *testing.T, o node.Options) (*nodetest.Server, *aapClient) {
+	t.Helper()
+	o.Kernel.AgentGrace = time.Minute
+	s := nodetest.Start(t, o)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() {

@@ -40,6 +40,7 @@ type config struct {
 	idemKeys                        int
 	peerRetention                   time.Duration
 	webhookAllow                    prefixes
+	channels                        channelFlags
 	jwtSecret, jwtIssuer, jwtAud    string
 	jwtKeys                         keyFiles
 	jwtLeeway                       time.Duration
@@ -137,6 +138,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.idemWindow, "idempotency-window", d.Kernel.IdempotencyWindow, "how long the Idempotency-Key of a create is remembered")
 	fs.IntVar(&c.idemKeys, "idempotency-keys", d.Kernel.IdempotencyKeys, "create Idempotency-Keys remembered at most; the oldest make room")
 	fs.DurationVar(&c.peerRetention, "peer-retention", d.PeerRetention, "how long a consumer (agent, runner, channel) with no connection and nothing to deliver is remembered; at least the longer grace")
+	c.channels.flags(fs, d)
 	fs.Var(&c.webhookAllow, "webhook-allow-net", "comma-separated `CIDRs or addresses` of internal networks chat webhooks may reach (loopback, private, link-local...); repeatable")
 	fs.DurationVar(&c.headerTimeout, "header-timeout", d.Server.HeaderTimeout, "time to read a request's headers")
 	fs.DurationVar(&c.readTimeout, "read-timeout", d.Server.ReadTimeout, "time to read a request's body")
@@ -255,7 +257,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
 	goLimit := applyMemoryLimit(memLimit)
 	origins := splitList(c.cors)
-	n, err := node.Open(ctx, node.Options{
+	o := node.Options{
 		Addr: c.addr, TLS: st.config, Data: c.data, InMemory: c.inMemory, Sync: mode, Logger: log, Policy: pol,
 		Auth: c.authOptions(), InsecureNoAuth: c.insecureNoAuth,
 		OutboxLimit: c.outboxLimit, OutboxRetention: c.outboxRetention,
@@ -276,7 +278,11 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 			HeaderTimeout: c.headerTimeout, ReadTimeout: c.readTimeout, IdleTimeout: c.idleTimeout,
 			MaxConns: c.maxConns, MaxConnsPerIP: c.maxConnsPerIP, AllowedHosts: splitList(c.allowedHosts),
 		},
-	})
+	}
+	if err := c.channels.apply(&o); err != nil {
+		return nil, err
+	}
+	n, err := node.Open(ctx, o)
 	if errors.Is(err, node.ErrNoAuthOnNetwork) {
 		return nil, fmt.Errorf("serve: %w: anyone who can reach %s would act as the admin; set --token (or --jwt-secret or --jwt-public-key), listen on loopback (--addr 127.0.0.1:%s), or add --insecure-no-auth if every host that can reach it is trusted",
 			node.ErrNoAuthOnNetwork, c.addr, port(c.addr))

@@ -34,6 +34,13 @@
   const headingEl = el('prompts-title');
   const announceEl = el('announce');
   const template = el('prompt-template');
+  const pushEl = el('push');
+  const pushStatusEl = el('push-status');
+  const pushOnEl = el('push-on');
+  const pushOffEl = el('push-off');
+  const linkedEl = el('linked');
+  const linkedListEl = el('linked-prompts');
+  const linkedErrorEl = el('linked-error');
 
   const DONE_TEXT = {
     allow_once: 'You allowed this call once.',
@@ -225,7 +232,9 @@
     return JSON.stringify(args, null, 2);
   }
 
-  function addCard(rec) {
+  // buildCard makes the card of a pending prompt; its buttons call
+  // onAnswer(card, decision).
+  function buildCard(rec, onAnswer) {
     const li = template.content.firstElementChild.cloneNode(true);
     const q = (sel) => li.querySelector(sel);
     li.dataset.actionId = rec.action_id;
@@ -252,8 +261,14 @@
       c.expiryEl.title = formatTime(rec.expires_at);
     }
     for (const b of li.querySelectorAll('button[data-decision]')) {
-      b.addEventListener('click', () => answer(c, b.dataset.decision));
+      b.addEventListener('click', () => onAnswer(c, b.dataset.decision));
     }
+    return c;
+  }
+
+  function addCard(rec) {
+    const c = buildCard(rec, answer);
+    const li = c.li;
     // Action ids are UUIDv7: their order is the order of the requests.
     let before = null;
     for (const other of listEl.children) {
@@ -298,7 +313,12 @@
   // was settled (text, or one made from the record), then removes it.
   function retract(rec, text) {
     remember(rec.action_id);
-    const c = cards.get(rec.action_id);
+    closeCard(cards.get(rec.action_id), rec, text);
+  }
+
+  // closeCard settles card c (one of the list's, or the card a
+  // notification opened) with a note, then removes it.
+  function closeCard(c, rec, text) {
     if (!c || c.done) return;
     c.done = true;
     const hadFocus = c.li.contains(document.activeElement);
@@ -315,13 +335,24 @@
     setTimeout(() => {
       const focusLost = c.li.contains(document.activeElement);
       c.li.remove();
-      if (cards.get(rec.action_id) === c) cards.delete(rec.action_id);
+      if (cards.get(c.rec.action_id) === c) cards.delete(c.rec.action_id);
       updateCount();
       if (focusLost) headingEl.focus();
     }, NOTE_MS);
   }
 
   async function answer(c, decision) {
+    await settle(c, decision, () => api('POST', 'actions/' + encodeURIComponent(c.rec.action_id) + '/respond', {
+      decision,
+      reason: c.li.querySelector('.answer-reason').value.trim(),
+      channel_id: CHANNEL_ID,
+      native_peer_id: peerId,
+    }));
+  }
+
+  // settle sends a card's answer with send, then shows how the prompt
+  // ended: this answer, or the one recorded before it.
+  async function settle(c, decision, send) {
     if (c.busy || c.done) return;
     c.busy = true;
     // aria-disabled, not disabled: a disabled button drops the keyboard
@@ -333,18 +364,15 @@
     group.setAttribute('aria-busy', 'true');
     errEl.hidden = true;
     try {
-      await api('POST', 'actions/' + encodeURIComponent(c.rec.action_id) + '/respond', {
-        decision,
-        reason: c.li.querySelector('.answer-reason').value.trim(),
-        channel_id: CHANNEL_ID,
-        native_peer_id: peerId,
-      });
+      await send();
       // A 200 means this answer won, whatever the body says.
-      retract(c.rec, DONE_TEXT[decision]);
+      remember(c.rec.action_id);
+      closeCard(c, c.rec, DONE_TEXT[decision]);
     } catch (err) {
       const recorded = err.status === 409 && err.details && err.details.recorded;
       if (recorded) {
-        retract(recorded);
+        remember(c.rec.action_id);
+        closeCard(c, recorded);
         return;
       }
       c.busy = false;
@@ -559,6 +587,7 @@
     current = s;
     startPolling(s);
     streamLoop(s);
+    pushSetup(s);
   }
 
   el('signin-form').addEventListener('submit', (e) => {
@@ -575,6 +604,119 @@
     tokenEl.focus();
   });
 
+  // Web Push. The page registers its service worker, which makes it an
+  // installable app; once signed in to a gateway that pushes, the person
+  // may subscribe this device.
+  const pushSupported = 'serviceWorker' in navigator && 'PushManager' in window && 'Notification' in window;
+  const registration = 'serviceWorker' in navigator
+    ? navigator.serviceWorker.register('sw.js').then(() => navigator.serviceWorker.ready).catch(() => null)
+    : Promise.resolve(null);
+  let pushKey = '';
+
+  function base64url(s) {
+    const bin = atob(s.replace(/-/g, '+').replace(/_/g, '/') + '='.repeat((4 - s.length % 4) % 4));
+    return Uint8Array.from(bin, (ch) => ch.charCodeAt(0));
+  }
+
+  async function subscription() {
+    const reg = await registration;
+    return reg ? reg.pushManager.getSubscription() : null;
+  }
+
+  function pushState(on, problem) {
+    pushOnEl.hidden = on;
+    pushOffEl.hidden = !on;
+    pushStatusEl.textContent = problem || (on ? 'This device is notified of new prompts.' : 'This device is not notified of new prompts.');
+  }
+
+  // pushSetup shows the notifications section when the gateway pushes,
+  // and tells it again of this device's subscription, which it may have
+  // dropped (a push service that answered 410, another sign-in).
+  async function pushSetup(s) {
+    pushEl.hidden = true;
+    if (!pushSupported) return;
+    let info;
+    try {
+      info = await api('GET', 'channels/webpush');
+    } catch {
+      return; // this gateway does not push, or nobody is signed in
+    }
+    if (s !== current) return;
+    pushKey = info.public_key;
+    pushEl.hidden = false;
+    const sub = await subscription();
+    if (!sub) {
+      pushState(false);
+      return;
+    }
+    try {
+      await api('PUT', 'channels/webpush/subscription', sub.toJSON());
+      pushState(true);
+    } catch (err) {
+      pushState(false, 'Not notified: ' + describe(err));
+    }
+  }
+
+  pushOnEl.addEventListener('click', async () => {
+    try {
+      if (await Notification.requestPermission() !== 'granted') {
+        pushState(false, 'Notifications are blocked for this page in the browser\'s settings.');
+        return;
+      }
+      const reg = await registration;
+      if (!reg) throw new Error('the service worker did not start');
+      const sub = await reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: base64url(pushKey) });
+      await api('PUT', 'channels/webpush/subscription', sub.toJSON());
+      pushState(true);
+    } catch (err) {
+      pushState(false, 'Not turned on: ' + describe(err));
+    }
+  });
+
+  pushOffEl.addEventListener('click', async () => {
+    try {
+      const sub = await subscription();
+      if (sub) {
+        await api('DELETE', 'channels/webpush/subscription', { endpoint: sub.endpoint }).catch(() => {});
+        await sub.unsubscribe();
+      }
+      pushState(false);
+    } catch (err) {
+      pushState(false, describe(err));
+    }
+  });
+
+  // fromNotification shows the prompt a notification opened the page for
+  // (#answer=<token>&action=<id>) and answers it with the notification's
+  // token: no sign-in needed. The token leaves the address bar at once.
+  async function fromNotification() {
+    const h = new URLSearchParams(location.hash.slice(1));
+    const token = h.get('answer') || '';
+    const actionId = h.get('action') || '';
+    if (!token || !actionId) return;
+    history.replaceState(null, '', location.pathname + location.search);
+    linkedEl.hidden = false;
+    const sub = await subscription();
+    const endpoint = sub ? sub.endpoint : '';
+    let rec;
+    try {
+      rec = await api('POST', 'channels/webpush/prompt', { token, endpoint });
+    } catch (err) {
+      linkedErrorEl.textContent = describe(err);
+      linkedErrorEl.hidden = false;
+      return;
+    }
+    remember(rec.action_id);
+    const c = buildCard(rec, (card, decision) => settle(card, decision,
+      () => api('POST', 'channels/webpush/answer', { token, endpoint, action_id: rec.action_id, decision })));
+    linkedListEl.append(c.li);
+    if (rec.state !== 'pending') closeCard(c, rec);
+  }
+
   setInterval(tickExpiry, 1000);
+  // A notification clicked while the page is open navigates it to a new
+  // fragment, which reloads nothing.
+  window.addEventListener('hashchange', fromNotification);
+  fromNotification();
   claimPeerId().then(start);
 })();

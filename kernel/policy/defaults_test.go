@@ -1,6 +1,9 @@
 package policy
 
-import "testing"
+import (
+	"reflect"
+	"testing"
+)
 
 func TestDefault(t *testing.T) {
 	tests := []struct {
@@ -114,7 +117,7 @@ func TestDefault(t *testing.T) {
 			if !tt.allowed {
 				want = Result{Decision: Deny, RuleID: "default-deny-shell", Reason: "Shell commands denied by default"}
 			}
-			if got != want {
+			if !reflect.DeepEqual(got, want) {
 				t.Errorf("Evaluate(%q) = %+v, want %+v", tt.tool, got, want)
 			}
 		})

@@ -18,11 +18,17 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/gatehouse-dev/gatehouse/ident"
 )
 
 // globalAgent is the directory-mode file name (without extension) that
 // holds rules shared by every agent.
 const globalAgent = "_global"
+
+// maxResponders bounds a rule's then.responders: a prompt record carries
+// the list.
+const maxResponders = 64
 
 // The spec types mirror the file format. Their yaml tags are also the list
 // of keys checkKeys accepts.
@@ -70,6 +76,9 @@ type (
 		// waits for a human, and what its expiry means.
 		ExpiresIn string `yaml:"expires_in"`
 		OnExpiry  string `yaml:"on_expiry"`
+		// Responders are the people who may answer the rule's prompts
+		// through the chat and push channels, instead of the owner.
+		Responders []string `yaml:"responders"`
 	}
 	rateLimitSpec struct {
 		Max    int    `yaml:"max"`
@@ -441,6 +450,20 @@ func compileRule(rs *ruleSpec) (*rule, error) {
 		default:
 			return nil, fmt.Errorf("then.on_expiry %q: want deny or allow", rs.Then.OnExpiry)
 		}
+	}
+	if len(rs.Then.Responders) > 0 {
+		if d != RequireApproval {
+			return nil, fmt.Errorf("then.responders applies only to require_approval")
+		}
+		if len(rs.Then.Responders) > maxResponders {
+			return nil, fmt.Errorf("then.responders: %d people, at most %d", len(rs.Then.Responders), maxResponders)
+		}
+		for i, who := range rs.Then.Responders {
+			if err := ident.Check(fmt.Sprintf("then.responders[%d]", i), who); err != nil {
+				return nil, err
+			}
+		}
+		r.responders = slices.Clone(rs.Then.Responders)
 	}
 	if rs.RateLimit != nil {
 		limit, err := compileRateLimit(rs.RateLimit)

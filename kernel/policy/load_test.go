@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -213,7 +214,7 @@ func TestLoadDirectoryWithoutGlobal(t *testing.T) {
 		t.Errorf("researcher: %+v", got)
 	}
 	want := Result{Decision: Deny, RuleID: "agent-default", Reason: `no policy configured for agent "ghost"`}
-	if got := e.Evaluate(Input{AgentID: "ghost", ToolID: "web"}); got != want {
+	if got := e.Evaluate(Input{AgentID: "ghost", ToolID: "web"}); !reflect.DeepEqual(got, want) {
 		t.Errorf("ghost: got %+v, want %+v", got, want)
 	}
 }

@@ -23,6 +23,8 @@ type rule struct {
 	// expiresIn and onExpiry are set only for require_approval rules.
 	expiresIn time.Duration
 	onExpiry  Decision
+	// responders is set only for require_approval rules.
+	responders []string
 	// limit is set only for allow rules, the only ones it applies to.
 	limit *rateLimit
 	// conds are checked in order, cheapest first; all must hold.

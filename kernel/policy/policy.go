@@ -190,6 +190,10 @@ type Result struct {
 	// OnExpiry is what an expired prompt means for the step: Allow, or Deny
 	// (also when empty). The outcome is recorded as "expired" either way.
 	OnExpiry Decision
+	// Responders, when not empty, are the people who may answer a
+	// require_approval prompt through the chat and push channels, instead
+	// of the prompt's owner. The caller must not modify it.
+	Responders []string
 	// RateLimited reports that Decision is Deny because the matched allow
 	// rule's rate limit was exceeded; Reason then holds
 	// "rate limit exceeded: max N per W".
@@ -245,7 +249,7 @@ func (e *Engine) decide(r *rule, in *Input) Result {
 			return Result{Decision: Deny, RuleID: r.id, Reason: reason, RateLimited: true}
 		}
 	}
-	return Result{Decision: r.decision, RuleID: r.id, Reason: r.reason, Timeout: r.timeout, ExpiresIn: r.expiresIn, OnExpiry: r.onExpiry}
+	return Result{Decision: r.decision, RuleID: r.id, Reason: r.reason, Timeout: r.timeout, ExpiresIn: r.expiresIn, OnExpiry: r.onExpiry, Responders: r.responders}
 }
 
 // Source describes where the policy came from, for the startup log.

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -188,7 +190,7 @@ rules:
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := e.Evaluate(tt.in); got != tt.want {
+			if got := e.Evaluate(tt.in); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Evaluate = %+v, want %+v", got, tt.want)
 			}
 		})
@@ -217,7 +219,7 @@ func TestDefaultDecision(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := mustParse(t, rules+tt.dflt)
-			if got := e.Evaluate(Input{ToolID: "other"}); got != tt.want {
+			if got := e.Evaluate(Input{ToolID: "other"}); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Evaluate = %+v, want %+v", got, tt.want)
 			}
 			if got := e.Evaluate(Input{ToolID: "web"}); got.RuleID != "web" {
@@ -228,7 +230,7 @@ func TestDefaultDecision(t *testing.T) {
 	t.Run("default only", func(t *testing.T) {
 		e := mustParse(t, "default: {decision: allow, reason: open}")
 		want := Result{Decision: Allow, RuleID: "default", Reason: "open"}
-		if got := e.Evaluate(Input{ToolID: "web"}); got != want {
+		if got := e.Evaluate(Input{ToolID: "web"}); !reflect.DeepEqual(got, want) {
 			t.Errorf("Evaluate = %+v, want %+v", got, want)
 		}
 	})
@@ -263,7 +265,7 @@ rules:
 	} {
 		got := e.Evaluate(Input{ToolID: tool})
 		got.Reason = ""
-		if got != want {
+		if !reflect.DeepEqual(got, want) {
 			t.Errorf("tool %s: %+v, want %+v", tool, got, want)
 		}
 	}
@@ -272,6 +274,31 @@ rules:
 		"bad duration":    `rules: [{id: x, priority: 1, then: {decision: require_approval, expires_in: soon}}]`,
 		"negative":        `rules: [{id: x, priority: 1, then: {decision: require_approval, expires_in: -1m}}]`,
 		"bad on_expiry":   `rules: [{id: x, priority: 1, then: {decision: require_approval, on_expiry: maybe}}]`,
+	} {
+		if _, err := Parse([]byte(src), name); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("%s: err = %v, want ErrInvalidPolicy", name, err)
+		}
+	}
+}
+
+func TestApprovalResponders(t *testing.T) {
+	e := mustParse(t, `
+rules:
+  - {id: a, priority: 1, when: {tool_id: a}, then: {decision: require_approval, responders: [bob, carol]}}
+  - {id: b, priority: 2, when: {tool_id: b}, then: {decision: require_approval}}
+`)
+	if got := e.Evaluate(Input{ToolID: "a"}).Responders; !reflect.DeepEqual(got, []string{"bob", "carol"}) {
+		t.Errorf("rule a's responders: %q", got)
+	}
+	if got := e.Evaluate(Input{ToolID: "b"}).Responders; got != nil {
+		t.Errorf("rule b's responders: %q, want none", got)
+	}
+	many := "[" + strings.Repeat("p,", maxResponders) + "p]"
+	for name, src := range map[string]string{
+		"responders on allow": `rules: [{id: x, priority: 1, then: {decision: allow, responders: [bob]}}]`,
+		"an empty responder":  `rules: [{id: x, priority: 1, then: {decision: require_approval, responders: [""]}}]`,
+		"a control character": `rules: [{id: x, priority: 1, then: {decision: require_approval, responders: ["bo\nb"]}}]`,
+		"too many":            `rules: [{id: x, priority: 1, then: {decision: require_approval, responders: ` + many + `}}]`,
 	} {
 		if _, err := Parse([]byte(src), name); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("%s: err = %v, want ErrInvalidPolicy", name, err)

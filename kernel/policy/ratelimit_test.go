@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -74,7 +75,7 @@ func TestRateLimitResult(t *testing.T) {
 		t.Fatalf("first call: %+v", got)
 	}
 	want := Result{Decision: Deny, RuleID: "limited-doc", Reason: "rate limit exceeded: max 1 per 1m30s", RateLimited: true}
-	if got := e.Evaluate(in); got != want {
+	if got := e.Evaluate(in); !reflect.DeepEqual(got, want) {
 		t.Errorf("second call = %+v, want %+v", got, want)
 	}
 	in.ToolID = "web_x"
