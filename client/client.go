@@ -7,7 +7,10 @@
 // step and job results, intents, which carry idempotency keys) are retried
 // on network errors and 5xx answers with jittered exponential backoff; a 429
 // is retried after its Retry-After. Streams reconnect the same way and
-// resume where they stopped. A gateway certificate that is not trusted
+// resume where they stopped. Given several gateways of one cluster
+// (Options.BaseURLs), the client moves to the next one whenever the one it
+// uses cannot be reached, and its streams resume there from their cursors.
+// A gateway certificate that is not trusted
 // (*tls.CertificateVerificationError) is never retried: trust its CA
 // through Options.TLSConfig. Non-2xx answers are returned as *[APIError],
 // which matches the sentinel of its code (errors.Is(err, ErrNotFound)).
@@ -18,6 +21,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,15 +32,27 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Options configure a Client. Only BaseURL is required.
+// Options configure a Client. BaseURL or BaseURLs is required.
 type Options struct {
 	// BaseURL is the gateway's address, e.g. "http://127.0.0.1:8080". The
 	// kernel API's "/v0" at its end, which the routes add themselves, is
 	// dropped: "http://127.0.0.1:8080/v0" names the same gateway.
 	BaseURL string
+	// BaseURLs are more gateways serving the same facts (the nodes of one
+	// cluster), in the order they are tried after BaseURL, which may be
+	// left empty. Requests and streams go to one gateway at a time; when it
+	// cannot be reached (the connection is refused or lost, or it answers
+	// 502, 503 or 504), the client moves on to the next, round the list,
+	// with the same jittered backoff as any retry. A stream resumes on the
+	// next gateway from its cursor (the last sequence, the Last-Event-ID),
+	// so nothing is missed or handed over twice. A request that never
+	// reached a gateway (its connection was refused) is sent to the next
+	// one even when it is not safe to repeat.
+	BaseURLs []string
 	// Token is sent as "Authorization: Bearer <Token>" when set.
 	Token string
 	// HTTPClient carries every request. Leave its Timeout zero: it would cut
@@ -69,9 +85,11 @@ const maxAttempts = 5
 // maxErrorBody bounds how much of an error answer is read.
 const maxErrorBody = 1 << 20
 
-// Client talks to one gateway. It is safe for concurrent use.
+// Client talks to a gateway, or to the next of its list when that one
+// cannot be reached. It is safe for concurrent use.
 type Client struct {
-	base    string // scheme://host[/prefix], without a trailing slash
+	bases   []string      // scheme://host[/prefix], without a trailing slash
+	cur     atomic.Uint32 // index in bases of the gateway in use
 	hdr     headers
 	bufs    sync.Pool // of *bytes.Buffer
 	hc      *http.Client
@@ -82,17 +100,33 @@ type Client struct {
 	idle    time.Duration
 }
 
-// New returns a Client for o.BaseURL.
+// ErrNoBaseURL is returned by New when Options name no gateway.
+var ErrNoBaseURL = errors.New("client: no base URL")
+
+// maxBaseURLs bounds Options' list of gateways.
+const maxBaseURLs = 64
+
+// New returns a Client for o.BaseURL and o.BaseURLs.
 func New(o Options) (*Client, error) {
-	u, err := url.Parse(strings.TrimSuffix(strings.TrimRight(o.BaseURL, "/"), "/v0"))
-	if err != nil {
-		return nil, fmt.Errorf("client: base URL: %w", err)
+	urls := o.BaseURLs
+	if o.BaseURL != "" {
+		urls = append([]string{o.BaseURL}, urls...)
 	}
-	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("client: base URL %q: want http(s)://host[:port]", o.BaseURL)
+	if len(urls) == 0 {
+		return nil, ErrNoBaseURL
 	}
-	u.RawQuery, u.Fragment = "", ""
-	c := &Client{base: u.String(), hc: o.HTTPClient, log: o.Logger,
+	if len(urls) > maxBaseURLs {
+		return nil, fmt.Errorf("client: %d base URLs; at most %d", len(urls), maxBaseURLs)
+	}
+	bases := make([]string, len(urls))
+	for i, raw := range urls {
+		b, err := parseBase(raw)
+		if err != nil {
+			return nil, err
+		}
+		bases[i] = b
+	}
+	c := &Client{bases: bases, hc: o.HTTPClient, log: o.Logger,
 		min: o.MinBackoff, max: o.MaxBackoff, timeout: o.RequestTimeout, idle: o.StreamIdleTimeout}
 	c.hdr = headers{userAgent: []string{"gatehouse-go-client"}, contentType: []string{"application/json"}}
 	if o.Token != "" {
@@ -120,6 +154,58 @@ func New(o Options) (*Client, error) {
 		c.idle = 45 * time.Second
 	}
 	return c, nil
+}
+
+// parseBase checks one gateway's base URL and returns it without a trailing
+// slash, "/v0", query or fragment.
+func parseBase(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimSuffix(strings.TrimRight(raw, "/"), "/v0"))
+	if err != nil {
+		return "", fmt.Errorf("client: base URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return "", fmt.Errorf("client: base URL %q: want http(s)://host[:port]", raw)
+	}
+	u.RawQuery, u.Fragment = "", ""
+	return u.String(), nil
+}
+
+// BaseURL returns the base URL of the gateway the client uses now.
+func (c *Client) BaseURL() string { return c.bases[c.target()] }
+
+// target is the index in c.bases of the gateway to send to.
+func (c *Client) target() int { return int(c.cur.Load()) }
+
+// failover moves the client off gateway i, which could not be reached,
+// to the next in its list. Many requests and streams notice the loss of
+// one gateway at once: only the first moves the client, so that the list
+// is not skipped through.
+func (c *Client) failover(i int, err error) {
+	if len(c.bases) == 1 {
+		return
+	}
+	next := (i + 1) % len(c.bases)
+	if c.cur.CompareAndSwap(uint32(i), uint32(next)) {
+		c.log.Info("gateway unreachable; moving to the next", "from", c.bases[i], "to", c.bases[next], "err", err)
+	}
+}
+
+// unreachable reports whether an answer's status says the gateway is not
+// there to serve (a proxy in front of a dead node, or a node shutting down
+// or full of connections), rather than refusing the request itself.
+func unreachable(status int) bool {
+	switch status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// neverSent reports whether a request failed before reaching any gateway:
+// its connection was not made. Sending it elsewhere cannot repeat it.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // CloseIdleConnections closes the connections kept open for reuse. Call it
@@ -177,12 +263,14 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 		}
 	}
 	b := c.backoff()
+	// Every gateway of the list gets its try.
+	attempts := max(maxAttempts, len(c.bases))
 	for attempt := 1; ; attempt++ {
 		wait, err := c.attempt(ctx, cl, body, out)
 		if err == nil {
 			return nil
 		}
-		if wait < 0 || attempt == maxAttempts || ctx.Err() != nil {
+		if wait < 0 || attempt == attempts || ctx.Err() != nil {
 			return err
 		}
 		if wait == 0 {
@@ -197,14 +285,15 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 
 // attempt makes one try. A failure says how long to wait before the next
 // one: a negative wait means do not retry, zero means the usual backoff.
-func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+func (c *Client) attempt(parent context.Context, cl call, body []byte, out any) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(parent, c.timeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, cl.method, c.url(cl.path, cl.query), rd)
+	gw := c.target()
+	req, err := http.NewRequestWithContext(ctx, cl.method, c.url(gw, cl.path, cl.query), rd)
 	if err != nil {
 		return -1, fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
 	}
@@ -215,7 +304,15 @@ func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (ti
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		err = fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
-		if cl.retry && !untrusted(err) {
+		if untrusted(err) {
+			return -1, err
+		}
+		if parent.Err() == nil {
+			// Not the caller giving up: the gateway is gone, or did not
+			// answer within RequestTimeout.
+			c.failover(gw, err)
+		}
+		if cl.retry || len(c.bases) > 1 && neverSent(err) {
 			return 0, err
 		}
 		return -1, err
@@ -223,6 +320,9 @@ func (c *Client) attempt(ctx context.Context, cl call, body []byte, out any) (ti
 	defer drain(resp.Body)
 	if resp.StatusCode/100 != 2 {
 		aerr := readAPIError(resp)
+		if unreachable(resp.StatusCode) {
+			c.failover(gw, aerr)
+		}
 		switch {
 		case resp.StatusCode == http.StatusTooManyRequests:
 			return retryAfter(resp.Header.Get("Retry-After")), aerr
@@ -306,9 +406,9 @@ func readAPIError(resp *http.Response) *APIError {
 	return e
 }
 
-// url joins the base URL and an already escaped path.
-func (c *Client) url(path string, q url.Values) string {
-	s := c.base + path
+// url joins the base URL of gateway gw and an already escaped path.
+func (c *Client) url(gw int, path string, q url.Values) string {
+	s := c.bases[gw] + path
 	if len(q) > 0 {
 		s += "?" + q.Encode()
 	}

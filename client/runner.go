@@ -203,6 +203,12 @@ func (c *Client) serveStream(ctx context.Context, path string, q url.Values, log
 				lastID = ev.ID
 			}
 			s.close()
+			if ctx.Err() == nil {
+				// The gateway went away (or ended the stream, as it does
+				// when it shuts down): the next connection goes to the next
+				// one, resuming after lastID.
+				c.failover(s.gw, err)
+			}
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

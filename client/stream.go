@@ -22,6 +22,7 @@ var errStreamIdle = errors.New("client: stream idle, no heartbeat")
 
 // sseConn is one open SSE response.
 type sseConn struct {
+	gw     int // the index of the gateway it came from
 	resp   *http.Response
 	events *sse.Reader
 	cancel context.CancelCauseFunc
@@ -30,10 +31,12 @@ type sseConn struct {
 }
 
 // openStream opens an SSE stream. A non-200 answer becomes an *APIError;
-// lastID, when non-empty, is sent as Last-Event-ID.
-func (c *Client) openStream(ctx context.Context, path string, q url.Values, lastID string) (*sseConn, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(path, q), nil)
+// lastID, when non-empty, is sent as Last-Event-ID. A gateway that cannot
+// be reached moves the client to the next one.
+func (c *Client) openStream(parent context.Context, path string, q url.Values, lastID string) (*sseConn, error) {
+	ctx, cancel := context.WithCancelCause(parent)
+	gw := c.target()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url(gw, path, q), nil)
 	if err != nil {
 		cancel(nil)
 		return nil, fmt.Errorf("client: GET %s: %w", path, err)
@@ -44,7 +47,7 @@ func (c *Client) openStream(ctx context.Context, path string, q url.Values, last
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
-	s := &sseConn{cancel: cancel}
+	s := &sseConn{gw: gw, cancel: cancel}
 	// The watchdog also covers a server that accepts the connection but
 	// never answers.
 	s.idle = time.AfterFunc(c.idle, func() { s.fired.Store(true); cancel(errStreamIdle) })
@@ -54,12 +57,19 @@ func (c *Client) openStream(ctx context.Context, path string, q url.Values, last
 		if s.fired.Load() {
 			err = errStreamIdle
 		}
-		return nil, fmt.Errorf("client: GET %s: %w", path, err)
+		err = fmt.Errorf("client: GET %s: %w", path, err)
+		if parent.Err() == nil && !untrusted(err) {
+			c.failover(gw, err)
+		}
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
 		aerr := readAPIError(resp)
 		drain(resp.Body)
 		s.close()
+		if unreachable(aerr.Status) {
+			c.failover(gw, aerr)
+		}
 		return nil, aerr
 	}
 	s.resp = resp
@@ -195,6 +205,11 @@ func (c *Client) streamOnce(ctx context.Context, path string, last *uint64, open
 	opened()
 	for {
 		sev, err := s.next()
+		if err != nil && ctx.Err() == nil {
+			// The gateway went away (or ended the stream, as it does when
+			// it shuts down): the next connection goes to the next one.
+			c.failover(s.gw, err)
+		}
 		if errors.Is(err, io.EOF) {
 			return progressed, false, nil
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/channel/webpush"
+	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -46,6 +47,9 @@ type Node struct {
 	Server   *gateway.Server
 	Policy   *policy.Engine
 	Auth     *auth.Authenticator
+	// Cluster is the node's NATS side; nil unless Options.Cluster is
+	// enabled.
+	Cluster *cluster.Node
 
 	ln   net.Listener
 	log  *slog.Logger
@@ -94,6 +98,12 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	n.Store = st
 	n.closers.push(func(context.Context) error { return st.Close() })
+	// After the store, whose lock on the data folder keeps a second
+	// process off the JetStream files in it too.
+	clusterSurface, err := n.startCluster(ctx)
+	if err != nil {
+		return err
+	}
 	// No consumer is forgotten while the kernel still keeps its
 	// executions or its job.
 	retention := max(o.PeerRetention, o.Kernel.AgentGrace, o.Kernel.RunnerGrace)
@@ -179,6 +189,9 @@ func (n *Node) build(ctx context.Context) error {
 		aap.New(aap.Options{Kernel: k, Sessions: sessions}),
 		rt,
 	)
+	if clusterSurface != nil {
+		so.Surfaces = append(so.Surfaces, clusterSurface)
+	}
 	srv, err := gateway.New(so)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/channel/slack"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/channel/webpush"
+	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -43,6 +44,12 @@ type Options struct {
 	// as the admin, and the Host check stops a browser's DNS rebinding,
 	// not a client that writes the header itself.
 	InsecureNoAuth bool
+
+	// Cluster is the node's NATS side: an embedded nats-server with
+	// JetStream (in Data's "nats" folder), clustered or linked as a leaf
+	// node, or a connection to an existing deployment. Dir and Logger are
+	// filled in. The zero value runs no NATS at all.
+	Cluster cluster.Options
 
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in

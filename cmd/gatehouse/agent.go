@@ -66,9 +66,9 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if err := c.DeclareAgent(ctx, agentInfo(name)); err != nil {
-		return cliError("agent: declare", pf.url, err)
+		return cliError("agent: declare", pf.url.String(), err)
 	}
-	fmt.Fprintf(stdout, "agent %s (consumer %s) declared and serving on %s\n", name, pf.consumerID, pf.url)
+	fmt.Fprintf(stdout, "agent %s (consumer %s) declared and serving on %s\n", name, pf.consumerID, pf.url.String())
 	log.Info("agent started", slog.String("agent_id", name), slog.String("consumer_id", pf.consumerID))
 	err = c.RunAgent(ctx, &client.Agent{AgentID: name, ConsumerID: pf.consumerID, Handle: func(ctx context.Context, t *client.Task) (any, error) {
 		return exampleTurn(ctx, c, name, t)
@@ -76,7 +76,7 @@ func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return cliError("agent", pf.url, err)
+	return cliError("agent", pf.url.String(), err)
 }
 
 // exampleTurn runs one AAP turn of the example agent.

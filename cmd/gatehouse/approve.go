@@ -64,9 +64,9 @@ func approveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if reason != "" {
 			return errors.New("approve: --reason applies only when answering a prompt")
 		}
-		return cliError("approve", gf.url, listPrompts(ctx, c, stdout))
+		return cliError("approve", gf.url.String(), listPrompts(ctx, c, stdout))
 	case 2:
-		return cliError("approve", gf.url, answerPrompt(ctx, c, stdout, pos[0], pos[1], reason))
+		return cliError("approve", gf.url.String(), answerPrompt(ctx, c, stdout, pos[0], pos[1], reason))
 	}
 	return fmt.Errorf("approve: want no arguments (list) or <action-id> <decision>, got %q; see 'gatehouse approve --help'", pos)
 }

@@ -124,13 +124,13 @@ func runnerCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		info = append(info, ti)
 	}
 	names := slices.Sorted(maps.Keys(served))
-	fmt.Fprintf(stdout, "runner %s (consumer %s) serving %s from %s\n", runnerID, pf.consumerID, strings.Join(names, ", "), pf.url)
+	fmt.Fprintf(stdout, "runner %s (consumer %s) serving %s from %s\n", runnerID, pf.consumerID, strings.Join(names, ", "), pf.url.String())
 	log.Info("runner started", slog.String("runner_id", runnerID), slog.String("consumer_id", pf.consumerID), slog.Any("tools", names))
 	err = c.RunRunner(ctx, &client.Runner{RunnerID: runnerID, ConsumerID: pf.consumerID, Tools: served, Info: info})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	return cliError("runner", pf.url, err)
+	return cliError("runner", pf.url.String(), err)
 }
 
 // hostConsumerID is the default consumer id: the host name, folded to

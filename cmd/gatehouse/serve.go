@@ -55,6 +55,7 @@ type config struct {
 	notes, tenantNotes              int
 	noteBytes, tenantNoteBytes      byteSize
 	memoryWorkers                   int
+	cluster                         clusterFlags
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -162,6 +163,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.tenantNotes, "memory-tenant-notes", d.Memory.MaxTenantNotes, "memory notes all the spaces of one tenant may keep together")
 	fs.Var(&c.tenantNoteBytes, "memory-tenant-bytes", "content of the memory notes all the spaces of one tenant may keep together (`size`)")
 	fs.IntVar(&c.memoryWorkers, "memory-workers", d.Memory.Workers, "memory calls run at once; one tenant runs at most one fewer")
+	c.cluster.flags(fs)
 }
 
 // authOptions turns the auth flags into auth.Options.
@@ -282,6 +284,7 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 	if err := c.channels.apply(&o); err != nil {
 		return nil, err
 	}
+	c.cluster.apply(&o)
 	n, err := node.Open(ctx, o)
 	if errors.Is(err, node.ErrNoAuthOnNetwork) {
 		return nil, fmt.Errorf("serve: %w: anyone who can reach %s would act as the admin; set --token (or --jwt-secret or --jwt-public-key), listen on loopback (--addr 127.0.0.1:%s), or add --insecure-no-auth if every host that can reach it is trusted",
@@ -313,6 +316,11 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 		"policy", pol.Source(), "auth", authMode, "epoch", n.Store.Epoch(), "procs", runtime.GOMAXPROCS(0))...)
 	if n.Auth.Open() && c.insecureNoAuth {
 		log.Warn("no credentials (--insecure-no-auth): anyone who can reach the gateway acts as the admin", "addr", n.Addr().String())
+	}
+	if n.Cluster != nil {
+		st := n.Cluster.Status(ctx)
+		log.Info("NATS", "mode", st.Mode, "node", st.Node, "cluster", st.Cluster, "meta_leader", st.JetStream.MetaLeader,
+			"routes", len(st.Routes), "leafs", len(st.Leafs), "domain", st.JetStream.Domain)
 	}
 	if memLimit > 0 {
 		log.Info("memory limit", "limit", byteSize(memLimit).String(), "from", memSource, "go_heap_limit", byteSize(goLimit).String())

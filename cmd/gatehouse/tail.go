@@ -72,7 +72,7 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case err == nil, ctx.Err() != nil:
 		return nil // the end of the execution, or interrupted
 	}
-	return cliError("tail", gf.url, err)
+	return cliError("tail", gf.url.String(), err)
 }
 
 // cliError says what went wrong in a client command in one line with one

@@ -84,6 +84,30 @@ func (ca *CA) WriteFile(tb testing.TB) string {
 // its private key, both PEM-encoded.
 func (ca *CA) Issue(tb testing.TB, serial int64, hosts ...string) (certPEM, keyPEM []byte) {
 	tb.Helper()
+	return ca.issue(tb, serial, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, hosts)
+}
+
+// IssueNode returns a certificate as Issue does that also serves as a
+// client's: what each end of a mutual-TLS link between nodes (cluster
+// routes, leaf links) presents.
+func (ca *CA) IssueNode(tb testing.TB, serial int64, hosts ...string) (certPEM, keyPEM []byte) {
+	tb.Helper()
+	return ca.issue(tb, serial, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, hosts)
+}
+
+// WriteNodePair issues a certificate as IssueNode does and writes it and
+// its key to fresh Files, whose paths it returns.
+func (ca *CA) WriteNodePair(tb testing.TB, serial int64, hosts ...string) (certFile, keyFile string) {
+	tb.Helper()
+	certFile, keyFile = Files(tb)
+	certPEM, keyPEM := ca.IssueNode(tb, serial, hosts...)
+	Replace(tb, keyFile, keyPEM)
+	Replace(tb, certFile, certPEM)
+	return certFile, keyFile
+}
+
+func (ca *CA) issue(tb testing.TB, serial int64, usages []x509.ExtKeyUsage, hosts []string) (certPEM, keyPEM []byte) {
+	tb.Helper()
 	key := newKey(tb)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial),
@@ -91,7 +115,7 @@ func (ca *CA) Issue(tb testing.TB, serial int64, hosts ...string) (certPEM, keyP
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  usages,
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {

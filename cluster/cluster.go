@@ -1,0 +1,279 @@
+// Package cluster is a node's NATS side: an embedded nats-server with
+// JetStream, stored in the node's data folder, routed to the cluster's
+// other nodes and optionally linked out to a hub as a leaf node; or a
+// connection to an existing NATS deployment. It starts the server, waits
+// until JetStream can serve (in a cluster, until a meta leader is elected),
+// hands the node an in-process connection, and reports the cluster's state.
+//
+// A node without Options enabled has no NATS at all: one node stays one
+// process and one data folder.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNotReady is returned by Start when JetStream did not become ready
+// within Options.ReadyTimeout: in a cluster, no quorum of the nodes was up
+// to elect a meta leader.
+var ErrNotReady = errors.New("cluster: JetStream not ready")
+
+// StoreFolder is the folder of the data folder the embedded server keeps
+// JetStream in.
+const StoreFolder = "nats"
+
+// readyPoll spaces the checks of the wait for JetStream at start.
+const readyPoll = 50 * time.Millisecond
+
+// statusTimeout bounds the requests a status makes of a NATS deployment.
+const statusTimeout = 2 * time.Second
+
+// Node is a running NATS side. Its methods are safe for concurrent use.
+type Node struct {
+	o   Options
+	srv *server.Server // nil when connected to an existing deployment
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+// Start starts the embedded server (or connects to o.URL) and returns once
+// JetStream is ready, bounded by o.ReadyTimeout and ctx. Close releases it.
+func Start(ctx context.Context, o Options) (*Node, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	n := &Node{o: o}
+	var err error
+	if o.URL != "" {
+		err = n.connect(ctx)
+	} else {
+		err = n.embed(ctx)
+	}
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// DataDir is where the embedded server of a node with data folder data
+// keeps JetStream.
+func DataDir(data string) string { return filepath.Join(data, StoreFolder) }
+
+// embed starts the embedded server and connects to it in-process.
+func (n *Node) embed(ctx context.Context) error {
+	so, err := n.serverOptions()
+	if err != nil {
+		return err
+	}
+	srv, err := server.NewServer(so)
+	if err != nil {
+		return fmt.Errorf("%w: NATS server: %w", ErrConfig, err)
+	}
+	n.srv = srv
+	srv.SetLoggerV2(newLogger(n.o.Logger), n.o.Logger.Enabled(ctx, slog.LevelDebug), false, false)
+	srv.Start()
+	if !srv.ReadyForConnections(n.o.ReadyTimeout) {
+		return fmt.Errorf("%w: the NATS server did not start listening within %s (are its ports free?)", ErrNotReady, n.o.ReadyTimeout)
+	}
+	if n.nc, err = nats.Connect("", nats.InProcessServer(srv), nats.Name(n.o.NodeName), nats.MaxReconnects(-1)); err != nil {
+		return fmt.Errorf("cluster: in-process connection: %w", err)
+	}
+	if n.js, err = jetstream.New(n.nc); err != nil {
+		return fmt.Errorf("cluster: JetStream: %w", err)
+	}
+	return n.waitReady(ctx, func() error {
+		if h := srv.Healthz(&server.HealthzOptions{JSMetaOnly: true}); h.Error != "" {
+			return errors.New(h.Error)
+		}
+		return nil
+	})
+}
+
+// serverOptions are the embedded server's options from n.o.
+func (n *Node) serverOptions() (*server.Options, error) {
+	o := n.o
+	so := &server.Options{
+		ServerName:             o.NodeName,
+		JetStream:              true,
+		JetStreamDomain:        o.Domain,
+		StoreDir:               o.Dir,
+		DontListen:             o.ClientListen == "" && o.Name == "",
+		NoSigs:                 true,
+		DisableJetStreamBanner: true,
+	}
+	switch {
+	case o.ClientListen != "":
+		h, p, err := hostPort(o.ClientListen)
+		if err != nil {
+			return nil, err
+		}
+		so.Host, so.Port = h, p
+	case o.Name != "":
+		// NATS opens its route listener only once its client listener is
+		// open: a clustered node needs one, and takes a free loopback port.
+		so.Host, so.Port = "127.0.0.1", server.RANDOM_PORT
+	}
+	if o.Name != "" {
+		h, p, err := hostPort(o.Listen)
+		if err != nil {
+			return nil, err
+		}
+		so.Cluster = server.ClusterOpts{Name: o.Name, Host: h, Port: p}
+		for _, peer := range o.Peers {
+			u, err := routeURL(peer)
+			if err != nil {
+				return nil, err
+			}
+			so.Routes = append(so.Routes, u)
+		}
+		if o.RouteTLS.set() {
+			if so.Cluster.TLSConfig, err = mutualTLS(o.RouteTLS, "--cluster-tls"); err != nil {
+				return nil, err
+			}
+			so.Cluster.TLSTimeout = 5
+		}
+	}
+	if o.LeafListen != "" {
+		h, p, err := hostPort(o.LeafListen)
+		if err != nil {
+			return nil, err
+		}
+		so.LeafNode.Host, so.LeafNode.Port = h, p
+		if o.LeafTLS.Cert != "" {
+			if so.LeafNode.TLSConfig, err = serverTLS(o.LeafTLS, "--leaf-tls"); err != nil {
+				return nil, err
+			}
+			so.LeafNode.TLSTimeout = 5
+		}
+	}
+	for _, r := range o.LeafRemotes {
+		u, err := leafURL(r)
+		if err != nil {
+			return nil, err
+		}
+		ro := &server.RemoteLeafOpts{URLs: []*url.URL{u}}
+		if u.Scheme == "tls" || o.LeafTLS.set() {
+			if ro.TLSConfig, err = clientTLS(o.LeafTLS, "--leaf-tls"); err != nil {
+				return nil, err
+			}
+			ro.TLS, ro.TLSTimeout = true, 5
+		}
+		so.LeafNode.Remotes = append(so.LeafNode.Remotes, ro)
+	}
+	return so, nil
+}
+
+// connect joins an existing NATS deployment at n.o.URL.
+func (n *Node) connect(ctx context.Context) error {
+	opts := []nats.Option{nats.Name(n.o.NodeName), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.o.Logger.Warn("NATS connection lost", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			n.o.Logger.Info("NATS connection back", "server", nc.ConnectedUrlRedacted())
+		}),
+	}
+	if n.o.Creds != "" {
+		opts = append(opts, nats.UserCredentials(n.o.Creds))
+	}
+	if n.o.ClientTLS.set() || strings.HasPrefix(n.o.URL, "tls://") {
+		tc, err := clientTLS(n.o.ClientTLS, "--nats-tls")
+		if err != nil {
+			return err
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	nc, err := nats.Connect(n.o.URL, opts...)
+	if err != nil {
+		return fmt.Errorf("cluster: connect to %s: %w", n.o.URL, err)
+	}
+	n.nc = nc
+	if n.js, err = jetstream.New(nc); err != nil {
+		return fmt.Errorf("cluster: JetStream: %w", err)
+	}
+	return n.waitReady(ctx, func() error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("not connected to %s", n.o.URL)
+		}
+		actx, cancel := context.WithTimeout(ctx, statusTimeout)
+		defer cancel()
+		_, err := n.js.AccountInfo(actx)
+		return err
+	})
+}
+
+// waitReady polls ready until it passes, ctx ends or ReadyTimeout passes.
+func (n *Node) waitReady(ctx context.Context, ready func() error) error {
+	deadline := time.Now().Add(n.o.ReadyTimeout)
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	for {
+		err := ready()
+		if err == nil {
+			n.o.Logger.Info("JetStream ready", "node", n.o.NodeName, "cluster", n.o.Name)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			hint := ""
+			if n.o.Name != "" {
+				hint = " (a cluster needs a quorum of its nodes up: start them together)"
+			}
+			return fmt.Errorf("%w within %s: %w%s", ErrNotReady, n.o.ReadyTimeout, err, hint)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: waiting for JetStream: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Conn is the node's NATS connection (in-process to the embedded server).
+func (n *Node) Conn() *nats.Conn { return n.nc }
+
+// JetStream is the node's JetStream context.
+func (n *Node) JetStream() jetstream.JetStream { return n.js }
+
+// ClientURL is where NATS clients reach the embedded server
+// (Options.ClientListen), or "" when it has no client listener.
+func (n *Node) ClientURL() string {
+	if n.srv == nil || n.o.ClientListen == "" {
+		return ""
+	}
+	return n.srv.ClientURL()
+}
+
+// RouteAddr is the address the embedded server takes routes on, or "".
+func (n *Node) RouteAddr() string {
+	if n.srv == nil || n.o.Name == "" {
+		return ""
+	}
+	if a := n.srv.ClusterAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// Close closes the connection and shuts the embedded server down, waiting
+// until it has.
+func (n *Node) Close() {
+	if n.nc != nil {
+		n.nc.Close()
+	}
+	if n.srv != nil {
+		n.srv.Shutdown()
+		n.srv.WaitForShutdown()
+	}
+}
