@@ -60,9 +60,17 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 		o.Gone = stream.ClientGone(conn)
 	}
 	so.WriteTimeout = s.opts.WriteTimeout
+	ac, _ := conn.(answerConn)
+	held := false
+	if ac != nil {
+		so.Last = func() {
+			held = true
+			ac.holdToEnd()
+		}
+	}
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
-	ctx.Response.SetBodyStream(&sseBody{run: func(w *bufio.Writer) {
+	ctx.Response.SetBodyStream(&sseBody{conn: ac, run: func(w *bufio.Writer) {
 		src, ended := open(&o)
 		if ended != nil {
 			defer ended()
@@ -71,6 +79,10 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 		tr.Open()
 		reason, _ := stream.New(src, r, tr, o).Run(context.Background())
 		switch {
+		case held:
+			// The last frames wait for the end of the response, within
+			// the write deadline their flush armed; the write that
+			// carries them clears it.
 		case reason == stream.Finished || reason == stream.Expired:
 			// The response ends cleanly and the connection may carry the
 			// client's next request: the write deadline the stream armed
@@ -92,10 +104,13 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 // each flush of the stream is one chunk on the socket. SetBodyStreamWriter
 // would put a pipe and a second goroutine between them, a hand-over per
 // flush. done runs once, when fasthttp closes the body, also if it never
-// ran it (a response that is not sent).
+// ran it (a response that is not sent). Closing the body also tells conn
+// that the response has ended: the last frames it holds back leave with
+// fasthttp's next write, the end of the chunked body.
 type sseBody struct {
 	run  func(w *bufio.Writer)
 	done func()
+	conn answerConn // nil for a connection Serve did not accept
 	once sync.Once
 }
 
@@ -126,7 +141,12 @@ func (b *sseBody) Read([]byte) (int, error) { return 0, io.EOF }
 
 // Close is called by fasthttp once the response is written (or dropped).
 func (b *sseBody) Close() error {
-	b.once.Do(b.done)
+	b.once.Do(func() {
+		if b.conn != nil {
+			b.conn.endHeld()
+		}
+		b.done()
+	})
 	return nil
 }
 

@@ -21,6 +21,11 @@ type SSEOptions struct {
 	// Notice renders the last frame of a stream that ends for reason (a
 	// "token expired" event, say); nil or false sends none.
 	Notice func(f *Frame, reason Reason, err error) bool
+	// Last, when set, is called before the flush of a stream's last
+	// frames (FlushLast, and the notice's), within the write deadline
+	// that flush armed: the gateway holds them back there, to leave in
+	// one write with the end of the response.
+	Last func()
 }
 
 // SSE is a Transport that writes Server-Sent Events to a response body: an
@@ -126,6 +131,16 @@ func (s *SSE) Flush() error {
 	return s.classify(s.w.Flush(), deadline)
 }
 
+// FlushLast is Flush for the last frames of the stream, which Last may
+// hold back to leave with the end of the response.
+func (s *SSE) FlushLast() error {
+	deadline := s.arm()
+	if s.o.Last != nil {
+		s.o.Last()
+	}
+	return s.classify(s.w.Flush(), deadline)
+}
+
 // arm sets the connection's write deadline for what is written next.
 func (s *SSE) arm() time.Time {
 	if s.conn == nil || s.o.WriteTimeout <= 0 {
@@ -159,7 +174,7 @@ func (s *SSE) Close(reason Reason, err error) {
 	}
 	var f Frame
 	if s.o.Notice(&f, reason, err) && s.Write(&f) == nil {
-		_ = s.Flush()
+		_ = s.FlushLast()
 	}
 }
 
