@@ -96,6 +96,7 @@ const (
 	kindAction    = "action"
 	kindPending   = "action_pending"
 	kindForwarded = "action_forwarded" // the prompt reached the channels' outboxes
+	kindRetract   = "action_retract"   // settled; the retraction may not have reached the channels
 	kindAllow     = "allow_always"
 )
 
@@ -131,7 +132,38 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: load allow rules: %w", err)
 	}
 	b.forwardUnsent(ctx)
+	b.retractUnsent(ctx)
 	return b, nil
+}
+
+// retractUnsent retracts the settled prompts whose retraction may not
+// have reached the channels: the gateway stopped between a settlement's
+// commit and its retraction's. Each settlement is retracted once, unless
+// a stop falls between the retraction's commit and its marker's removal.
+func (b *Bridge) retractUnsent(ctx context.Context) {
+	if b.n == nil {
+		return
+	}
+	var ids []string
+	_ = b.st.Records(kindRetract, func(id string, _ func(any) error) bool {
+		ids = append(ids, id)
+		return ctx.Err() == nil
+	})
+	for _, id := range ids {
+		if r, err := b.Get(id); err == nil && r.State != StatePending {
+			b.retract(ctx, r)
+		}
+	}
+}
+
+// retract hands a settled record to the channels and removes its marker.
+func (b *Bridge) retract(ctx context.Context, r Record) {
+	b.n.Retract(r)
+	var batch store.Batch
+	batch.DeleteLazy(kindRetract, r.ActionID)
+	if err := b.st.Write(ctx, &batch); err != nil {
+		b.log.Warn("record prompt retraction", "action", r.ActionID, "err", err)
+	}
 }
 
 // forwardUnsent forwards the pending prompts whose fan-out was not recorded:
@@ -194,6 +226,11 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	_ = batch.Put(kindAction, actionID, &r)
 	batch.Delete(kindPending, actionID)
 	batch.Delete(kindForwarded, actionID)
+	if b.n != nil {
+		// Lazy: the marker lives until the retraction is committed, a
+		// moment later, and so mostly never reaches Badger.
+		_ = batch.CreateLazy(kindRetract, actionID, true)
+	}
 	allowKey := ""
 	if r.State == StateApproved && d.Scope == kernel.ScopeSession {
 		allowKey = r.SessionID + "/" + r.ToolID
@@ -209,7 +246,7 @@ func (b *Bridge) Resolved(batch *store.Batch, actionID string, d kernel.Decision
 	}
 	publish = func() {
 		if b.n != nil {
-			b.n.Retract(r)
+			b.retract(context.Background(), r)
 		}
 	}
 	return apply, publish

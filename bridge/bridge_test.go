@@ -144,3 +144,49 @@ func TestUnforwardedPromptIsForwardedAtStart(t *testing.T) {
 		t.Fatalf("forwarded at start: %v, want [lost]", n.prompts)
 	}
 }
+
+// TestUnretractedSettlementIsRetractedAtStart: a settlement committed but
+// never handed to the channels (a crash between the two) is retracted
+// when the bridge starts again, once; a retracted one is not again.
+func TestUnretractedSettlementIsRetractedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	st := storetest.Open(t, store.Options{Dir: dir})
+	b, err := New(context.Background(), Options{Store: st, Notifier: &notes{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"retracted", "lost"} {
+		var batch store.Batch
+		apply, publish := b.Requested(&batch, kernel.Approval{ActionID: id, Owner: "alice", RequestedAt: time.Now()})
+		if err := st.Write(context.Background(), &batch); err != nil {
+			t.Fatal(err)
+		}
+		apply()
+		publish()
+		batch = store.Batch{}
+		apply, publish = b.Resolved(&batch, id, kernel.Decision{Outcome: kernel.OutcomeDenied, DecidedAt: time.Now()})
+		if err := st.Write(context.Background(), &batch); err != nil {
+			t.Fatal(err)
+		}
+		apply()
+		if i == 0 {
+			publish() // the crash comes before the second retraction
+		}
+	}
+	st = storetest.Reopen(t, st, store.Options{Dir: dir})
+	n := &notes{}
+	if _, err := New(context.Background(), Options{Store: st, Notifier: n}); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.retracts) != 1 || n.retracts[0] != StateDenied {
+		t.Fatalf("retracted at start: %v, want [denied]", n.retracts)
+	}
+	st = storetest.Reopen(t, st, store.Options{Dir: dir})
+	n = &notes{}
+	if _, err := New(context.Background(), Options{Store: st, Notifier: n}); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.retracts) != 0 {
+		t.Fatalf("retracted again at the next start: %v", n.retracts)
+	}
+}

@@ -165,9 +165,15 @@ const (
 	kindPress = "chpress"
 )
 
-// typeCardNote is an outbox delivery of the adapter layer: edit the card
-// of a still-pending prompt to say NoteNotRecorded.
-const typeCardNote = "card.note"
+// Outbox deliveries of the adapter layer itself.
+const (
+	// typeCardNote: edit the card of a still-pending prompt to say
+	// NoteNotRecorded.
+	typeCardNote = "card.note"
+	// typeCardAdopt: record a card a press named (an adoption), and edit
+	// it if its prompt is settled.
+	typeCardAdopt = "card.adopt"
+)
 
 // card is a shown card's durable record.
 type card struct {
@@ -329,8 +335,8 @@ func cmpString(a, b string) int {
 }
 
 // Start gives the registry its Decider and starts the adapters: it
-// registers the routers' routes, edits the cards whose answer or
-// retraction a stop interrupted, drives every adapter destination's
+// registers the routers' routes, edits the cards whose answer a stop
+// interrupted, drives every adapter destination's
 // outbox and runs the runners. Until Start, adapter deliveries wait in
 // their outboxes. ctx bounds the registrations only.
 func (r *Registry) Start(ctx context.Context, d Decider) error {
@@ -411,10 +417,10 @@ func (r *Registry) syncRoutes(ctx context.Context, adapter string, routes []Rout
 	return nil
 }
 
-// recover edits the cards that a stop left behind: the card of an answer
-// received but not recorded says so (NoteNotRecorded), and every card of
-// a prompt settled meanwhile, whose retraction may not have been
-// forwarded, is retracted.
+// recover edits the cards of answers that a stop cut: the card of an
+// answer received but not recorded says so (NoteNotRecorded). A prompt
+// settled meanwhile needs nothing here: its retraction is in the outboxes
+// already, or the bridge retracts it again at its start.
 func (r *Registry) recover(ctx context.Context) {
 	d := r.decider
 	type pressed struct{ id, actionID, adapter, dest string }
@@ -423,19 +429,13 @@ func (r *Registry) recover(ctx context.Context) {
 		presses = append(presses, pressed{id, p.ActionID, p.Adapter, p.Dest})
 		return true
 	})
-	retract := map[string]bool{}
 	for _, p := range presses {
-		rec, err := d.Get(p.actionID)
-		switch {
-		case err != nil:
-		case rec.State == bridge.StatePending:
+		if rec, err := d.Get(p.actionID); err == nil && rec.State == bridge.StatePending {
 			if data, err := json.Marshal(&rec); err == nil {
 				if _, err := r.hub.Deliver(ctx, destKey(p.adapter, rec.Owner, p.dest), typeCardNote, data); err != nil {
 					r.log.Warn("card note not queued", "channel", p.adapter, "action", p.actionID, "err", err)
 				}
 			}
-		default:
-			retract[p.actionID] = true
 		}
 		var b store.Batch
 		b.Delete(kindPress, p.id)
@@ -443,31 +443,6 @@ func (r *Registry) recover(ctx context.Context) {
 			r.log.Warn("answer record not removed", "action", p.actionID, "err", err)
 		}
 	}
-	_ = r.st.Records(kindCard, func(id string, _ func(any) error) bool {
-		if i := lastBar(id); i >= 0 {
-			actionID := id[i+1:]
-			if !retract[actionID] {
-				if rec, err := d.Get(actionID); err == nil && rec.State != bridge.StatePending {
-					retract[actionID] = true
-				}
-			}
-		}
-		return ctx.Err() == nil
-	})
-	for actionID := range retract {
-		if rec, err := d.Get(actionID); err == nil {
-			r.Retract(rec)
-		}
-	}
-}
-
-func lastBar(s string) int {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '|' {
-			return i
-		}
-	}
-	return -1
 }
 
 // startDriver starts the driver of adapter registration rc, once the
@@ -600,6 +575,8 @@ func (r *Registry) carry(ctx context.Context, dr *driver, d peer.Delivery) (gone
 		return r.edit(ctx, dr, rec, "")
 	case typeCardNote:
 		return r.edit(ctx, dr, rec, NoteNotRecorded)
+	case typeCardAdopt:
+		return r.adopt(ctx, dr, d.Data)
 	}
 	r.count(dr.a.Name(), StatDropped, "invalid")
 	return false
@@ -637,6 +614,34 @@ func (r *Registry) show(ctx context.Context, dr *driver, rec bridge.Record) (gon
 			return gone
 		}
 	}
+}
+
+// adopt records the card of an adoption unless the destination has a
+// record of one already, and edits it if its prompt was settled when
+// pressed: the retraction that came before found no card to edit.
+func (r *Registry) adopt(ctx context.Context, dr *driver, data []byte) (gone bool) {
+	var a adoption
+	if err := json.Unmarshal(data, &a); err != nil || a.Ref == "" {
+		r.count(dr.a.Name(), StatDropped, "invalid")
+		return false
+	}
+	id := cardID(dr.key, a.ActionID)
+	var c card
+	if err := r.st.Get(kindCard, id, &c); !errors.Is(err, store.ErrNotFound) {
+		return false
+	}
+	var b store.Batch
+	_ = b.Put(kindCard, id, &card{Ref: a.Ref, ShownAt: time.Now().UTC()})
+	if err := r.st.Write(ctx, &b); err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("pressed card not recorded: it will not be edited", "channel", dr.a.Name(), "action", a.ActionID, "err", err)
+		}
+		return false
+	}
+	if a.State == bridge.StatePending {
+		return false
+	}
+	return r.edit(ctx, dr, a.Record, "")
 }
 
 // edit edits the card of rec, if one was shown: to its outcome when rec

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
-	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/peer"
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -263,24 +262,37 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, ref, user, princip
 	if !r.mayAnswer(rec, principal) {
 		return bridge.Record{}, false, r.Refuse(adapter, RefusedResponder, principal+" may not answer this prompt")
 	}
-	k := destKey(adapter, rec.Owner, dest)
 	var b store.Batch
-	adopted := r.adoptCard(&b, k, actionID, ref)
+	adopt := r.adoptCard(&b, destKey(adapter, rec.Owner, dest), rec, ref)
 	if rec.State != bridge.StatePending {
 		r.count(adapter, StatAnswers, "recorded")
-		if adopted {
-			r.editAdopted(ctx, &b, k, rec)
+		if adopt != nil {
+			if err := r.st.Write(ctx, &b); err != nil {
+				adopt.Abort()
+				r.log.Warn("card of a settled prompt not edited", "action", actionID, "err", err)
+			} else {
+				adopt.Publish()
+			}
 		}
 		return rec, false, nil
 	}
 	outcome, scope, err := bridge.ParseDecision(decision)
 	if err != nil {
+		if adopt != nil {
+			adopt.Abort()
+		}
 		return bridge.Record{}, false, r.Refuse(adapter, RefusedMalformed, err.Error())
 	}
 	pid := actionID + "|" + adapter + "|" + dest
 	_ = b.Put(kindPress, pid, &press{ActionID: actionID, Adapter: adapter, Dest: dest, At: time.Now().UTC()})
 	if err := r.st.Write(ctx, &b); err != nil {
+		if adopt != nil {
+			adopt.Abort()
+		}
 		return bridge.Record{}, false, fmt.Errorf("channel: record answer: %w", err)
+	}
+	if adopt != nil {
+		adopt.Publish()
 	}
 	cur, err := d.Decide(ctx, rec, kernel.Decision{Outcome: outcome, Scope: scope, DecidedBy: &kernel.DecidedBy{
 		Principal: principal, ChannelID: adapter, NativePeerID: user,
@@ -302,38 +314,32 @@ func (r *Registry) decide(ctx context.Context, adapter, dest, ref, user, princip
 	return cur, true, nil
 }
 
-// adoptCard stages in b the record of a card shown at k for actionID
-// that the registry has none of: its send was cut by a stop before the
-// record was committed, and the press names it (ref). It reports whether
-// it staged one.
-func (r *Registry) adoptCard(b *store.Batch, k peer.Key, actionID, ref string) bool {
+// adoptCard stages in b, for the destination k's driver, the card that a
+// press on it names (ref) when the registry has no record of it: its send
+// was cut by a stop before the record was committed. The driver, the one
+// writer of its destination's card records, records it unless it has one
+// by then, and edits it at once if rec is settled. nil when there is
+// nothing to adopt; otherwise the caller publishes or aborts it.
+func (r *Registry) adoptCard(b *store.Batch, k peer.Key, rec bridge.Record, ref string) *peer.Staged {
 	if ref == "" {
-		return false
+		return nil
 	}
-	id := cardID(k, actionID)
 	var c card
-	if err := r.st.Get(kindCard, id, &c); !errors.Is(err, store.ErrNotFound) {
-		return false
+	if err := r.st.Get(kindCard, cardID(k, rec.ActionID), &c); !errors.Is(err, store.ErrNotFound) {
+		return nil
 	}
-	return b.Put(kindCard, id, &card{Ref: ref, ShownAt: time.Now().UTC()}) == nil
+	data, err := json.Marshal(&adoption{Record: rec, Ref: ref})
+	if err != nil {
+		return nil
+	}
+	return r.hub.Stage(b, k, typeCardAdopt, data, "")
 }
 
-// editAdopted commits an adopted card of a settled prompt with the edit
-// to its outcome, which the retraction, done before the card was known,
-// could not ask for.
-func (r *Registry) editAdopted(ctx context.Context, b *store.Batch, k peer.Key, rec bridge.Record) {
-	data, err := json.Marshal(&rec)
-	if err != nil {
-		r.log.Warn("card of a settled prompt not edited", "action", rec.ActionID, "err", err)
-		return
-	}
-	s := r.hub.Stage(b, k, event.PermissionResolved, data, "")
-	if err := r.st.Write(ctx, b); err != nil {
-		s.Abort()
-		r.log.Warn("card of a settled prompt not edited", "action", rec.ActionID, "err", err)
-		return
-	}
-	s.Publish()
+// adoption is a typeCardAdopt delivery: the prompt as the press found it
+// and the card it was pressed on.
+type adoption struct {
+	bridge.Record
+	Ref string `json:"card_ref"`
 }
 
 // mayAnswer reports whether principal may answer rec through an adapter:

@@ -2,6 +2,7 @@ package channel
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/store"
@@ -21,7 +22,7 @@ func WritePress(st *store.Store, actionID, adapter, dest string) error {
 func ForgetCards(st *store.Store, actionID string) error {
 	var b store.Batch
 	_ = st.Records(kindCard, func(id string, _ func(any) error) bool {
-		if i := lastBar(id); i >= 0 && id[i+1:] == actionID {
+		if i := strings.LastIndexByte(id, '|'); i >= 0 && id[i+1:] == actionID {
 			b.Delete(kindCard, id)
 		}
 		return true

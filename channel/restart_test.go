@@ -2,6 +2,7 @@ package channel_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
@@ -76,6 +77,20 @@ func TestAdapterEditCutByAStopIsDoneAfterTheRestart(t *testing.T) {
 	p.waitEdit(t, "room1", rec.ActionID, bridge.StateApproved)
 	if got, _ := s.Node.Bridge.Get(rec.ActionID); got.DecidedBy.NativePeerID != "U1" {
 		t.Fatalf("record after the restart: %+v", got.DecidedBy)
+	}
+	// The answer came back once, and is logged once.
+	evs, _, err := s.Node.Channels.Events("alice", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	returned := 0
+	for _, e := range evs {
+		if strings.Contains(string(e), `"type":"`+channel.TypePermissionReturned+`"`) {
+			returned++
+		}
+	}
+	if returned != 1 {
+		t.Fatalf("%d %s events, want 1", returned, channel.TypePermissionReturned)
 	}
 }
 

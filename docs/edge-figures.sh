@@ -4,9 +4,11 @@
 # the folder after retention of 50,000 executions, and the memory of a
 # gateway with --memory-limit at 10,000 and 50,000 stored executions, inside
 # a 256 MiB cgroup where one can be made. Needs root (tmpfs, cgroup v1 or v2)
-# for all of it; the rest runs anyway. Takes about five minutes.
+# for all of it; the rest runs anyway. Takes about five minutes. PARTS
+# names the parts to run, all four unless set.
 #
 #   bash docs/edge-figures.sh
+#   PARTS="disk memory" bash docs/edge-figures.sh
 set -u
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -17,16 +19,23 @@ port=18177
 
 up() { for _ in $(seq 200); do curl -s -o /dev/null "localhost:$port/v0/health" && return; sleep 0.1; done; echo "no server"; exit 1; }
 kib() { du -sk "$1" | cut -f1; }
+PARTS=${PARTS:-idle disk retention memory}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
+if part idle; then
 echo "== idle, empty folder"
 "$gh" serve --addr 127.0.0.1:$port --data "$work/idle" --log-level warn & pid=$!
 up; sleep 3
 echo "data folder: $(kib "$work/idle") KiB"
 kill $pid; wait $pid
+fi
 
+if part disk; then
 echo "== executions with 4 KB inputs accepted before 507 on 64 MiB (tmpfs), five fill / SIGKILL / grow cycles"
 GATEHOUSE_EDGE=1 go test -count=1 -run TestEdgeFullDiskKillRestart -v ./cmd/gatehouse/ 2>&1 | grep -E "cycle|ok|FAIL|SKIP"
+fi
 
+if part retention; then
 echo "== folder after retention empties a gateway of 50,000 executions"
 "$gh" serve --addr 127.0.0.1:$port --data "$work/ret" --log-level warn --retention 1s --retention-interval 30s & pid=$!
 up
@@ -35,7 +44,9 @@ echo "with 50,000 executions: $(kib "$work/ret") KiB"
 sleep 65
 echo "after two retention passes: $(kib "$work/ret") KiB"
 kill $pid; wait $pid
+fi
 
+part memory || exit 0
 echo "== memory with --memory-limit 256MiB: 10,000 then 50,000 executions stored"
 cg=""
 if [ -w /sys/fs/cgroup/memory ] && mkdir -p /sys/fs/cgroup/memory/gatehouse-figures 2>/dev/null; then

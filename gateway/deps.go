@@ -33,6 +33,7 @@ type Kernel interface {
 	Declare(ctx context.Context, agentID string, info json.RawMessage) error
 	DescribeTools(runnerID string, info map[string]json.RawMessage)
 	UpdateCapabilities(runnerID string, tools []string)
+	RunnerCapabilities(runnerID string) []string
 	RemoveRunner(runnerID string)
 	ReservedTool(capability string) (runnerID string, reserved bool)
 	BuiltinRunner(runnerID string) bool
@@ -49,6 +50,8 @@ type Kernel interface {
 type Hub interface {
 	Attach(k peer.Key, cursor *uint64, caps ...string) (*peer.Conn, *peer.Reset)
 	Ack(k peer.Key, seq uint64) bool
+	// Flush returns once every acknowledgement made so far is durable.
+	Flush() error
 	Peers(q peer.Query) (page []peer.Info, more bool)
 	Stats() peer.Stats
 }

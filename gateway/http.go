@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"net"
 	"strings"
 	"sync"
 
@@ -122,7 +123,7 @@ func (s *Server) writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 }
 
 // writeJSONThen answers with v and runs after once the answer has been
-// handed to the connection: pushes caused by a request must not overtake
+// written to the connection: pushes caused by a request must not overtake
 // its response.
 func (s *Server) writeJSONThen(ctx *fasthttp.RequestCtx, status int, v any, after kernel.After) {
 	if err := (protocol.JSON{Newline: true, Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}).Write(ctx, status, v); err != nil {
@@ -134,21 +135,32 @@ func (s *Server) writeJSONThen(ctx *fasthttp.RequestCtx, status int, v any, afte
 		return
 	}
 	body := append([]byte(nil), ctx.Response.Body()...)
-	ctx.Response.SetBodyStream(&thenReader{r: bytes.NewReader(body), then: after}, len(body))
+	ctx.Response.SetBodyStream(&thenReader{r: bytes.NewReader(body), then: after, conn: ctx.Conn()}, len(body))
 }
 
-// thenReader runs then when fasthttp closes the body stream, which it does
-// right after writing the response (or when dropping it).
+// thenReader hands then to its connection when fasthttp closes the body
+// stream, which it does once the answer is in the connection's buffer (or
+// dropped): the connection runs it right after the write that flushes
+// that buffer, on its own goroutine (see answerConn).
 type thenReader struct {
 	r    *bytes.Reader
 	then kernel.After
+	conn net.Conn
 	once sync.Once
 }
 
 func (t *thenReader) Read(p []byte) (int, error) { return t.r.Read(p) }
 
 func (t *thenReader) Close() error {
-	t.once.Do(func() { go t.then.Run() })
+	t.once.Do(func() {
+		if c, ok := t.conn.(answerConn); ok {
+			c.afterWrite(t.then.Run)
+			return
+		}
+		// A connection Serve did not accept: the answer's flush follows
+		// this call on the same goroutine.
+		go t.then.Run()
+	})
 	return nil
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/base64"
+	"errors"
 	"slices"
 	"strconv"
 
@@ -117,6 +118,20 @@ func (s *Server) ackPeer(c *call) error {
 	if !s.hub.Ack(k, req.Sequence) {
 		return notFound("consumer", k.String())
 	}
+	// The answer says the acknowledgement is durable: a crash after it
+	// does not send those deliveries again.
+	if err := s.hub.Flush(); err != nil {
+		return ackError(err)
+	}
 	s.writeJSON(c.ctx, fasthttp.StatusOK, statusOK)
 	return nil
+}
+
+// ackError words the failure to persist an acknowledgement: 507 on a full
+// disk (the store's error says so), else 503.
+func ackError(err error) error {
+	if errors.Is(err, kernel.ErrStorageFull) {
+		return err
+	}
+	return &gatewayError{kind: kernel.ErrUnavailable, msg: "service unavailable: " + err.Error()}
 }

@@ -102,9 +102,11 @@ func remoteAddr(c net.Conn) netip.Addr {
 // perIPConn gives its address's slot back once, on the first Close. Until
 // its first byte arrives, a read deadline set on it (fasthttp's header
 // timeout, which it starts at accept) is held back and the idle timeout
-// applies instead; the first byte starts the held-back timeout afresh.
+// applies instead; the first byte starts the held-back timeout afresh. Its
+// writes go through its writeSide (connwrite.go).
 type perIPConn struct {
 	net.Conn
+	w       writeSide
 	once    sync.Once
 	release func()
 	idle    time.Duration
@@ -149,7 +151,15 @@ func (c *perIPConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+func (c *perIPConn) Write(p []byte) (int, error) { return c.w.write(c.Conn, p) }
+
+func (c *perIPConn) afterWrite(f func()) { c.w.afterWrite(f) }
+func (c *perIPConn) holdToEnd()          { c.w.holdToEnd() }
+func (c *perIPConn) endHeld()            { c.w.endHeld() }
+func (c *perIPConn) wentIdle()           { c.w.runThen() }
+
 func (c *perIPConn) Close() error {
+	c.w.closing(c.Conn)
 	if c.linger.Load() {
 		c.drain()
 	}

@@ -455,8 +455,13 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 
 // trackConn records connections until their first request reaches the
 // handler. fasthttp marks a connection active before it has read anything,
-// and waits for active connections at shutdown.
+// and waits for active connections at shutdown. A connection going idle
+// also runs the work that waited for its answer's write, should fasthttp
+// have left the flush out (a pipelined request follows).
 func (s *Server) trackConn(c net.Conn, state fasthttp.ConnState) {
+	if ac, ok := c.(answerConn); ok && state == fasthttp.StateIdle {
+		ac.wentIdle()
+	}
 	s.freshMu.Lock()
 	defer s.freshMu.Unlock()
 	switch state {

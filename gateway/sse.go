@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"strconv"
@@ -60,9 +59,17 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 		o.Gone = stream.ClientGone(conn)
 	}
 	so.WriteTimeout = s.opts.WriteTimeout
+	ac, _ := conn.(answerConn)
+	held := false
+	if ac != nil {
+		so.Last = func() {
+			held = true
+			ac.holdToEnd()
+		}
+	}
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
-	ctx.Response.SetBodyStream(&sseBody{run: func(w *bufio.Writer) {
+	ctx.Response.SetBodyStream(&sseBody{conn: ac, run: func(w io.Writer) {
 		src, ended := open(&o)
 		if ended != nil {
 			defer ended()
@@ -71,6 +78,10 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 		tr.Open()
 		reason, _ := stream.New(src, r, tr, o).Run(context.Background())
 		switch {
+		case held:
+			// The last frames wait for the end of the response, within
+			// the write deadline their flush armed; the write that
+			// carries them clears it.
 		case reason == stream.Finished || reason == stream.Expired:
 			// The response ends cleanly and the connection may carry the
 			// client's next request: the write deadline the stream armed
@@ -89,21 +100,19 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 
 // sseBody runs an SSE stream on the connection's own goroutine: fasthttp
 // hands WriteTo its chunked writer (see fasthttp.BodyWriterTo), so that
-// each flush of the stream is one chunk on the socket. SetBodyStreamWriter
+// each flush of the stream (one Write of the transport) is one chunk on
+// the socket. SetBodyStreamWriter
 // would put a pipe and a second goroutine between them, a hand-over per
 // flush. done runs once, when fasthttp closes the body, also if it never
-// ran it (a response that is not sent).
+// ran it (a response that is not sent). Closing the body also tells conn
+// that the response has ended: the last frames it holds back leave with
+// fasthttp's next write, the end of the chunked body.
 type sseBody struct {
-	run  func(w *bufio.Writer)
+	run  func(w io.Writer)
 	done func()
+	conn answerConn // nil for a connection Serve did not accept
 	once sync.Once
 }
-
-// sseBufferSize is the stream's write buffer: an event is flushed as one
-// chunk when the stream has written what is ready.
-const sseBufferSize = 4 << 10
-
-var sseBuffers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, sseBufferSize) }}
 
 // SupportsBodyWriteTo lets fasthttp call WriteTo rather than Read.
 func (b *sseBody) SupportsBodyWriteTo() bool { return true }
@@ -111,13 +120,8 @@ func (b *sseBody) SupportsBodyWriteTo() bool { return true }
 // WriteTo runs the stream into w, fasthttp's chunked writer.
 func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
-	bw := sseBuffers.Get().(*bufio.Writer)
-	bw.Reset(cw)
-	b.run(bw)
-	err := bw.Flush()
-	bw.Reset(nil)
-	sseBuffers.Put(bw)
-	return cw.n, err
+	b.run(cw)
+	return cw.n, nil
 }
 
 // Read is never called: fasthttp writes a stream that supports WriteTo
@@ -126,7 +130,12 @@ func (b *sseBody) Read([]byte) (int, error) { return 0, io.EOF }
 
 // Close is called by fasthttp once the response is written (or dropped).
 func (b *sseBody) Close() error {
-	b.once.Do(b.done)
+	b.once.Do(func() {
+		if b.conn != nil {
+			b.conn.endHeld()
+		}
+		b.done()
+	})
 	return nil
 }
 

@@ -180,3 +180,39 @@ func TestBuiltinRunnerIDIsNoCredentials(t *testing.T) {
 		t.Fatalf("memory_search after the refusals: %v", out)
 	}
 }
+
+// TestWSRunnerRefreshMustStillServeItsTools: a runner socket's refreshed
+// credential must still be trusted with every tool the runner serves; a
+// narrower tools claim is refused with 403 TOOL_NOT_ALLOWED and the socket
+// keeps the credential it has.
+func TestWSRunnerRefreshMustStillServeItsTools(t *testing.T) {
+	s := start(t, node.Options{Auth: jwtOptions()})
+	claims := auth.Claims{Subject: "r-crm", Role: auth.RoleRunner, Runners: []string{"r-crm"}, Tools: []string{"crm.*"}}
+	a := newAPIAs(t, s, claims)
+	r := a.dialWS(runnerPath("ws", "r-crm", "c1", []string{"crm.search", "crm.lookup"}), gateway.SubprotocolJSON)
+	r.expect("hello")
+	for _, c := range []struct {
+		name  string
+		tools []string
+		code  string
+	}{
+		{"a claim matching another tool only", []string{"mail.*"}, "TOOL_NOT_ALLOWED"},
+		{"a claim matching one of its two tools", []string{"crm.search"}, "TOOL_NOT_ALLOWED"},
+		{"no tools claim", nil, "TOOL_NOT_ALLOWED"},
+		{"a claim matching both", []string{"crm.search", "crm.lookup", "mail.*"}, ""},
+	} {
+		narrowed := claims
+		narrowed.Tools = c.tools
+		f := r.refresh(mint(t, narrowed))
+		body, _ := f.obj["body"].(obj)
+		if c.code == "" {
+			if f.obj["status"] != 200.0 {
+				t.Fatalf("%s: reply %v, want 200", c.name, f.obj)
+			}
+			continue
+		}
+		if f.obj["status"] != 403.0 || body["code"] != c.code {
+			t.Fatalf("%s: reply %v, want 403 %s", c.name, f.obj, c.code)
+		}
+	}
+}

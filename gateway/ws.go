@@ -524,6 +524,15 @@ func (p *peerSession) frame(fr inFrame, first bool) {
 	switch fr.Type {
 	case frameAck:
 		p.current.Load().Ack(fr.Seq)
+		// An ack with an id asks to be told once it is durable, as an
+		// HTTP ack's answer tells.
+		if fr.ID != "" {
+			if err := p.s.hub.Flush(); err != nil {
+				_ = w.replyError(fr.ID, ackError(err))
+				return
+			}
+			_ = w.reply(fr.ID, fasthttp.StatusOK, statusOK)
+		}
 	case frameResume:
 		if !first {
 			w.frameRefused(fr, "resume must be the first frame")
@@ -589,11 +598,16 @@ func (p *peerSession) say(fr inFrame) bool {
 	return true
 }
 
-// scope checks that a refreshed credential still grants the socket's id.
+// scope checks that a refreshed credential still grants the socket's id
+// and, for a runner, every tool the runner serves: a credential narrowed
+// since may not keep serving what it no longer may declare.
 func (p *peerSession) scope(pr *auth.Principal) error {
 	switch p.ps.role {
 	case kernel.RoleRunner:
-		return p.s.actAsRunner(pr, p.ps.key.ID)
+		if err := p.s.actAsRunner(pr, p.ps.key.ID); err != nil {
+			return err
+		}
+		return p.s.mayServe(pr, p.s.k.RunnerCapabilities(p.ps.key.ID))
 	case channel.RoleChannel:
 		_, err := person(pr, auth.ActWrite) // the refresh already requires the same subject
 		return err

@@ -807,6 +807,30 @@ func TestWSResumeFromCursor(t *testing.T) {
 	}
 }
 
+// TestWSAckWithAnIDIsReplied: an ack frame that carries an id gets a reply
+// (once the acknowledgement is durable: cmd/gatehouse's
+// TestKill9KeepsAcknowledgedAcks kills the gateway right after it), and
+// the acknowledged delivery is not sent again.
+func TestWSAckWithAnIDIsReplied(t *testing.T) {
+	a := newAPI(t, start(t, node.Options{}))
+	const path = "/v0/agents/ws?agent_id=ack-agent&consumer_id=c1"
+	ag := a.dialWS(path, gateway.SubprotocolJSON)
+	ag.expect("hello")
+	a.create("ack-agent", nil)
+	a.create("ack-agent", nil)
+	seq, _ := ag.delivery("execution.assigned")
+	ag.send(obj{"type": "ack", "seq": seq, "id": "a1"})
+	if body := ag.ok(ag.replyTo("a1")); body["status"] != "ok" {
+		t.Fatalf("ack reply body %v", body)
+	}
+	_ = ag.c.CloseNow()
+	ag = a.dialWS(path, gateway.SubprotocolJSON)
+	ag.expect("hello")
+	if next, _ := ag.delivery("execution.assigned"); next != seq+1 {
+		t.Fatalf("after acknowledging %d: delivery %d", seq, next)
+	}
+}
+
 // TestWSCutsProcessEachJobOnce cuts a runner's socket at random points of a
 // long run of jobs (before acting, after acting but before the result,
 // between the result and its reply, before the ack; sometimes from another

@@ -93,21 +93,19 @@ func (k *Kernel) recover(ctx context.Context) error {
 	return nil
 }
 
-// replay folds an execution's whole log into a fresh Execution.
+// replay folds an execution's whole log into a fresh Execution. Its
+// session is the one its events name; the summary is read only for a log
+// whose first event names none (an earlier release's).
 func (k *Kernel) replay(id string) (*Execution, error) {
-	sum, err := k.summary(id)
-	if err != nil {
-		return nil, err
-	}
-	ex := &Execution{ID: id, SessionID: sum.SessionID, Steps: map[string]*Step{}, replayed: true}
+	ex := &Execution{ID: id, Steps: map[string]*Step{}, replayed: true}
 	var ferr error
-	err = k.store.Scan(streamOf(id), 0, func(seq uint64, data []byte) bool {
+	err := k.store.Scan(streamOf(id), 0, func(seq uint64, data []byte) bool {
 		var ev event.Event
 		if ev, ferr = event.DecodeStored(data, id); ferr != nil {
 			return false
 		}
 		if seq == 1 {
-			ex.TraceID = ev.TraceID
+			ex.TraceID, ex.SessionID = ev.TraceID, ev.SessionID
 		}
 		f, err := decodeFact(&ev)
 		if err != nil {
@@ -122,6 +120,13 @@ func (k *Kernel) replay(id string) (*Execution, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("replay execution %s: %w", id, err)
+	}
+	if ex.SessionID == "" {
+		sum, err := k.summary(id)
+		if err != nil {
+			return nil, err
+		}
+		ex.SessionID = sum.SessionID
 	}
 	if isNull(ex.Input) {
 		ex.Input = nil

@@ -126,7 +126,7 @@ func TestReplayRebuildsLiveState(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Status != ex.Status || got.Seq != ex.Seq || got.BlockReason != ex.BlockReason || got.BlockRef != ex.BlockRef ||
-		got.Lease.ID != ex.Lease.ID || got.TraceID != ex.TraceID || got.AgentID != ex.AgentID || string(got.Input) != string(ex.Input) ||
+		got.Lease.ID != ex.Lease.ID || got.TraceID != ex.TraceID || got.SessionID != ex.SessionID || got.AgentID != ex.AgentID || string(got.Input) != string(ex.Input) ||
 		len(got.Signals) != len(ex.Signals) || len(got.History) != len(ex.History) || len(got.StepOrder) != len(ex.StepOrder) {
 		t.Fatalf("replay differs:\n live   %+v\n replay %+v", ex, got)
 	}
@@ -169,9 +169,33 @@ func TestReplayRebuildsLiveState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if old.Status != got.Status || old.Seq != got.Seq || old.TraceID != got.TraceID || len(old.StepOrder) != len(got.StepOrder) ||
+	if old.Status != got.Status || old.Seq != got.Seq || old.TraceID != got.TraceID || old.SessionID != got.SessionID || len(old.StepOrder) != len(got.StepOrder) ||
 		len(old.Signals) != len(got.Signals) || len(old.History) != len(got.History) {
 		t.Fatalf("JSON-form replay differs:\n stored form %+v\n JSON form   %+v", got, old)
+	}
+
+	// The replay takes the session from the log; a log from before events
+	// named it takes it from the execution's summary.
+	var first map[string]any
+	if err := json.Unmarshal(page.Events[0], &first); err != nil {
+		t.Fatal(err)
+	}
+	delete(first, "session_id")
+	raw, err := json.Marshal(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = store.Batch{}
+	b.Append(streamOf(v.ID), 1, raw)
+	if err := k.store.Write(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	older, err := k.replay(v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if older.SessionID != ex.SessionID {
+		t.Fatalf("replay of a log naming no session: session %q, want %q", older.SessionID, ex.SessionID)
 	}
 }
 

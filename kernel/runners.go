@@ -532,7 +532,10 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	if isNull(req.Data) {
 		req.Data = nil
 	}
-	defer k.dispatch()
+	// The runner is free once this returns, whatever the outcome. A job
+	// waiting for it is dispatched in the background: this answer waits
+	// for its own commit and nothing more.
+	defer k.dispatchQueued()
 	defer k.releaseJob(runnerID, req.JobID)
 	ex, err := k.lockStep(req.ExecutionID, req.StepID)
 	if err != nil {
@@ -570,7 +573,9 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 		}
 	}
 	if next == nil {
-		k.spawn(k.dispatch)
+		// Started before the commit, so that a dispatch it makes can share
+		// this result's group commit.
+		k.dispatchQueued()
 	}
 	if req.IdempotencyKey != "" {
 		meta.IdempotencyKey = req.IdempotencyKey // the body's key wins over the header's
@@ -599,7 +604,13 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 	if err != nil {
 		return nil, err
 	}
-	fx.add(t.publish())
+	// The step's outcome does not answer this request: the intent that
+	// named the step was answered before its job was sent (enqueue and
+	// dispatch run after that answer). It goes to the agent now rather
+	// than after the runner's answer.
+	if publish := t.publish(); publish != nil {
+		publish()
+	}
 	if st.Status.Terminal() {
 		st.stopTimer()
 	}
@@ -614,6 +625,17 @@ func (k *Kernel) RunnerResult(ctx context.Context, runnerID string, req RunnerRe
 		fx.add(func() { k.enqueue(execID, stepID) })
 	}
 	return k.after(fx), nil
+}
+
+// dispatchQueued runs dispatch in the background when jobs wait for a
+// runner; with none queued it starts nothing.
+func (k *Kernel) dispatchQueued() {
+	k.mu.Lock()
+	queued := len(k.queue) > 0
+	k.mu.Unlock()
+	if queued {
+		k.spawn(k.dispatch)
+	}
 }
 
 func (k *Kernel) dropQueuedStepLocked(execID, stepID string) {
@@ -697,6 +719,27 @@ func (k *Kernel) UpdateCapabilities(runnerID string, tools []string) {
 	}
 	k.mu.Unlock()
 	k.dispatch()
+}
+
+// RunnerCapabilities returns, sorted, the capabilities runnerID's
+// connections serve now.
+func (k *Kernel) RunnerCapabilities(runnerID string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var caps []string
+	if rs := k.runners[runnerID]; rs != nil {
+		seen := map[string]bool{}
+		for _, c := range rs.consumers {
+			for cp := range c.caps {
+				if !seen[cp] {
+					seen[cp] = true
+					caps = append(caps, cp)
+				}
+			}
+		}
+	}
+	slices.Sort(caps)
+	return caps
 }
 
 // RemoveRunner unregisters a runner: its connections end and the jobs it

@@ -75,6 +75,33 @@ func TestRemoteStepRetries(t *testing.T) {
 	}
 }
 
+// TestToolResultLeavesWithTheResultsCommit checks that a remote step's
+// outcome reaches the agent's outbox when the runner's result is
+// committed, without waiting for the runner's answer to be written (the
+// After the gateway runs then): the intent that named the step was
+// answered before its job was sent, so nothing it could overtake is left.
+func TestToolResultLeavesWithTheResultsCommit(t *testing.T) {
+	r := newRig(t, nil)
+	defer r.k.AgentConnected("ag", "c1")()
+	runner := r.inbox(RoleRunner, "rn", "c1")
+	defer r.k.RunnerConnected("rn", "c1", []string{"fetch"})()
+	x := r.start("ag", "c1", CreateRequest{}, Meta{})
+	step := x.intent(t, r.k, Intent{Type: IntentInvokeTool, ToolID: "fetch", Remote: true})
+	var j jobMsg
+	runner.next(event.PushJobAssigned, &j)
+	after, err := r.k.RunnerResult(context.Background(), "rn", RunnerResultRequest{
+		JobID: j.ID, ExecutionID: x.id, StepID: step.StepID, Success: true, Data: json.RawMessage(`"ok"`),
+	}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Run()
+	d, ok := x.box.c.Next()
+	if !ok || d.Type != event.PushToolResult {
+		t.Fatalf("the agent's outbox right after the result: %+v, %v; want its tool.result", d, ok)
+	}
+}
+
 func TestStepStarted(t *testing.T) {
 	r := newRig(t, nil)
 	ctx := context.Background()

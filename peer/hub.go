@@ -34,6 +34,9 @@ var (
 	ErrSuperseded = errors.New("peer: superseded by a newer connection")
 	// ErrForgotten ends a connection whose peer the gateway gave up on.
 	ErrForgotten = errors.New("peer: forgotten")
+	// ErrUnavailable: the store refused to persist acknowledgements (see
+	// Flush); the store's own error is wrapped too.
+	ErrUnavailable = errors.New("peer: acknowledgements cannot be persisted")
 )
 
 // Key identifies a consumer.
@@ -450,21 +453,22 @@ func (h *Hub) Forget(k Key) {
 	box.persisted = box.acked
 	h.mu.Unlock()
 	h.flushMu.Lock()
-	h.write(&b)
+	_ = h.write(&b) // write logs a failure
 	h.flushMu.Unlock()
 }
 
-// write persists outbox state and reports whether it could; failures are
-// logged as a streak (see failStreak). The caller holds flushMu.
-func (h *Hub) write(b *store.Batch) bool {
+// write persists outbox state and returns the store's error if it could
+// not; failures are logged as a streak (see failStreak). The caller holds
+// flushMu.
+func (h *Hub) write(b *store.Batch) error {
 	if h.o.Store == nil || b.Len() == 0 {
-		return true
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := h.o.Store.Write(ctx, b)
 	h.failing.record(h.log, err, time.Now())
-	return err == nil
+	return err
 }
 
 // failStreak logs a streak of failed writes: the first failure, then the
@@ -515,15 +519,15 @@ func (h *Hub) flushLoop() {
 	for {
 		select {
 		case <-t.C:
-			h.flush(false)
+			_ = h.flush(false) // write logs a failure
 		case <-h.flushNow:
-			h.flush(false)
+			_ = h.flush(false)
 		case <-sweep.C:
 			h.sweep()
 		case <-report.C:
 			h.report()
 		case <-h.stop:
-			h.flush(true)
+			_ = h.flush(true)
 			h.report()
 			return
 		}
@@ -562,7 +566,7 @@ func (h *Hub) sweep() {
 		}
 	}
 	h.mu.Unlock()
-	h.write(&b)
+	_ = h.write(&b) // write logs a failure
 }
 
 // collectLocked forgets box for good: its record and the entries that are
@@ -590,19 +594,26 @@ func (h *Hub) deleteAckedLocked(box *outbox, b *store.Batch) {
 
 // Flush persists the acknowledgements and presence not written yet, and
 // returns once they and any background write of them in flight are
-// durable (or failed, which is logged): after it, the hub has nothing
-// waiting to be written until consumers act again.
-func (h *Hub) Flush() { h.flush(true) }
+// durable: after it, the hub has nothing waiting to be written until
+// consumers act again. If the store refused the write, Flush returns its
+// error (matching ErrUnavailable) and the changes wait for the next flush.
+//
+// Acknowledgements are otherwise persisted in the background, within about
+// 50 ms; a consumer told that its acknowledgement is durable (an HTTP ack
+// answered, an ack frame replied to) is told so after a Flush. Concurrent
+// calls share writes: a call whose changes another call is writing waits
+// for that write and then finds nothing left to write.
+func (h *Hub) Flush() error { return h.flush(true) }
 
 // flush persists what is dirty. Unless forced, it waits out the back-off
 // after a failed write (see failStreak).
-func (h *Hub) flush(force bool) {
+func (h *Hub) flush(force bool) error {
 	// One flush at a time, its write included, so that Flush returns only
 	// after a background flush that was writing has finished.
 	h.flushMu.Lock()
 	defer h.flushMu.Unlock()
 	if !force && time.Now().Before(h.failing.deferred) {
-		return
+		return nil
 	}
 	var b store.Batch
 	h.mu.Lock()
@@ -625,7 +636,8 @@ func (h *Hub) flush(force bool) {
 	}
 	clear(h.dirty)
 	h.mu.Unlock()
-	if !h.write(&b) {
+	err := h.write(&b)
+	if err != nil {
 		// Written again with the next flush that goes through.
 		h.mu.Lock()
 		for _, w := range written {
@@ -635,7 +647,9 @@ func (h *Hub) flush(force bool) {
 			}
 		}
 		h.mu.Unlock()
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	return nil
 }
 
 // report logs, for each consumer whose outbox dropped deliveries since the

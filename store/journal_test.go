@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -414,6 +415,135 @@ func TestPowerCutFSIdleJournalLetsGo(t *testing.T) {
 	}
 }
 
+// TestPowerCutFSRightAfterTheJournalLetsGo cuts the power the moment a
+// checkpoint has let journal segments go, when Badger's files and the
+// segment log alone hold their writes: under writes, Badger's tables
+// (synced as they are written), the folder naming them, and its value log
+// for the records too large for a table, which a checkpoint syncs; once
+// idle, its memory table's log, synced by the settling checkpoint. Every
+// write acknowledged before the cut is there after it: records small and
+// large, log entries, deletes of both, lazy records.
+func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		o    Options
+		// writes is how many batches are written before waiting for the
+		// release; 0 writes on until it comes.
+		writes int
+	}{
+		// 1 MiB memory tables: a few hundred batches write tables out,
+		// and records over about 150 KiB go to the value log.
+		{"tables and value log, under writes", Options{segmentSize: 256 << 10, memTableSize: 1 << 20, idleAfter: time.Hour}, 0},
+		// Memory tables too large to be written out: only the idle
+		// journal's settling, which syncs the memory table's log, lets
+		// segments go.
+		{"memory table's log, idle", Options{segmentSize: 64 << 10, memTableSize: 64 << 20, idleAfter: 100 * time.Millisecond}, 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m := onCutFS(t)
+			var (
+				mu      sync.Mutex
+				cutting bool
+				acked   = map[uint64]int{} // entry -> its size, acknowledged before the cut
+				deleted = map[uint64]bool{}
+				last    uint64 // the lazy record's value last acknowledged
+			)
+			cut := make(chan struct{})
+			var once sync.Once
+			o := tc.o
+			o.Dir = m.Dir()
+			o.released = func() {
+				once.Do(func() {
+					mu.Lock()
+					cutting = true
+					seed := last
+					mu.Unlock()
+					if _, err := m.Cut(cutfs.CutOptions{Tear: true, Seed: seed}); err != nil {
+						t.Error(err)
+					}
+					close(cut)
+				})
+			}
+			s := openWith(t, o)
+			defer s.Close()
+			size := func(i uint64) int {
+				if i%17 == 0 {
+					return 200 << 10 // in the value log
+				}
+				return 2000 + int(i%7)*1000
+			}
+			data := func(i uint64) []byte { return bytes.Repeat([]byte{byte(i), byte(i >> 8)}, size(i)/2) }
+			entry := func(i uint64) []byte { return fmt.Appendf(nil, "entry %d", i) }
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for i := uint64(1); tc.writes == 0 || i <= uint64(tc.writes); i++ {
+					select {
+					case <-cut:
+						return
+					default:
+					}
+					var b Batch
+					if err := b.Put("rec", fmt.Sprint(i), data(i)); err != nil {
+						t.Error(err)
+						return
+					}
+					b.Append("ev", i, entry(i))
+					if i%5 == 0 {
+						b.Delete("rec", fmt.Sprint(i-3))
+						b.DeleteEntry("ev", i-3)
+					}
+					if err := b.PutLazy("peer", "p", i); err != nil {
+						t.Error(err)
+						return
+					}
+					if s.Write(context.Background(), &b) != nil {
+						return // the ghost, closed after the cut
+					}
+					mu.Lock()
+					if !cutting {
+						acked[i] = size(i)
+						if i%5 == 0 {
+							deleted[i-3] = true
+						}
+						last = i
+					}
+					mu.Unlock()
+				}
+			}()
+			select {
+			case <-cut:
+			case <-time.After(60 * time.Second):
+				t.Fatal("no journal segment was let go within 60 s")
+			}
+			<-done
+			r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
+			defer r.Close()
+			for i, n := range acked {
+				var rec []byte
+				recErr := r.Get("rec", fmt.Sprint(i), &rec)
+				got, err := r.Entry("ev", i)
+				switch {
+				case deleted[i] && (recErr == nil || err == nil):
+					t.Errorf("write %d, deleted, is back: record %v, entry %v", i, recErr, err)
+				case deleted[i]:
+				case recErr != nil || len(rec) != n || !bytes.Equal(rec, data(i)):
+					t.Errorf("record %d: %d of %d bytes, %v", i, len(rec), n, recErr)
+				case err != nil || !bytes.Equal(got, entry(i)):
+					t.Errorf("entry %d: %q, %v", i, got, err)
+				}
+			}
+			var p uint64
+			if err := r.Get("peer", "p", &p); err != nil || p < last {
+				t.Errorf("the lazy record: %d, %v; %d acknowledged", p, err, last)
+			}
+			t.Logf("%d writes acknowledged before the cut", len(acked))
+		})
+	}
+}
+
 // TestIdleJournalLetsGoOfLazyWrites: lazy writes still waiting when the
 // journal goes idle are handed to Badger by the settling write, at its
 // version; the journal lets go of their segments once that write is
@@ -536,46 +666,114 @@ func TestStatsShowBadgersLevelZero(t *testing.T) {
 	})
 }
 
-// TestPowerCutFSBatchLosesOnlyTheLastInterval: under SyncBatch a power cut,
-// the last journal write torn at a page boundary, loses only the writes of
-// the last sync interval: what survives is every write up to some point,
-// none half there, none missing before it, and nothing acknowledged well
-// before the cut is lost.
+// TestPowerCutFSBatchLosesOnlyTheLastInterval: under SyncBatch, at its
+// documented default interval, a power cut in the middle of concurrent
+// writes, the last journal write torn at a page boundary, loses only
+// writes acknowledged within that interval before the cut, give or take
+// batchMargin, and nothing half-written: of each writer, what survives is
+// every batch up to some point, each whole (three log entries of several
+// pages each and a record, all or none), none torn, none missing before it.
 func TestPowerCutFSBatchLosesOnlyTheLastInterval(t *testing.T) {
-	const interval = 20 * time.Millisecond
+	// The window docs/operations.md gives --sync batch.
+	const documented = 10 * time.Millisecond
+	// batchMargin is what the window may stretch beyond the interval: the
+	// sync's own time (an fdatasync through the FUSE server) and a loaded
+	// machine's scheduling of the commit loop, which a tick may find
+	// journaling a group. The test logs what each cut lost: the oldest
+	// loss was 9 ms in 24 cuts under the race detector on the 2-core
+	// development machine at a load average of 9.
+	const batchMargin = 40 * time.Millisecond
+	const writers = 4
+	logs := [...]string{"a", "b", "c"}
+	entry := func(w int, i uint64, log string) []byte {
+		return append(fmt.Appendf(nil, "%d/%d/%s:", w, i, log), bytes.Repeat([]byte{byte(i)}, 9000)...)
+	}
 	for seed := range uint64(3) {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			m := onCutFS(t)
-			s := openWith(t, Options{Dir: m.Dir(), Sync: SyncBatch, SyncInterval: interval})
+			s := openWith(t, Options{Dir: m.Dir(), Sync: SyncBatch})
 			defer s.Close()
-			var acked []time.Time // acked[i]: when entry i+1 was acknowledged
-			cutAt := time.Now().Add(300*time.Millisecond + time.Duration(seed)*70*time.Millisecond)
-			for i := uint64(1); time.Now().Before(cutAt); i++ {
-				// Entries of several pages, so that a torn write leaves
-				// part of one.
-				write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 9000)) })
-				acked = append(acked, time.Now())
+			if s.opts.SyncInterval != documented {
+				t.Fatalf("the default sync interval is %v; docs/operations.md says %v", s.opts.SyncInterval, documented)
 			}
+			var acked [writers][]time.Time // acked[w][i-1]: when writer w's batch i was acknowledged
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for w := range writers {
+				wg.Go(func() {
+					for i := uint64(1); ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						var b Batch
+						for _, log := range logs {
+							b.Append(fmt.Sprint(w, log), i, entry(w, i, log))
+						}
+						if err := b.Put("last", fmt.Sprint(w), i); err != nil {
+							t.Error(err)
+							return
+						}
+						if s.Write(context.Background(), &b) != nil {
+							return // the ghost, closed after the cut
+						}
+						acked[w] = append(acked[w], time.Now())
+					}
+				})
+			}
+			// A moment some way into the writes, different for each seed.
+			eventually.True(t, "writes under way", func() bool { return s.acked.Load() > 20*(seed+1) })
 			cut := time.Now()
-			r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{Tear: true, Seed: seed})})
-			defer r.Close()
-			got, err := r.Read("ev", 0, 0)
-			if err != nil {
+			if _, err := m.Cut(cutfs.CutOptions{Tear: true, Seed: seed}); err != nil {
 				t.Fatal(err)
 			}
-			for i, e := range got {
-				if e.Seq != uint64(i+1) || !bytes.Equal(e.Data, bytes.Repeat([]byte{byte(e.Seq)}, 9000)) {
-					t.Fatalf("entry %d after the cut: sequence %d, %d bytes: not the prefix written", i+1, e.Seq, len(e.Data))
+			close(stop)
+			wg.Wait()
+			r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
+			defer r.Close()
+			var oldest time.Duration // the oldest acknowledgement lost, before the cut
+			lost, total := 0, 0
+			for w := range writers {
+				var kept uint64 // the batches of w that survived: 1..kept
+				for i, log := range logs {
+					got, err := r.Read(fmt.Sprint(w, log), 0, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for j, e := range got {
+						if e.Seq != uint64(j+1) || !bytes.Equal(e.Data, entry(w, e.Seq, log)) {
+							t.Fatalf("writer %d, log %s, entry %d after the cut: sequence %d, %d bytes: not the prefix written", w, log, j+1, e.Seq, len(e.Data))
+						}
+					}
+					if i > 0 && uint64(len(got)) != kept {
+						t.Fatalf("writer %d: %d entries of one log and %d of another survived: a batch was half written", w, kept, len(got))
+					}
+					kept = uint64(len(got))
+				}
+				var last uint64
+				if err := r.Get("last", fmt.Sprint(w), &last); err != nil && !errors.Is(err, ErrNotFound) {
+					t.Fatal(err)
+				}
+				if last != kept {
+					t.Fatalf("writer %d: %d batches' entries survived, and its record says %d: a batch was half written", w, kept, last)
+				}
+				for i, at := range acked[w] {
+					if !at.Before(cut) {
+						break
+					}
+					total++
+					if uint64(i) < kept {
+						continue
+					}
+					lost++
+					oldest = max(oldest, cut.Sub(at))
+					if cut.Sub(at) > documented+batchMargin {
+						t.Errorf("writer %d: batch %d, acknowledged %v before the cut, is lost", w, i+1, cut.Sub(at))
+					}
 				}
 			}
-			// Acknowledged a second before the cut: synced by dozens of
-			// intervals since, on however busy a machine.
-			for i, at := range acked[len(got):] {
-				if cut.Sub(at) > time.Second {
-					t.Fatalf("entry %d, acknowledged %v before the cut, is lost", len(got)+i+1, cut.Sub(at))
-				}
-			}
-			t.Logf("%d of %d acknowledged entries survived", len(got), len(acked))
+			t.Logf("%d of %d batches acknowledged before the cut were lost, the oldest acknowledged %v before it", lost, total, oldest)
 		})
 	}
 }

@@ -1,6 +1,9 @@
 package store
 
-import "sync"
+import (
+	"context"
+	"sync"
+)
 
 // late remembers writes Badger got at a later version than the group that
 // journaled them: groups applied together, at the newest one's version,
@@ -61,8 +64,20 @@ func (l *late) limit(durable uint64) uint64 {
 // released, given that Badger's tables hold every version below durable.
 // Lazy writes waiting are read first: handing them over records them in
 // late before they stop waiting, so none slips between the two reads.
+//
+// The segment log holds every group applied before it is synced: the
+// groups above that stay in the journal, the only copy on disk of their
+// log writes.
 func (s *Store) releasable(durable uint64) uint64 {
 	limit := uint64(1<<64 - 1)
+	if s.logs != nil {
+		at := s.applied.Load()
+		if _, err := s.logs.Sync(context.Background()); err != nil {
+			s.log.Warn("checkpoint: the segment log is not synced; journal kept", "err", err)
+			return 0
+		}
+		limit = at
+	}
 	if oldest := s.lazy.oldestWaiting(); oldest > 0 {
 		limit = oldest - 1
 	}

@@ -22,6 +22,10 @@ type sizing struct {
 	budget, memory int64
 	// segment is the most a journal segment holds (see journal.grow).
 	segment int64
+	// logSegment is the size of the segment log's segments. The one
+	// being written is indexed in memory, and sealing it builds its
+	// sidecar in memory too, so under a memory limit it follows the limit.
+	logSegment int64
 	// Badger: memory tables (each is as much again in its log file),
 	// level 0, table and level sizes, value log files and the values
 	// that go there, and its caches.
@@ -105,6 +109,7 @@ func sized(budget, memory int64) sizing {
 		z.lazyBytes = int(min(lazyMaxBytes, budget/64))
 		z.syncRelease = true
 	}
+	z.logSegment = z.segment
 	if memory > 0 {
 		// Each memory table costs its arena and as much again in the
 		// pages of its log file, and writing it out builds its table in
@@ -115,6 +120,11 @@ func sized(budget, memory int64) sizing {
 		z.blockCache = min(z.blockCache, pow2(memory/16, mib, 32*mib))
 		z.indexCache = min(z.indexCache, pow2(memory/32, mib, 16*mib))
 		z.backlog = min(z.backlog, max(2*mib, memory/16))
+		// A full 32 MiB segment of small events holds about 200,000
+		// entries: 8-10 MB of index in memory, and as much again while
+		// its sidecar is built. A thirty-second of the limit keeps both a
+		// small part of it (8 MiB segments under 256 MiB).
+		z.logSegment = min(z.logSegment, pow2(memory/32, minSegmentSize, defaultSegmentSize))
 	}
 	z.budget, z.memory = budget, memory
 	z.derive()

@@ -224,6 +224,56 @@ func TestGuardRefusesAndResumes(t *testing.T) {
 // TestIdleFolderIsSmall: a new, empty store takes at most 8 MiB of disk,
 // Badger's files included; on a roomy disk too, where a busy journal grows
 // its segments to 32 MiB.
+// TestSegmentLogSegmentsFollowTheMemoryLimit: under a memory limit the
+// segment log's segments, whose index stays in memory while one is written
+// and is built in memory again when it is sealed, are a thirty-second of
+// the limit (2 MiB under 64 MiB); without one they keep the full 32 MiB, so
+// that 3 MiB of log entries fill two segments under 64 MiB and one without.
+func TestSegmentLogSegmentsFollowTheMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		memory   int64
+		segments int
+	}{
+		{"no memory limit", 0, 1},
+		{"64 MiB", 64 * mib, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openWith(t, Options{Dir: dir, MemoryLimit: tc.memory})
+			entry := bytes.Repeat([]byte{'e'}, kib)
+			for i := range uint64(48) {
+				write(t, s, func(b *Batch) {
+					for j := range uint64(64) {
+						b.Append("x/ex", i*64+j+1, entry)
+					}
+				})
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			segs, err := filepath.Glob(filepath.Join(dir, logsDir, "*.seg"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The segment a start begins, empty, is not counted.
+			full := 0
+			for _, seg := range segs {
+				fi, err := os.Stat(seg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fi.Size() > 0 {
+					full++
+				}
+			}
+			if full != tc.segments {
+				t.Errorf("3 MiB of entries in %d segments; want %d", full, tc.segments)
+			}
+		})
+	}
+}
+
 func TestIdleFolderIsSmall(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, SyncAlways)

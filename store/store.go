@@ -1,6 +1,7 @@
-// Package store keeps Gatehouse's durable state in an embedded Badger
-// database: sequenced logs (an execution's events, a peer's outbox) and keyed
-// records encoded with msgpack.
+// Package store keeps Gatehouse's durable state: sequenced logs (an
+// execution's events, a session's log) in a segment log (package seglog,
+// see segments.go), and keyed records encoded with msgpack, with the logs
+// that suit it (a peer's outbox), in an embedded Badger database.
 //
 // Every write goes through one committer goroutine that batches whatever
 // arrived while the previous batch was being synced (group commit), so many
@@ -116,13 +117,19 @@ type Options struct {
 	// MemoryLimit is the memory the process may use; zero means no bound.
 	// It sizes Badger's memory tables and caches.
 	MemoryLimit int64
+	// SegmentLogs are the starts of the names of the logs kept in the
+	// segment log rather than in Badger (see segments.go); nil means the
+	// kernel's, the sessions' and the channels' logs. A store in memory
+	// keeps every log in Badger. A folder must be opened with the same
+	// SegmentLogs each time: a log is read only where they send it.
+	SegmentLogs []string
 	// CloseTimeout bounds how long Close waits for Badger to write its
 	// memory tables out; zero means 30s. Past it the store closes as
 	// after a crash: the journal, kept, is replayed at the next start.
 	CloseTimeout time.Duration
 
 	// segmentSize, memTableSize, lazyInterval and pageOutEvery override
-	// the journal's segment size, Badger's memory table size, how long
+	// the journal's and the segment log's segment size, Badger's memory table size, how long
 	// lazy writes may wait and how often table pages are handed back, for
 	// tests; readSpace, how the file system's free space is read.
 	segmentSize  int64
@@ -131,6 +138,10 @@ type Options struct {
 	pageOutEvery time.Duration
 	readSpace    func(dir string) (diskUsage, error)
 	idleAfter    time.Duration
+	// released, for tests, is called each time a checkpoint has let
+	// journal segments go: from then on Badger's files alone hold their
+	// writes.
+	released func()
 }
 
 // maxGroupBytes bounds the keys and values one commit groups, so that a
@@ -262,6 +273,16 @@ type Store struct {
 	// replayed is what the journal's replay at Open applied and skipped.
 	replayed replay
 
+	// logs holds the logs named by segmentLogs (see segments.go); nil in
+	// memory, where Badger holds every log. legacy is set while a format 1
+	// folder's journal is replayed: its log writes go to Badger, and are
+	// moved with the rest. logsFrom is the newest version the segment
+	// log held at Open: the replay gives it the groups above.
+	logs        Logs
+	segmentLogs []string
+	legacy      bool
+	logsFrom    uint64
+
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
 	// waits for in-flight writes while the committer still serves them.
@@ -367,6 +388,7 @@ func Open(o Options) (*Store, error) {
 	if o.InMemory {
 		bo = bo.WithDir("").WithValueDir("")
 	}
+	began := time.Now()
 	if !o.InMemory {
 		if err := recoverBadger(bo, log); err != nil {
 			return nil, err
@@ -396,10 +418,24 @@ func Open(o Options) (*Store, error) {
 		checkpointed: make(chan struct{}),
 
 		valueThreshold: bo.ValueThreshold,
+		segmentLogs:    o.SegmentLogs,
+	}
+	if s.segmentLogs == nil {
+		s.segmentLogs = defaultSegmentLogs()
 	}
 	s.lazy.interval, s.lazy.maxBytes = cmp.Or(o.lazyInterval, z.lazyWait), z.lazyBytes
 	last := db.MaxVersion()
+	opened := time.Now()
 	if !o.InMemory {
+		if s.legacy, err = s.openLogs(z); err == nil {
+			s.logsFrom, err = s.logs.Sync(context.Background())
+		}
+		if err != nil {
+			_ = s.closeLogs()
+			_ = db.Close()
+			return nil, err
+		}
+		last = max(last, s.logsFrom)
 		jo := journalOptions{minSegment: min(minSegmentSize, z.segment), maxSegment: z.segment, recycle: z.journal / 2,
 			durable: o.Sync == SyncAlways, log: log}
 		if o.segmentSize > 0 {
@@ -414,11 +450,22 @@ func Open(o Options) (*Store, error) {
 			last = max(last, replayed)
 			s.late.add(r.from, r.at)
 			s.replayed = r
-			if r.skipped > 0 {
-				log.Info("journal replayed", "writes", r.applied, "already_held", r.skipped)
+			if r.skipped > 0 || r.applied > 0 {
+				log.Info("journal replayed", "writes", r.applied, "already_held", r.skipped,
+					"badger_open", opened.Sub(began).Round(time.Millisecond), "logs_and_replay", time.Since(opened).Round(time.Millisecond))
+			}
+		}
+		if err == nil {
+			err = s.settleFormat(last)
+		}
+		if err == nil {
+			var held uint64
+			if held, err = s.logs.Sync(context.Background()); err == nil {
+				last = max(last, held, db.MaxVersion())
 			}
 		}
 		if err != nil {
+			_ = s.closeLogs()
 			_ = db.Close()
 			return nil, err
 		}
@@ -593,6 +640,9 @@ func (s *Store) Write(ctx context.Context, b *Batch) error {
 	}
 	if p := s.failed.Load(); p != nil {
 		return *p
+	}
+	if err := s.checkLogs(b); err != nil {
+		return err
 	}
 	// A write that only hands lazy writes over (a block of journal, no
 	// new data) goes through whatever the room: reads need it, and so does
@@ -952,6 +1002,9 @@ func (s *Store) Compact(ctx context.Context) error {
 	// Badger's tables hold everything now: the journal can go to one
 	// small segment, as when idle.
 	s.settleIdle()
+	if err := s.retainLogs(ctx); err != nil {
+		return fmt.Errorf("store: compact: %w", err)
+	}
 	return nil
 }
 
@@ -961,6 +1014,24 @@ func (s *Store) Compact(ctx context.Context) error {
 // tables hold the version they were applied at. Their lazy writes are kept
 // back, and the ones waiting are handed over when due.
 func (s *Store) applyGroups(groups []*group) error {
+	if s.logs != nil && !s.legacy {
+		for _, g := range groups {
+			rest, err := s.appendLogs(g.ts, g.ops)
+			if err != nil {
+				return err
+			}
+			if len(rest) < len(g.ops) {
+				// A lazy write to a log in the segment log went there
+				// at once: nothing waits for it.
+				g.ops, g.lazy = rest, 0
+				for _, o := range rest {
+					if o.lazy {
+						g.lazy++
+					}
+				}
+			}
+		}
+	}
 	last := groups[len(groups)-1]
 	now := time.Now()
 	lazy, settle := 0, false
@@ -1036,6 +1107,17 @@ type replay struct {
 // recorded as late, so that the journal keeps them until Badger's tables
 // hold that version.
 func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
+	if s.logs != nil && !s.legacy {
+		entries, drops, rest := s.splitLogs(ops)
+		if ts > s.logsFrom && (len(entries) > 0 || len(drops) > 0) {
+			if err := s.logs.Append(context.Background(), ts, entries, drops); err != nil {
+				return fmt.Errorf("store: journal replay: logs: %w", err)
+			}
+		}
+		if ops = rest; len(ops) == 0 {
+			return nil
+		}
+	}
 	txn := s.db.NewTransactionAt(math.MaxUint64, false)
 	defer txn.Discard()
 	keep := ops[:0]
@@ -1110,6 +1192,9 @@ func latestVersion(txn *badger.Txn, key []byte) (uint64, bool, error) {
 // apply writes ops to Badger at version ts. Readers see none of it until
 // applied moves to ts.
 func (s *Store) apply(ts uint64, ops []op) error {
+	if len(ops) == 0 {
+		return nil
+	}
 	var n int64
 	for _, o := range ops {
 		n += int64(len(o.key) + len(o.val))
@@ -1244,6 +1329,7 @@ func (s *Store) checkpointLoop() {
 			pg.passed(n, now)
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
+			s.retainLogs(context.Background())
 			quiet := s.journal != nil && time.Since(time.Unix(0, s.lastWrite.Load())) >= cmp.Or(s.opts.idleAfter, idleAfter)
 			was := idle
 			if !quiet {
@@ -1327,8 +1413,10 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 			s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
 			return s.applied.Load()
 		}
-		if _, err := s.journal.release(s.releasable(durable)); err != nil {
+		if n, err := s.journal.release(s.releasable(durable)); err != nil {
 			s.log.Warn("checkpoint: journal segments kept", "err", err)
+		} else if n > 0 && s.opts.released != nil {
+			s.opts.released()
 		}
 		if s.size.syncRelease && s.journal.pending() > 1 {
 			s.syncRelease()
@@ -1396,9 +1484,13 @@ func (s *Store) syncRelease() bool {
 	// Every version up to at is in Badger's tables or in the memory
 	// table whose log was just synced.
 	s.vlogDirty.Store(false)
-	if _, err := s.journal.release(s.releasable(at + 1)); err != nil {
+	n, err := s.journal.release(s.releasable(at + 1))
+	if err != nil {
 		s.log.Warn("checkpoint: journal segments kept", "err", err)
 		return false
+	}
+	if n > 0 && s.opts.released != nil {
+		s.opts.released()
 	}
 	return true
 }
@@ -1474,6 +1566,14 @@ func (s *Store) Close() error {
 		s.compacting.Lock()
 		defer s.compacting.Unlock()
 		clean := s.failed.Load() == nil
+		// The segment log is synced and sealed before the journal,
+		// which holds what it was given, can go.
+		lerr := s.closeLogs()
+		if lerr != nil {
+			s.log.Error("store: closing the segment log failed; the journal is kept and replayed at the next start", "err", lerr)
+			clean = false
+		}
+		defer func() { err = errors.Join(err, lerr) }()
 		if err = s.roomToClose(); err != nil {
 			// Closing Badger writes its memory tables out through memory
 			// maps, which fault on a full disk: it is left as a crash
@@ -1617,7 +1717,10 @@ func (b *Batch) settling() bool {
 	return b.settle && len(b.ops) == 1 && bytes.Equal(b.ops[0].key, settleKey)
 }
 
-// DeleteEntry removes entry seq of the log named stream.
+// DeleteEntry removes entry seq of the log named stream. Logs are deleted
+// from their start: in the segment log (the logs Options.SegmentLogs
+// names, see segments.go) deleting entry seq deletes the entries below it
+// too, those written by earlier batches.
 func (b *Batch) DeleteEntry(stream string, seq uint64) {
 	b.add(op{key: logKey(stream, seq), del: true})
 }
@@ -1770,6 +1873,9 @@ func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byt
 	if after == math.MaxUint64 {
 		return nil
 	}
+	if s.inSegments(stream) {
+		return s.scanSegments(stream, after, fn)
+	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return err
 	}
@@ -1794,6 +1900,9 @@ func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byt
 
 // Entry returns entry seq of stream, or ErrNotFound.
 func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
+	if s.inSegments(stream) {
+		return s.segmentEntry(stream, seq)
+	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return nil, err
 	}
@@ -1814,6 +1923,11 @@ func (s *Store) Entry(stream string, seq uint64) ([]byte, error) {
 
 // Last returns the highest sequence in stream, or 0 when it is empty.
 func (s *Store) Last(stream string) (uint64, error) {
+	if s.inSegments(stream) {
+		s.awaitApplied()
+		_, last, err := s.logs.Bounds(context.Background(), stream)
+		return last, err
+	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return 0, err
 	}

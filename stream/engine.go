@@ -274,8 +274,15 @@ func (s *Stream) drainLocked() (reason Reason, err error, done bool) {
 			}
 		}
 		clear(buf[:n]) // no item data stays referenced from the pool
-		if n > 0 {
-			if err := s.t.Flush(); err != nil {
+		last := final || errors.Is(serr, ErrEnd)
+		if n > 0 || last {
+			flush := s.t.Flush
+			if last {
+				// What the transport holds (the last frames, or only what
+				// precedes the first) goes with the end of the stream.
+				flush = s.t.FlushLast
+			}
+			if err := flush(); err != nil {
 				return writeFailure(err), nil, true
 			}
 			if flushed > 0 && s.o.Flushed != nil {
@@ -283,7 +290,7 @@ func (s *Stream) drainLocked() (reason Reason, err error, done bool) {
 			}
 		}
 		switch {
-		case final, errors.Is(serr, ErrEnd):
+		case last:
 			return Finished, nil, true
 		case serr != nil:
 			return Failed, serr, true

@@ -145,6 +145,10 @@ type Transport interface {
 	// ErrSlowConsumer when that takes longer than the transport's write
 	// deadline.
 	Flush() error
+	// FlushLast is Flush for the last frames of a stream that ends right
+	// after them: a transport may put them on the wire together with the
+	// stream's end.
+	FlushLast() error
 	// Heartbeat shows an idle client that the stream is alive.
 	Heartbeat() error
 	// Close ends the stream for reason (err is the source's error when

@@ -153,6 +153,10 @@ func (w *WS) Send(msg []byte) error {
 // Flush does nothing: every message is written whole.
 func (w *WS) Flush() error { return nil }
 
+// FlushLast does nothing: every message is written whole, and the close
+// frame follows on its own.
+func (w *WS) FlushLast() error { return nil }
+
 // Heartbeat does nothing: the socket pings on its own timer (StartPings).
 func (w *WS) Heartbeat() error { return nil }
 

@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/store/cutfs"
+	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
 
 // TestMain lets the test binary act as the gatehouse binary, so crash tests
@@ -36,7 +38,7 @@ type child struct {
 	cmd       *exec.Cmd
 	addr, dir string
 	base      string
-	logs      *bytes.Buffer
+	logs      *syncbuf.Buffer
 }
 
 // startChild starts a server process on addr and folder dir and returns
@@ -52,7 +54,7 @@ func startChild(t testing.TB, addr, dir string) *child {
 // further serve flags; the process is this test binary acting as the
 // gatehouse binary.
 func newChild(addr, dir string, flags ...string) *child {
-	logs := &bytes.Buffer{}
+	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--addr", addr, "--data", dir, "--log-level", "warn"}, flags...)...)
 	cmd.Env = append(os.Environ(), "GATEHOUSE_TEST_AS_MAIN=1")
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -337,4 +339,127 @@ func killDuringLoad(t *testing.T, c *child, workers int, write func(ctx context.
 		t.Fatalf("only %d writes acknowledged before the kill; the test did not load the server", n)
 	}
 	return startChild(t, c.addr, c.dir)
+}
+
+// TestKill9KeepsAcknowledgedAcks: a human channel's acknowledgement that
+// the gateway answered (an HTTP ack's 200, an ack frame's reply) holds
+// after a SIGKILL right after it: the channel, connecting again without a
+// cursor, is not sent the acknowledged prompt again. Acknowledgements were
+// persisted up to 50 ms after the answer, and an ack frame got no reply.
+func TestKill9KeepsAcknowledgedAcks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	addr, dir, flags := freeAddr(t), t.TempDir(), cutServeFlags(t)
+	c := newChild(addr, dir, flags...)
+	c.start(t)
+	client, streams := &http.Client{Timeout: 10 * time.Second}, &http.Client{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	registerChannels(t, streams, c.base)
+	prompt := func() string {
+		t.Helper()
+		status, ex, err := post(ctx, client, c.base+"/v0/executions", map[string]any{
+			"tool": map[string]any{"tool_id": "gatehouse.sha256", "arguments": map[string]any{"text": "x"}}})
+		if err != nil || status != 201 {
+			t.Fatalf("create: %d %v %v", status, ex, err)
+		}
+		aid := promptOf(ctx, client, c.base, ex["id"].(string))
+		if aid == "" {
+			t.Fatal("no prompt")
+		}
+		return aid
+	}
+	first := prompt()
+
+	w, err := dialChannel(ctx, c.base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.c.CloseNow()
+	var wsSeq uint64
+	for wsSeq == 0 {
+		var fr wsFrameIn
+		_, data, err := w.c.Read(ctx)
+		if err == nil {
+			err = json.Unmarshal(data, &fr)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := parseDelivery(fr.Seq, fr.Event, fr.Data); fr.Type == "delivery" && d.action == first {
+			wsSeq = fr.Seq
+		}
+	}
+	if err := w.send(ctx, map[string]any{"type": "ack", "seq": wsSeq, "id": "a1"}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var fr wsFrameIn
+		_, data, err := w.c.Read(ctx)
+		if err == nil {
+			err = json.Unmarshal(data, &fr)
+		}
+		if err != nil {
+			t.Fatalf("waiting for the ack's reply: %v", err)
+		}
+		if fr.Type == "reply" && fr.ID == "a1" {
+			if fr.Status != 200 {
+				t.Fatalf("ack reply: %d %s", fr.Status, fr.Body)
+			}
+			break
+		}
+	}
+
+	resp, err := openSSEChannel(ctx, streams, c.base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := ssetest.NewReader(resp.Body)
+	var sseSeq uint64
+	for sseSeq == 0 {
+		f, err := r.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := sseFrame(f); d.action == first {
+			sseSeq = d.seq
+		}
+	}
+	status, _, err := post(ctx, client, c.base+"/v0/peers/ack", map[string]any{
+		"role": "channel", "id": sseChannelID, "consumer_id": ssePeerID, "sequence": sseSeq})
+	if err != nil || status != 200 {
+		t.Fatalf("ack: %d %v", status, err)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+
+	c = newChild(addr, dir, flags...)
+	c.start(t)
+	fence := prompt()
+	w, err = dialChannel(ctx, c.base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.c.CloseNow()
+	var fr wsFrameIn
+	_, data, err := w.c.Read(ctx)
+	if err == nil {
+		err = json.Unmarshal(data, &fr)
+	}
+	if d := parseDelivery(fr.Seq, fr.Event, fr.Data); err != nil || d.action != fence {
+		t.Errorf("WebSocket channel, acknowledged up to %d, first sent after the crash: %s %v", wsSeq, data, err)
+	}
+	resp, err = openSSEChannel(ctx, streams, c.base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	f, err := ssetest.NewReader(resp.Body).Next()
+	if d, _ := sseFrame(f); err != nil || d.action != fence {
+		t.Errorf("SSE channel, acknowledged up to %d, first sent after the crash: %+v %v", sseSeq, f, err)
+	}
 }

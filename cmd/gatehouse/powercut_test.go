@@ -27,8 +27,11 @@ import (
 // what the disk holds. Every write acknowledged before the cut must be
 // there, and the folder must open every time. A few cycles run in the
 // suite; GATEHOUSE_POWERCUT_CYCLES=100 runs more and logs the figures, and
-// GATEHOUSE_POWERCUT_PRELOAD=10000 stores that many executions first, for
-// the restart time of a fuller folder.
+// GATEHOUSE_POWERCUT_PRELOAD=10000 stores that many executions first, each
+// cancelled once created, for the restart time of a fuller folder
+// (GATEHOUSE_POWERCUT_PRELOAD_LIVE=1 leaves them pending instead, for the
+// restart time with that many live executions to replay; at 100,000, the
+// bound of live executions, the load then creates nothing).
 
 // cutLedger is what the gateway acknowledged before a cut began; acks
 // that come once it has begun (from the process running on, a ghost) are
@@ -40,6 +43,21 @@ type cutLedger struct {
 	notes   map[string]string // line -> note path
 	session map[string]bool   // runtime API sessions of acknowledged appends
 	turns   map[string]string // AAP session -> the user's words of its answered turn
+	// actions are the prompts raised, by id; jobs the direct executions
+	// whose step was read completed, and jobExecs every direct execution
+	// of gatehouse.echo created; channels the two human channels, by
+	// channel id (see powercut_facts_test.go).
+	actions  map[string]*actionFact
+	asked    map[string]bool // prompts an answer was sent to, acknowledged or not
+	jobs     map[string]jobFact
+	jobExecs map[string]bool
+	channels map[string]*channelFact
+}
+
+func newCutLedger() *cutLedger {
+	return &cutLedger{execs: map[string]int{}, notes: map[string]string{}, session: map[string]bool{}, turns: map[string]string{},
+		actions: map[string]*actionFact{}, asked: map[string]bool{}, jobs: map[string]jobFact{}, jobExecs: map[string]bool{},
+		channels: map[string]*channelFact{wsChannelID: newChannelFact(), sseChannelID: newChannelFact()}}
 }
 
 // record runs fn under the ledger's lock unless the cut has begun.
@@ -52,7 +70,7 @@ func (l *cutLedger) record(fn func()) {
 }
 
 func (l *cutLedger) size() int {
-	return l.count(func() int { return len(l.execs) + len(l.notes) + len(l.turns) })
+	return l.count(func() int { return len(l.execs) + len(l.notes) + len(l.turns) + len(l.actions) + len(l.jobs) })
 }
 
 // count returns what n counts, under the ledger's lock.
@@ -62,11 +80,25 @@ func (l *cutLedger) count(n func() int) int {
 	return n()
 }
 
+// restart records a restart that took d, of child c; a slow one is logged
+// with what the child logged.
+func (f *cutFigures) restart(t *testing.T, d time.Duration, c *child) {
+	f.restarts = append(f.restarts, d)
+	if d > 5*time.Second {
+		t.Logf("restart %d took %v, from %s:\n%s", len(f.restarts), d.Round(time.Millisecond),
+			time.Now().Add(-d).UTC().Format("15:04:05.000"), c.logs)
+	}
+}
+
 // cutFigures are a run's counts.
 type cutFigures struct {
 	cycles, lost, corrupted int
 	restarts                []time.Duration
 	signals                 int
+	// answered and pending count the prompts acknowledged with and without
+	// an answer acknowledged; jobs the steps read completed; peerAcks the
+	// channels' acknowledgements answered.
+	answered, pending, jobs, peerAcks int
 }
 
 func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
@@ -85,30 +117,37 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	backing := t.TempDir()
 	addr := freeAddr(t)
-	ledger := &cutLedger{execs: map[string]int{}, notes: map[string]string{}, session: map[string]bool{}, turns: map[string]string{}}
+	flags := cutServeFlags(t)
+	ledger := newCutLedger()
 	var fig cutFigures
 	client := &http.Client{Timeout: 10 * time.Second}
+	// Streams last as long as their reader wants.
+	streams := &http.Client{}
 	if n, err := strconv.Atoi(os.Getenv("GATEHOUSE_POWERCUT_PRELOAD")); err == nil && n > 0 {
-		preload(t, client, backing, addr, ledger, n)
+		preload(t, client, backing, addr, flags, ledger, n, os.Getenv("GATEHOUSE_POWERCUT_PRELOAD_LIVE") == "1")
 	}
 	for cycle := range cycles {
 		m := cutfs.MountForTest(t, backing, cutfs.Options{})
-		c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
+		c := newChild(addr, m.Dir(), flags...)
 		began := time.Now()
 		c.start(t) // a folder that does not open fails here
 		if cycle > 0 {
-			fig.restarts = append(fig.restarts, time.Since(began))
+			fig.restart(t, time.Since(began), c)
+		}
+		if cycle == 0 {
+			registerChannels(t, streams, c.base)
 		}
 		// Everything acknowledged so far is there: checked after the
 		// first cut, every tenth, the last, and after the end, since each
 		// check reads every execution acknowledged.
 		if cycle == 1 || cycle > 0 && (cycle%10 == 0 || cycle == cycles-1) {
 			checkLedger(t, client, c.base, ledger, &fig)
+			checkFacts(t, client, streams, c.base, ledger, &fig)
 		}
 		ledger.mu.Lock()
 		ledger.cutting = false
 		ledger.mu.Unlock()
-		loadAndCut(t, client, c, m, ledger, cycle, rng)
+		loadAndCut(t, client, streams, c, m, ledger, cycle, rng)
 		fig.cycles++
 		if cycle%10 == 9 {
 			t.Logf("%d cuts: %s", cycle+1, folderFigures(backing))
@@ -119,28 +158,35 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	}
 	// The folder after the last cut opens, with everything.
 	m := cutfs.MountForTest(t, backing, cutfs.Options{})
-	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
+	c := newChild(addr, m.Dir(), flags...)
 	began := time.Now()
 	c.start(t)
-	fig.restarts = append(fig.restarts, time.Since(began))
+	fig.restart(t, time.Since(began), c)
 	checkLedger(t, client, c.base, ledger, &fig)
+	checkFacts(t, client, streams, c.base, ledger, &fig)
+	ended, completed := awaitJobsEnd(t, client, c.base, ledger)
 	c.stop()
 
 	slices.Sort(fig.restarts)
-	t.Logf("%d cuts: %d executions (%d signals), %d memory appends and %d AAP turns acknowledged; %d lost, %d corrupted, 0 failed starts; restart p50 %v, max %v",
-		fig.cycles, len(ledger.execs), fig.signals, len(ledger.notes), len(ledger.turns), fig.lost, fig.corrupted,
+	t.Logf("restarts to /v0/ready: p50 %v, p90 %v, max %v", fig.restarts[len(fig.restarts)/2].Round(time.Millisecond),
+		fig.restarts[len(fig.restarts)*9/10].Round(time.Millisecond), fig.restarts[len(fig.restarts)-1].Round(time.Millisecond))
+	t.Logf("%d cuts: %d executions (%d signals), %d memory appends, %d AAP turns, %d prompts (%d answers), %d runner results, %d channel acks acknowledged; "+
+		"%d lost, %d corrupted, 0 failed starts; %d tool calls ended after the last restart, %d completed; restart p50 %v, max %v",
+		fig.cycles, len(ledger.execs), fig.signals, len(ledger.notes), len(ledger.turns), fig.answered+fig.pending, fig.answered, fig.jobs, fig.peerAcks,
+		fig.lost, fig.corrupted, ended, completed,
 		fig.restarts[len(fig.restarts)/2].Round(time.Millisecond), fig.restarts[len(fig.restarts)-1].Round(time.Millisecond))
 	if fig.lost > 0 || fig.corrupted > 0 {
 		t.Errorf("%d acknowledged writes lost, %d corrupted", fig.lost, fig.corrupted)
 	}
 }
 
-// preload stores n executions in the folder backing, through a gateway on
-// a power-cut file system closed cleanly after, and records them.
-func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedger, n int) {
+// preload stores n executions in the folder backing, through a gateway
+// with flags on a power-cut file system, closed cleanly after, and records
+// them. Each is cancelled once created unless live is set.
+func preload(t *testing.T, client *http.Client, backing, addr string, flags []string, l *cutLedger, n int, live bool) {
 	t.Helper()
 	m := cutfs.MountForTest(t, backing, cutfs.Options{})
-	c := newChild(addr, m.Dir(), "--sync", "always", "--disk-budget", "512MiB")
+	c := newChild(addr, m.Dir(), flags...)
 	c.start(t)
 	began := time.Now()
 	var wg sync.WaitGroup
@@ -162,6 +208,12 @@ func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedg
 					return
 				}
 				id, _ := ex["id"].(string)
+				if !live {
+					if status, _, err := post(context.Background(), client, c.base+"/v0/executions/"+id+"/cancel", nil); err != nil || status != 200 {
+						t.Errorf("preload %d: cancel: %d %v", mine, status, err)
+						return
+					}
+				}
 				l.record(func() { l.execs[id] = 0 })
 			}
 		})
@@ -178,9 +230,11 @@ func preload(t *testing.T, client *http.Client, backing, addr string, l *cutLedg
 }
 
 // loadAndCut loads the gateway c, on mount m, with executions and their
-// signals, memory appends, and AAP turns answered by the example agent,
-// cuts the power at a random moment, and kills the process.
-func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cutLedger, cycle int, rng *rand.Rand) {
+// signals, memory appends, AAP turns answered by the example agent, tool
+// calls run by two runners, prompts answered over HTTP and over the
+// WebSocket channel, and the two channels acknowledging what they are
+// sent; it cuts the power at a random moment, and kills the process.
+func loadAndCut(t *testing.T, client, streams *http.Client, c *child, m *cutfs.FS, l *cutLedger, cycle int, rng *rand.Rand) {
 	t.Helper()
 	// The connections kept alive to the last process are dead.
 	client.CloseIdleConnections()
@@ -190,7 +244,15 @@ func loadAndCut(t *testing.T, client *http.Client, c *child, m *cutfs.FS, l *cut
 	wg.Go(func() {
 		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
 	})
+	startRunners(ctx, &wg, c.base)
 	waitAgentOnline(t, client, c.base)
+	wsRand, sseRand := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+	wg.Go(func() { loadWSChannel(ctx, t, c.base, l, wsRand) })
+	wg.Go(func() { loadSSEChannel(ctx, t, client, streams, c.base, l, sseRand) })
+	wg.Go(func() { loadPrompts(ctx, client, streams, c.base, l, fmt.Sprintf("c%d-p", cycle)) })
+	for w := range 2 {
+		wg.Go(func() { loadJobs(ctx, client, streams, c.base, l, fmt.Sprintf("c%d-j%d", cycle, w)) })
+	}
 	for w := range 2 {
 		wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {

@@ -1,0 +1,57 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/store/seglog"
+)
+
+// TestSegmentLogsServeTheLogsContract: the segment log, through the Logs
+// interface the store consumes: appends and drops at the journal's
+// versions, bounded reads, bounds, and Sync's durable version.
+func TestSegmentLogsServeTheLogsContract(t *testing.T) {
+	ctx := context.Background()
+	var logs Logs
+	logs, err := openSegmentLogs(t.TempDir(), seglog.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	for v := uint64(1); v <= 10; v++ {
+		if err := logs.Append(ctx, v*2, []LogEntry{{Stream: "x/a", Seq: v, Data: fmt.Appendf(nil, "e%d", v)}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := logs.Append(ctx, 21, nil, []LogDrop{{Stream: "x/a", Before: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := logs.Append(ctx, 21, []LogEntry{{Stream: "x/a", Seq: 11}}, nil); !errors.Is(err, seglog.ErrVersion) {
+		t.Errorf("a version not above the last: %v", err)
+	}
+	for _, tc := range []struct {
+		name             string
+		after            uint64
+		count, maxBytes  int
+		wantFirst, wantN uint64
+	}{
+		{"past the drop", 0, 100, 0, 4, 7},
+		{"a page", 5, 2, 0, 6, 2},
+		{"a byte bound", 5, 100, 4, 6, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			es, err := logs.Read(ctx, "x/a", tc.after, tc.count, tc.maxBytes)
+			if err != nil || uint64(len(es)) != tc.wantN || es[0].Seq != tc.wantFirst || string(es[0].Data) != fmt.Sprint("e", tc.wantFirst) {
+				t.Fatalf("read: %v, %v", es, err)
+			}
+		})
+	}
+	if f, l, err := logs.Bounds(ctx, "x/a"); err != nil || f != 4 || l != 10 {
+		t.Errorf("bounds %d-%d, %v; want 4-10", f, l, err)
+	}
+	if d, err := logs.Sync(ctx); err != nil || d != 21 {
+		t.Errorf("Sync = %d, %v; want 21", d, err)
+	}
+}

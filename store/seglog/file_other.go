@@ -1,0 +1,11 @@
+//go:build !linux
+
+package seglog
+
+import "os"
+
+// fdatasync flushes f; without fdatasync(2) that is a full fsync.
+func fdatasync(f *os.File) error { return f.Sync() }
+
+// preallocate extends f to size bytes, which read back as zeros.
+func preallocate(f *os.File, size int64) error { return f.Truncate(size) }

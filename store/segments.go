@@ -1,0 +1,418 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/gatehouse-dev/gatehouse/store/seglog"
+)
+
+// The store keeps its logs in a segment log (package seglog, in the data
+// folder's logs/), and Badger keeps the records. A group is journaled
+// whole, its log writes with its records, in the journal's one write; the
+// apply stage then hands its log writes to the segment log and the rest to
+// Badger (see applyGroups), and a journal segment is released only once
+// the segment log has synced what it holds (see releasable).
+//
+// Which logs go to the segment log is said by the start of their names
+// (Options.SegmentLogs): by default the kernel's execution logs ("x/…"),
+// the sessions' logs ("s/…") and the channels' logs ("chlog/…"), all
+// deleted from their start, so that deleting entry seq of such a log
+// deletes the entries below it too (see Batch.DeleteEntry). The others
+// stay in Badger: the peer outboxes ("o/…"), written lazily and mostly
+// deleted before Badger ever gets them, whose deliveries settled out of
+// order are deleted in the middle, which a log's drops (every entry below
+// a sequence) cannot say.
+
+// defaultSegmentLogs returns the default Options.SegmentLogs.
+func defaultSegmentLogs() []string { return []string{"x/", "s/", "chlog/"} }
+
+// Data folder formats. Format 2 keeps the logs in logs/; a folder without
+// a FORMAT file and with data is format 1, whose logs are in Badger: Open
+// moves them.
+const (
+	formatFile    = "FORMAT"
+	formatVersion = "2"
+	logsDir       = "logs"
+)
+
+// ErrFormat means the data folder was written by a build that stores its
+// data differently, and this build cannot read it.
+var ErrFormat = errors.New("store: data folder format not supported")
+
+// inSegments reports whether stream is kept in the segment log.
+func (s *Store) inSegments(stream string) bool {
+	return s.logs != nil && s.segmentName([]byte(stream))
+}
+
+// segmentName reports whether the log named name is kept in the segment
+// log, without making a string of it: every write asks.
+func (s *Store) segmentName(name []byte) bool {
+	for _, p := range s.segmentLogs {
+		if len(name) >= len(p) && string(name[:len(p)]) == p {
+			return true
+		}
+	}
+	return false
+}
+
+// segmentKey reports whether key is an entry of a log kept in the segment
+// log, and if so its stream's name and its sequence.
+func (s *Store) segmentKey(key []byte) (stream []byte, seq uint64, ok bool) {
+	if s.logs == nil || len(key) < 2+1+8 || key[0] != 'l' || key[1] != '/' || key[len(key)-9] != 0 {
+		return nil, 0, false
+	}
+	stream = key[2 : len(key)-9]
+	if !s.segmentName(stream) {
+		return nil, 0, false
+	}
+	return stream, binary.BigEndian.Uint64(key[len(key)-8:]), true
+}
+
+// splitLogs takes the segment log's writes out of ops: appends in order,
+// and per stream one drop below its highest entry deleted. It returns the
+// rest, for Badger; ops itself is not changed. An entry at sequence 0 or
+// 2^64-1, which no Scan reads (it reads after a sequence, and nothing
+// comes after the largest), is not kept.
+func (s *Store) splitLogs(ops []op) (entries []LogEntry, drops []LogDrop, rest []op) {
+	rest = make([]op, 0, len(ops))
+	for _, o := range ops {
+		name, seq, ok := s.segmentKey(o.key)
+		stream := string(name)
+		switch {
+		case !ok:
+			rest = append(rest, o)
+		case o.del:
+			before := seq + 1
+			if seq == math.MaxUint64 {
+				before = seq
+			}
+			i := len(drops) - 1
+			for ; i >= 0 && drops[i].Stream != stream; i-- {
+			}
+			if i < 0 {
+				drops = append(drops, LogDrop{Stream: stream, Before: before})
+			} else {
+				drops[i].Before = max(drops[i].Before, before)
+			}
+		case seq == 0, seq == math.MaxUint64:
+		default:
+			entries = append(entries, LogEntry{Stream: stream, Seq: seq, Data: o.val})
+		}
+	}
+	return entries, drops, rest
+}
+
+// checkLogs refuses a batch the segment log would refuse: one whose log
+// writes name a stream longer than seglog.MaxStreamName, or come to more
+// than maxLogBatch bytes. Refused here, it is not written; refused by the
+// segment log, after the journal, it would fail the store.
+func (s *Store) checkLogs(b *Batch) error {
+	size := 0
+	for _, o := range b.ops {
+		stream, _, ok := s.segmentKey(o.key)
+		if !ok {
+			continue
+		}
+		if len(stream) > seglog.MaxStreamName {
+			return fmt.Errorf("%w: log name of %d bytes, at most %d", ErrTooLarge, len(stream), seglog.MaxStreamName)
+		}
+		size += len(stream) + len(o.val) + logItemOverhead
+	}
+	if size > maxLogBatch {
+		return fmt.Errorf("%w: %d bytes of log entries in one batch, at most %d", ErrTooLarge, size, maxLogBatch)
+	}
+	return nil
+}
+
+// logItemOverhead is what the segment log counts for an entry besides its
+// name and data (a kind byte and four varints, at most).
+const logItemOverhead = 1 + 4*binary.MaxVarintLen64
+
+// maxLogBatch bounds the log writes of one batch, and so of one group past
+// maxGroupBytes: what one append to the segment log may hold.
+const maxLogBatch = seglog.MaxSegmentSize / 4
+
+// ErrTooLarge means a batch holds more than the store takes in one write.
+var ErrTooLarge = errors.New("store: batch too large")
+
+// appendLogs hands the segment log the log writes of the group at version
+// ts, and returns the rest of its writes.
+func (s *Store) appendLogs(ts uint64, ops []op) ([]op, error) {
+	entries, drops, rest := s.splitLogs(ops)
+	if len(entries) == 0 && len(drops) == 0 {
+		return rest, nil
+	}
+	if err := s.logs.Append(context.Background(), ts, entries, drops); err != nil {
+		return nil, fmt.Errorf("store: logs: %w", err)
+	}
+	return rest, nil
+}
+
+// readFormat returns the data folder's format: formatVersion, "1" for a
+// folder of the earlier layout (Badger holds data, no FORMAT file), or ""
+// for a new folder.
+func readFormat(dir string, db *badger.DB) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, formatFile))
+	switch {
+	case err == nil:
+		v := strings.TrimSpace(string(b))
+		if v != formatVersion {
+			return "", fmt.Errorf("%w: %s is format %q, and this build reads format %s (and moves format 1 on start): run the gatehouse that wrote it, or start afresh in an empty folder",
+				ErrFormat, dir, v, formatVersion)
+		}
+		return v, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("store: read %s: %w", formatFile, err)
+	}
+	if db.MaxVersion() > 0 {
+		return "1", nil
+	}
+	return "", nil
+}
+
+// writeFormat records the folder's format, durably.
+func writeFormat(dir string) error {
+	path := filepath.Join(dir, formatFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("store: write %s: %w", formatFile, err)
+	}
+	_, err = f.WriteString(formatVersion + "\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("store: write %s: %w", formatFile, err)
+	}
+	return nil
+}
+
+// migrateBatch bounds the entries moved in one append.
+const migrateBatch = 4096
+
+// moveLogs moves the logs of a format 1 folder from Badger to the segment
+// log, stream by stream, at versions above last, then records format 2, then deletes them from
+// Badger (see clearMovedLogs). A start cut short before the format is
+// recorded moves them again into an emptied segment log; one cut short
+// after it finds the format recorded and only deletes what is left.
+func (s *Store) moveLogs(last uint64) (int, error) {
+	txn := s.db.NewTransactionAt(math.MaxUint64, false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("l/"), PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	var (
+		entries []LogEntry
+		size    int
+		moved   int
+		version = last
+	)
+	flush := func() error {
+		if len(entries) == 0 {
+			return nil
+		}
+		version++
+		if err := s.logs.Append(context.Background(), version, entries, nil); err != nil {
+			return fmt.Errorf("store: move the logs to %s: %w", logsDir, err)
+		}
+		moved += len(entries)
+		entries, size = entries[:0], 0
+		return nil
+	}
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		name, seq, ok := s.segmentKey(item.Key())
+		if !ok {
+			continue
+		}
+		stream := string(name)
+		val, err := item.ValueCopy(nil)
+		if err != nil {
+			return moved, fmt.Errorf("store: move the logs: read %s/%d: %w", stream, seq, err)
+		}
+		entries = append(entries, LogEntry{Stream: stream, Seq: seq, Data: val})
+		size += len(val)
+		if len(entries) >= migrateBatch || size >= maxGroupBytes/2 {
+			if err := flush(); err != nil {
+				return moved, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return moved, err
+	}
+	if _, err := s.logs.Sync(context.Background()); err != nil {
+		return moved, fmt.Errorf("store: move the logs: %w", err)
+	}
+	if err := writeFormat(s.opts.Dir); err != nil {
+		return moved, err
+	}
+	return moved, s.clearMovedLogs()
+}
+
+// clearMovedLogs deletes from Badger the entries of the logs the segment
+// log holds, left by a move, and syncs Badger.
+func (s *Store) clearMovedLogs() error {
+	var keys [][]byte
+	txn := s.db.NewTransactionAt(math.MaxUint64, false)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("l/")})
+	for it.Rewind(); it.Valid(); it.Next() {
+		if _, _, ok := s.segmentKey(it.Item().Key()); ok {
+			keys = append(keys, it.Item().KeyCopy(nil))
+		}
+	}
+	it.Close()
+	txn.Discard()
+	if len(keys) == 0 {
+		return nil
+	}
+	ts := s.db.MaxVersion() + 1
+	wb := s.db.NewWriteBatchAt(ts)
+	defer wb.Cancel()
+	for _, k := range keys {
+		if err := wb.Delete(k); err != nil {
+			return fmt.Errorf("store: clear the moved logs: %w", err)
+		}
+	}
+	if err := wb.Flush(); err != nil {
+		return fmt.Errorf("store: clear the moved logs: %w", err)
+	}
+	if err := s.db.Sync(); err != nil {
+		return fmt.Errorf("store: clear the moved logs: %w", err)
+	}
+	return nil
+}
+
+// openLogs opens the folder's segment log (emptied first in a format 1
+// folder, whose logs settleFormat moves once the journal is replayed),
+// records the format of a new folder, and reports whether the folder is of
+// format 1.
+func (s *Store) openLogs(z sizing) (legacy bool, err error) {
+	format, err := readFormat(s.opts.Dir, s.db)
+	if err != nil {
+		return false, err
+	}
+	dir := filepath.Join(s.opts.Dir, logsDir)
+	if format == "1" {
+		// A move cut short left a partial copy: it starts again.
+		if err := os.RemoveAll(dir); err != nil {
+			return false, fmt.Errorf("store: move the logs: %w", err)
+		}
+	}
+	size := z.logSegment
+	if s.opts.segmentSize > 0 {
+		size = s.opts.segmentSize
+	}
+	logs, err := openSegmentLogs(dir, seglog.Options{SegmentSize: size, MaxBatchBytes: 2 * maxLogBatch, Logger: s.log})
+	if err != nil {
+		return false, err
+	}
+	s.logs = logs
+	if format == "" {
+		if err := writeFormat(s.opts.Dir); err != nil {
+			return false, err
+		}
+	}
+	return format == "1", nil
+}
+
+// settleFormat finishes what the folder's format asks for once the
+// journal is replayed: a format 1 folder's logs move to the segment log, at
+// versions above last, the newest the store holds; in a format 2 folder,
+// what a move cut short left in Badger is deleted.
+func (s *Store) settleFormat(last uint64) error {
+	if !s.legacy {
+		return s.clearMovedLogs()
+	}
+	n, err := s.moveLogs(last)
+	if err != nil {
+		return err
+	}
+	s.legacy = false
+	s.log.Info("store: moved the logs from Badger to the segment log (data folder format 1 to 2)", "entries", n)
+	return nil
+}
+
+// closeLogs closes the segment log, if open.
+func (s *Store) closeLogs() error {
+	if s.logs == nil {
+		return nil
+	}
+	return s.logs.Close()
+}
+
+// scanPage bounds one read of the segment log by a Scan.
+const (
+	scanPageCount = 1024
+	scanPageBytes = 1 << 20
+)
+
+// scanSegments is Scan of a log in the segment log, a page at a time. It
+// sees every write acknowledged before it: the apply stage hands a group's
+// log writes to the segment log before it counts the group applied.
+func (s *Store) scanSegments(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	s.awaitApplied()
+	for {
+		es, err := s.logs.Read(context.Background(), stream, after, scanPageCount, scanPageBytes)
+		if err != nil {
+			return fmt.Errorf("store: read %s: %w", stream, err)
+		}
+		if len(es) == 0 {
+			return nil
+		}
+		for _, e := range es {
+			if !fn(e.Seq, e.Data) {
+				return nil
+			}
+		}
+		after = es[len(es)-1].Seq
+	}
+}
+
+// segmentEntry is Entry of a log in the segment log.
+func (s *Store) segmentEntry(stream string, seq uint64) ([]byte, error) {
+	s.awaitApplied()
+	if seq > 0 {
+		es, err := s.logs.Read(context.Background(), stream, seq-1, 1, 1)
+		if err != nil {
+			return nil, fmt.Errorf("store: read %s/%d: %w", stream, seq, err)
+		}
+		if len(es) == 1 && es[0].Seq == seq {
+			return es[0].Data, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s/%d", ErrNotFound, stream, seq)
+}
+
+// retainLogs has the segment log drop the segments that hold little still
+// live (see retainer). A failure is logged: the segments stay, and the
+// next checkpoint tries again.
+func (s *Store) retainLogs(ctx context.Context) error {
+	r, ok := s.logs.(retainer)
+	if !ok {
+		return nil
+	}
+	err := r.Retain(ctx)
+	if err != nil && !errors.Is(err, seglog.ErrClosed) {
+		s.log.Warn("store: segment log retention", "err", err)
+	}
+	return err
+}

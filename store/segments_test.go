@@ -1,0 +1,303 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/gatehouse-dev/gatehouse/store/cutfs"
+	"github.com/gatehouse-dev/gatehouse/store/seglog"
+)
+
+// badgerLogKeys counts the log entries Badger holds, by stream.
+func badgerLogKeys(t *testing.T, s *Store) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	txn := s.db.NewTransactionAt(s.awaitApplied(), false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("l/")})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		n[string(k[2:len(k)-9])]++
+	}
+	return n
+}
+
+func seqsOf(es []Entry) []uint64 {
+	out := make([]uint64, len(es))
+	for i, e := range es {
+		out[i] = e.Seq
+	}
+	return out
+}
+
+// TestExecutionLogsLiveInSegmentsAndRecordsInBadger: a log named by
+// SegmentLogs goes to the segment log, and Badger gets none of it; the
+// store's reads see it as before, a delete drops the log's start, and all
+// of it survives a restart. A peer outbox stays in Badger.
+func TestExecutionLogsLiveInSegmentsAndRecordsInBadger(t *testing.T) {
+	dir := t.TempDir()
+	s := openWith(t, Options{Dir: dir})
+	for i := uint64(1); i <= 50; i++ {
+		write(t, s, func(b *Batch) {
+			b.Append("x/ex1", i, fmt.Appendf(nil, "event-%d", i))
+			if err := b.Put("summary", "ex1", i); err != nil {
+				t.Fatal(err)
+			}
+			b.AppendLazy("o/agent", i, []byte("push"))
+		})
+	}
+	write(t, s, func(b *Batch) { b.DeleteEntry("x/ex1", 10) })
+	check := func(s *Store) {
+		t.Helper()
+		if es, err := s.Read("o/agent", 0, 0); err != nil || len(es) != 50 { // hands the lazy writes to Badger
+			t.Fatalf("outbox: %d entries, %v", len(es), err)
+		}
+		if keys := badgerLogKeys(t, s); keys["x/ex1"] != 0 || keys["o/agent"] != 50 {
+			t.Errorf("Badger's log entries: %v; want none of x/ex1 and the outbox's 50", keys)
+		}
+		es, err := s.Read("x/ex1", 0, 0)
+		if err != nil || len(es) != 40 || es[0].Seq != 11 || string(es[39].Data) != "event-50" {
+			t.Fatalf("read %v (%v); want 11-50", seqsOf(es), err)
+		}
+		if es, _ := s.Read("x/ex1", 20, 3); fmt.Sprint(seqsOf(es)) != "[21 22 23]" {
+			t.Errorf("read after 20, 3 of them: %v", seqsOf(es))
+		}
+		if d, err := s.Entry("x/ex1", 25); err != nil || string(d) != "event-25" {
+			t.Errorf("entry 25: %q, %v", d, err)
+		}
+		if _, err := s.Entry("x/ex1", 5); !errors.Is(err, ErrNotFound) {
+			t.Errorf("entry 5, dropped: %v", err)
+		}
+		if f, _ := s.First("x/ex1"); f != 11 {
+			t.Errorf("first %d, want 11", f)
+		}
+		if l, _ := s.Last("x/ex1"); l != 50 {
+			t.Errorf("last %d, want 50", l)
+		}
+		var n uint64
+		if err := s.Get("summary", "ex1", &n); err != nil || n != 50 {
+			t.Errorf("record: %d, %v", n, err)
+		}
+	}
+	check(s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if segs, _ := filepath.Glob(filepath.Join(dir, logsDir, "*.seg")); len(segs) == 0 {
+		t.Error("no segment in the data folder's logs/")
+	}
+	r := openWith(t, Options{Dir: dir})
+	defer r.Close()
+	check(r)
+	// Dropped whole, as retention prunes an execution.
+	write(t, r, func(b *Batch) {
+		for i := uint64(11); i <= 50; i++ {
+			b.DeleteEntry("x/ex1", i)
+		}
+	})
+	if es, err := r.Read("x/ex1", 0, 0); err != nil || len(es) != 0 {
+		t.Errorf("after the prune: %v, %v", seqsOf(es), err)
+	}
+	if l, _ := r.Last("x/ex1"); l != 0 {
+		t.Errorf("last %d after the prune", l)
+	}
+}
+
+// TestStoreRefusesALogBatchTheSegmentLogWouldRefuse: a log name past the
+// segment log's bound is refused at Write, with the store still working,
+// rather than failing the store after the journal took it.
+func TestStoreRefusesALogBatchTheSegmentLogWouldRefuse(t *testing.T) {
+	s := openWith(t, Options{Dir: t.TempDir()})
+	defer s.Close()
+	var b Batch
+	b.Append("x/"+strings.Repeat("n", seglog.MaxStreamName), 1, []byte("e"))
+	if err := s.Write(t.Context(), &b); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Write = %v, want ErrTooLarge", err)
+	}
+	write(t, s, func(b *Batch) { b.Append("x/fine", 1, []byte("e")) })
+	if err := s.Ping(t.Context()); err != nil {
+		t.Errorf("Ping after a refused batch: %v", err)
+	}
+}
+
+// writeFormat1 makes dir a data folder of the earlier layout, whose logs
+// are in Badger: a store that keeps no log in the segment log, without
+// the FORMAT file.
+func writeFormat1(t *testing.T, dir string) {
+	t.Helper()
+	s := openWith(t, Options{Dir: dir, SegmentLogs: []string{"none/"}})
+	for i := uint64(1); i <= 300; i++ {
+		write(t, s, func(b *Batch) {
+			b.Append("x/old", i, bytes.Repeat([]byte{byte(i)}, 200))
+			b.Append("s/sess", i, []byte("turn"))
+			b.Append("o/box", i, []byte("push"))
+		})
+	}
+	write(t, s, func(b *Batch) { b.DeleteEntry("x/old", 1); b.DeleteEntry("x/old", 2) })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{formatFile, logsDir} {
+		if err := os.RemoveAll(filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFormat1FolderIsMovedOnStart: a folder of the earlier layout opens:
+// its logs move from Badger to the segment log, the folder is recorded as
+// format 2, and a move cut short (a partial logs/ left, no FORMAT) starts
+// again from Badger.
+func TestFormat1FolderIsMovedOnStart(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spoil func(t *testing.T, dir string)
+	}{
+		{"a folder of the earlier layout", func(*testing.T, string) {}},
+		{"a move cut short", func(t *testing.T, dir string) {
+			l, err := seglog.Open(filepath.Join(dir, logsDir), seglog.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b seglog.Batch
+			b.Append("x/old", 3, []byte("half moved, wrong"))
+			if err := l.Commit(t.Context(), &b); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFormat1(t, dir)
+			tc.spoil(t, dir)
+			s := openWith(t, Options{Dir: dir})
+			defer s.Close()
+			if f, err := os.ReadFile(filepath.Join(dir, formatFile)); err != nil || strings.TrimSpace(string(f)) != formatVersion {
+				t.Errorf("FORMAT %q, %v", f, err)
+			}
+			if keys := badgerLogKeys(t, s); keys["x/old"] != 0 || keys["s/sess"] != 0 || keys["o/box"] != 300 {
+				t.Errorf("Badger's log entries after the move: %v", keys)
+			}
+			es, err := s.Read("x/old", 0, 0)
+			if err != nil || len(es) != 298 || es[0].Seq != 3 || !bytes.Equal(es[0].Data, bytes.Repeat([]byte{3}, 200)) {
+				t.Fatalf("moved log: %d entries from %v (%v)", len(es), seqsOf(es[:min(1, len(es))]), err)
+			}
+			if l, _ := s.Last("s/sess"); l != 300 {
+				t.Errorf("moved session log ends at %d", l)
+			}
+			// The store goes on at versions above the moved entries.
+			write(t, s, func(b *Batch) { b.Append("x/old", 301, []byte("new")); b.DeleteEntry("x/old", 100) })
+			if f, _ := s.First("x/old"); f != 101 {
+				t.Errorf("first %d after a drop past the moved entries", f)
+			}
+		})
+	}
+}
+
+// TestUnknownFormatIsRefused: a folder written in a format this build does
+// not read is refused with ErrFormat, naming it, and nothing is changed.
+func TestUnknownFormatIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, formatFile), []byte("3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(Options{Dir: dir})
+	if err == nil {
+		_ = s.Close()
+		t.Fatal("opened a format 3 folder")
+	}
+	if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), `"3"`) {
+		t.Errorf("Open = %v; want ErrFormat naming the format", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, logsDir)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("logs/ made in a refused folder: %v", err)
+	}
+}
+
+// TestPowerCutFSJournalRefillsTheSegmentLog: the segment log syncs only at
+// checkpoints, and the journal keeps every group until it has: after a
+// power cut, what the segment log lost comes back from the journal, even
+// once an idle checkpoint has released the journal's older segments.
+func TestPowerCutFSJournalRefillsTheSegmentLog(t *testing.T) {
+	t.Parallel()
+	m := onCutFS(t)
+	s := openWith(t, Options{Dir: m.Dir(), segmentSize: 16 << 10})
+	for i := uint64(1); i <= 200; i++ {
+		write(t, s, func(b *Batch) { b.Append("x/ex", i, bytes.Repeat([]byte{byte(i)}, 300)) })
+	}
+	if !s.settleIdle() {
+		t.Fatal("the idle checkpoint did not release the journal")
+	}
+	if n := s.journal.pending(); n != 1 {
+		t.Fatalf("%d journal segments after an idle checkpoint, want 1", n)
+	}
+	for i := uint64(201); i <= 300; i++ {
+		write(t, s, func(b *Batch) { b.Append("x/ex", i, bytes.Repeat([]byte{byte(i)}, 300)) })
+	}
+	r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{Tear: true, Seed: 5})})
+	defer r.Close()
+	es, err := r.Read("x/ex", 0, 0)
+	if err != nil || len(es) != 300 {
+		t.Fatalf("%d of 300 entries after the cut (%v)", len(es), err)
+	}
+	for _, e := range es {
+		if !bytes.Equal(e.Data, bytes.Repeat([]byte{byte(e.Seq)}, 300)) {
+			t.Fatalf("entry %d: wrong data", e.Seq)
+		}
+	}
+}
+
+// TestCompactDropsTheSegmentsOfPrunedLogs: once retention deleted the
+// logs, Compact gives their segments back, and copies forward the log
+// that lives on.
+func TestCompactDropsTheSegmentsOfPrunedLogs(t *testing.T) {
+	dir := t.TempDir()
+	s := openWith(t, Options{Dir: dir, segmentSize: 16 << 10})
+	defer s.Close()
+	for i := range 100 {
+		write(t, s, func(b *Batch) {
+			for seq := uint64(1); seq <= 5; seq++ {
+				b.Append(fmt.Sprint("x/done", i), seq, bytes.Repeat([]byte{1}, 200))
+			}
+			b.Append("x/live", uint64(i+1), []byte("still running"))
+		})
+	}
+	for i := range 100 {
+		write(t, s, func(b *Batch) {
+			for seq := uint64(1); seq <= 5; seq++ {
+				b.DeleteEntry(fmt.Sprint("x/done", i), seq)
+			}
+		})
+	}
+	segs := func() int {
+		m, _ := filepath.Glob(filepath.Join(dir, logsDir, "*.seg"))
+		return len(m)
+	}
+	before := segs()
+	if before < 5 {
+		t.Fatalf("%d segments; the test wants several", before)
+	}
+	if err := s.Compact(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if after := segs(); after > 2 {
+		t.Errorf("%d segments after Compact, %d before", after, before)
+	}
+	if es, err := s.Read("x/live", 0, 0); err != nil || len(es) != 100 {
+		t.Errorf("the live log: %d of 100 entries, %v", len(es), err)
+	}
+	if es, err := s.Read("x/done7", 0, 0); err != nil || len(es) != 0 {
+		t.Errorf("a pruned log: %v, %v", seqsOf(es), err)
+	}
+}
