@@ -240,37 +240,3 @@ func TestPushWaitsForTheWriteOfItsAnswer(t *testing.T) {
 		t.Fatalf("the job left %v before the intent's answer was written", answer.end.Sub(job.start))
 	}
 }
-
-// TestSSEDrainLeavesInOneWrite checks that the frames a stream takes from
-// its source at once leave in one write however many there are: a
-// replay of 40 signals (about 20 KB of frames, five times the stream's
-// old 4 KiB buffer) and the end of the finished execution's stream are
-// one write on the socket.
-func TestSSEDrainLeavesInOneWrite(t *testing.T) {
-	s := start(t, node.Options{})
-	rec, a := record(t, s)
-	ag := a.agent("one-drain", "c1")
-	id, lease := a.assigned(ag, nil)
-	const signals = 40
-	for i := range signals {
-		a.json("POST", "/v0/executions/"+id+"/signal", obj{"signal_type": "tick", "payload": obj{"n": i, "note": strings.Repeat("x", 200)}}, 200)
-	}
-	a.intent(id, lease, obj{"type": "complete"}, 200)
-	st := a.openSSE("/v0/executions/" + id + "/stream?after_sequence=0")
-	frames := 0
-	for st.next().Event != "execution.completed" {
-		frames++
-	}
-	st.ended()
-	if frames < signals {
-		t.Fatalf("%d frames before execution.completed, want at least %d", frames, signals)
-	}
-	writes := rec.to("/v0/executions/" + id + "/stream")
-	size := 0
-	for _, w := range writes {
-		size += len(w.data)
-	}
-	if len(writes) != 1 || size < 16<<10 {
-		t.Fatalf("the replay took %d writes, %d bytes; want one write of all of it", len(writes), size)
-	}
-}

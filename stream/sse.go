@@ -1,13 +1,12 @@
 package stream
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -32,47 +31,17 @@ type SSEOptions struct {
 // SSE is a Transport that writes Server-Sent Events to a response body: an
 // "id:" line when the frame has an ID, an "event:" line, a "data:" line per
 // line of data, and a blank line.
-//
-// What is written between two flushes leaves in one Write, however much it
-// is (up to maxFlushBytes): the frames a stream takes from its source at
-// once, the pushes of one commit say, are one chunk of the response and
-// one system call. The buffer is taken from a pool when a frame is written
-// and given back by the flush, so an idle stream holds none.
 type SSE struct {
-	w     io.Writer
-	buf   []byte // written since the last flush; nil when nothing is
+	w     *bufio.Writer
 	conn  net.Conn
 	o     SSEOptions
 	begun bool
 }
 
-// maxFlushBytes bounds what one flush holds: past it, what is buffered
-// leaves at once and the flush goes on from there. A drain is bounded
-// already (Options.Batch items, and the sources' own byte bounds); this
-// bounds the buffer whatever the items weigh.
-const maxFlushBytes = 256 << 10
-
-// keepBufferBytes is the largest buffer given back to the pool; a larger
-// one, from a burst, is let go.
-const keepBufferBytes = 64 << 10
-
-var sseBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
-
 // NewSSE returns a transport writing to w, whose flushes reach conn (the
-// deadline is set on conn; nil sets none). Each flush is one w.Write; if w
-// has a Flush method (a bufio.Writer), the flush calls it after.
-func NewSSE(w io.Writer, conn net.Conn, o SSEOptions) *SSE {
+// deadline is set on conn; nil sets none).
+func NewSSE(w *bufio.Writer, conn net.Conn, o SSEOptions) *SSE {
 	return &SSE{w: w, conn: conn, o: o}
-}
-
-// add adds p to what the next flush writes.
-func (s *SSE) add(p ...string) {
-	if s.buf == nil {
-		s.buf = (*sseBuffers.Get().(*[]byte))[:0]
-	}
-	for _, x := range p {
-		s.buf = append(s.buf, x...)
-	}
 }
 
 func (s *SSE) begin() {
@@ -81,7 +50,9 @@ func (s *SSE) begin() {
 	}
 	s.begun = true
 	if s.o.Retry > 0 {
-		s.add("retry: ", strconv.FormatInt(s.o.Retry.Milliseconds(), 10), "\n\n")
+		s.w.WriteString("retry: ")
+		s.w.WriteString(strconv.FormatInt(s.o.Retry.Milliseconds(), 10))
+		s.w.WriteString("\n\n")
 	}
 }
 
@@ -92,92 +63,59 @@ func (s *SSE) begin() {
 // none is; either way the client sees the stream open before it waits.
 func (s *SSE) Open() {
 	if s.o.Retry <= 0 && !s.begun {
-		s.add(":\n\n")
+		s.w.WriteString(":\n\n")
 	}
 	s.begin()
 }
 
-// Write buffers one frame. Past maxFlushBytes, what is buffered is
-// written at once, within the write timeout like a flush.
+// Write buffers one frame. A frame larger than what the buffer holds is
+// written through, within the write timeout like a flush.
 func (s *SSE) Write(f *Frame) error {
+	deadline := s.arm()
 	s.begin()
-	if s.buf == nil {
-		s.buf = (*sseBuffers.Get().(*[]byte))[:0]
-	}
 	if len(f.ID) > 0 {
-		s.buf = append(s.buf, "id: "...)
-		s.buf = appendLine(s.buf, f.ID)
-		s.buf = append(s.buf, '\n')
+		s.w.WriteString("id: ")
+		writeLine(s.w, f.ID)
+		s.w.WriteByte('\n')
 	}
 	if f.Event != "" {
-		s.buf = append(s.buf, "event: "...)
-		s.buf = appendLine(s.buf, []byte(f.Event))
-		s.buf = append(s.buf, '\n')
+		s.w.WriteString("event: ")
+		writeLine(s.w, []byte(f.Event))
+		s.w.WriteByte('\n')
 	}
 	data := f.Data
 	for {
 		i := bytes.IndexAny(data, "\r\n")
-		s.buf = append(s.buf, "data: "...)
+		s.w.WriteString("data: ")
 		if i < 0 {
-			s.buf = append(s.buf, data...)
-			s.buf = append(s.buf, '\n')
+			s.w.Write(data)
+			s.w.WriteByte('\n')
 			break
 		}
-		s.buf = append(s.buf, data[:i]...)
-		s.buf = append(s.buf, '\n')
+		s.w.Write(data[:i])
+		s.w.WriteByte('\n')
 		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
 			i++
 		}
 		data = data[i+1:]
 	}
-	s.buf = append(s.buf, '\n')
-	if len(s.buf) < maxFlushBytes {
-		return nil
-	}
-	deadline := s.arm()
-	return s.classify(s.writeOut(), deadline)
+	_, err := s.w.WriteString("\n")
+	return s.classify(err, deadline)
 }
 
-// appendLine appends b with any line break replaced by a space: an id or
-// an event name must stay on its line.
-func appendLine(dst, b []byte) []byte {
+// writeLine writes b with any line break replaced by a space: an id or an
+// event name must stay on its line.
+func writeLine(w *bufio.Writer, b []byte) {
 	for len(b) > 0 {
 		i := bytes.IndexAny(b, "\r\n")
 		if i < 0 {
-			return append(dst, b...)
+			w.Write(b)
+			return
 		}
-		dst = append(dst, b[:i]...)
-		dst = append(dst, ' ')
+		w.Write(b[:i])
+		w.WriteByte(' ')
 		b = b[i+1:]
 	}
-	return dst
-}
-
-// writeOut writes what is buffered in one Write and gives the buffer back.
-func (s *SSE) writeOut() error {
-	if s.buf == nil {
-		return nil
-	}
-	buf := s.buf
-	s.buf = nil
-	var err error
-	if len(buf) > 0 {
-		_, err = s.w.Write(buf)
-	}
-	if cap(buf) <= keepBufferBytes {
-		buf = buf[:0]
-		sseBuffers.Put(&buf)
-	}
-	return err
-}
-
-// drop lets what is buffered go: the stream ends without it.
-func (s *SSE) drop() {
-	if s.buf != nil && cap(s.buf) <= keepBufferBytes {
-		buf := s.buf[:0]
-		sseBuffers.Put(&buf)
-	}
-	s.buf = nil
 }
 
 // Flush writes what is buffered within the write timeout: a client that
@@ -190,16 +128,7 @@ func (s *SSE) drop() {
 // the clock.
 func (s *SSE) Flush() error {
 	deadline := s.arm()
-	return s.classify(s.flush(), deadline)
-}
-
-// flush writes what is buffered and flushes w, if it buffers too.
-func (s *SSE) flush() error {
-	err := s.writeOut()
-	if f, ok := s.w.(interface{ Flush() error }); ok && err == nil {
-		err = f.Flush()
-	}
-	return err
+	return s.classify(s.w.Flush(), deadline)
 }
 
 // FlushLast is Flush for the last frames of the stream, which Last may
@@ -209,7 +138,7 @@ func (s *SSE) FlushLast() error {
 	if s.o.Last != nil {
 		s.o.Last()
 	}
-	return s.classify(s.flush(), deadline)
+	return s.classify(s.w.Flush(), deadline)
 }
 
 // arm sets the connection's write deadline for what is written next.
@@ -233,15 +162,14 @@ func (s *SSE) classify(err error, deadline time.Time) error {
 // Heartbeat writes a comment line, which every SSE client ignores.
 func (s *SSE) Heartbeat() error {
 	s.begin()
-	s.add(":heartbeat\n\n")
-	return nil
+	_, err := s.w.WriteString(":heartbeat\n\n")
+	return err
 }
 
 // Close sends the options' notice for reason, if any. The response ends
 // when the body writer returns.
 func (s *SSE) Close(reason Reason, err error) {
 	if reason == Gone || reason == SlowConsumer || s.o.Notice == nil {
-		s.drop()
 		return
 	}
 	var f Frame
