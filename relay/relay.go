@@ -1,0 +1,486 @@
+// Package relay is what a follower node of a cluster serves its listener
+// with: it passes each client connection on to the leading node, which runs
+// the kernel and serves every protocol.
+//
+// The relay reads a connection's first request itself, so that its headers
+// are bounded, the few paths a follower answers on its own are answered
+// here, and a client gets a clear error when there is no leader to reach.
+// Any other first request makes the relay take the whole connection over:
+// it dials the leader, writes the request there, and splices the two
+// connections both ways until either side closes. Keep-alive requests, SSE
+// streams and WebSocket upgrades all pass through unchanged, with no
+// per-request or per-frame work; every later request of that connection
+// goes to the same leader, and when the leader goes, the splice ends and
+// the client reconnects.
+package relay
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
+)
+
+// The codes of the relay's own refusals, in the /v0 error envelope.
+const (
+	// CodeNoLeader: no node of the cluster was leading within Options.Wait
+	// (503, Retry-After: 1).
+	CodeNoLeader = "CLUSTER_NO_LEADER"
+	// CodeLeaderUnreachable: a leader is known but could not be dialed, or
+	// the request could not be written to it (502, Retry-After: 1).
+	CodeLeaderUnreachable = "CLUSTER_LEADER_UNREACHABLE"
+)
+
+// RelayedHeader marks a request a relay wrote to the node it took for the
+// leader. A relay refuses a first request that carries it (503
+// CodeNoLeader) instead of relaying it again: two nodes that each take the
+// other for the leader, while an election settles, must not pass a
+// connection back and forth.
+const RelayedHeader = "Gatehouse-Relayed"
+
+// Bounds of the way to the leader.
+const (
+	// dialTimeout bounds dialing the leader (TLS handshake included).
+	dialTimeout = 3 * time.Second
+	// writeTimeout bounds writing the first request to the leader.
+	writeTimeout = 5 * time.Second
+)
+
+// Options configure a Relay. Zero durations and sizes take the gateway's
+// defaults (gateway.Defaults), so that a client meets the same bounds on a
+// follower as on the leader.
+type Options struct {
+	// Leader returns the current leader's HTTP address (host:port), waiting
+	// for one within ctx; an error means none is known (answered 503).
+	Leader func(ctx context.Context) (string, error)
+	// Local answers the requests whose path is in LocalPaths on this node
+	// itself; nil answers nothing locally.
+	Local      fasthttp.RequestHandler
+	LocalPaths []string
+	// DialTLS, when set, dials the leader over TLS with it.
+	DialTLS *tls.Config
+	// Wait bounds how long a request waits for a leader; zero: 5s.
+	Wait time.Duration
+	// HeaderTimeout bounds reading the first request's headers once its
+	// first byte has arrived, ReadTimeout its body; IdleTimeout bounds the
+	// wait for that first byte, and for the next request after one
+	// answered locally.
+	HeaderTimeout time.Duration
+	ReadTimeout   time.Duration
+	IdleTimeout   time.Duration
+	// MaxHeaderBytes bounds the request line and headers; zero: 4 KiB, as
+	// the gateway's.
+	MaxHeaderBytes int
+	// MaxBodyBytes bounds the first request's body, which the relay reads
+	// before it relays; give it the gateway's MaxBodyBytes, so that the
+	// relay does not refuse what the leader would take.
+	MaxBodyBytes int
+	// MaxConnsPerIP bounds the connections open at once from one address,
+	// relayed ones included (past it: 429, then closed); negative: no bound.
+	MaxConnsPerIP int
+	Logger        *slog.Logger
+}
+
+// defaultWait is the zero Options.Wait.
+const defaultWait = 5 * time.Second
+
+// defaultMaxHeaderBytes is fasthttp's default read buffer, which is the
+// gateway's bound on request line and headers.
+const defaultMaxHeaderBytes = 4 << 10
+
+// Stats are a relay's counters since New, for metrics.
+type Stats struct {
+	// Open is the number of connections being relayed now.
+	Open int64
+	// Relayed counts the connections handed over to a leader.
+	Relayed uint64
+	// ToLeader and ToClient count the bytes relayed each way, the first
+	// request included.
+	ToLeader, ToClient uint64
+	// NoLeader, Unreachable and PerIP count refusals: no leader within
+	// Wait (503), a leader that could not be reached (502), a connection
+	// past MaxConnsPerIP (429).
+	NoLeader, Unreachable, PerIP uint64
+}
+
+// Relay relays a follower's client connections to the leading node.
+// Create it with New.
+type Relay struct {
+	o     Options
+	log   *slog.Logger
+	srv   *fasthttp.Server
+	local map[string]struct{}
+
+	// base is cancelled when shutdown begins: requests waiting for a
+	// leader give up at once.
+	base   context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	closing bool
+	lns     []net.Listener
+	// fresh are the connections that have not sent a request yet:
+	// fasthttp's shutdown would wait for them (it closes only those idle
+	// between requests), so Shutdown closes them.
+	fresh map[net.Conn]struct{}
+	// splices are the relayed connections; pending maps a client
+	// connection to its splice until fasthttp hands the connection over.
+	splices map[*splice]struct{}
+	pending map[net.Conn]*splice
+	wg      sync.WaitGroup
+
+	open                                     atomic.Int64
+	relayed, toLeader, toClient              atomic.Uint64
+	refusedNoLeader, refusedUnreachable, ipN atomic.Uint64
+}
+
+// New builds a Relay; Options.Leader is required.
+func New(o Options) *Relay {
+	d := gateway.Defaults()
+	option.Default(&o.Wait, defaultWait)
+	option.Default(&o.HeaderTimeout, d.HeaderTimeout)
+	option.Default(&o.ReadTimeout, d.ReadTimeout)
+	option.Default(&o.IdleTimeout, d.IdleTimeout)
+	option.Default(&o.MaxHeaderBytes, defaultMaxHeaderBytes)
+	option.Default(&o.MaxBodyBytes, d.MaxBodyBytes)
+	if o.MaxConnsPerIP == 0 {
+		o.MaxConnsPerIP = d.MaxConnsPerIP
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Relay{
+		o:       o,
+		log:     o.Logger,
+		local:   make(map[string]struct{}, len(o.LocalPaths)),
+		fresh:   map[net.Conn]struct{}{},
+		splices: map[*splice]struct{}{},
+		pending: map[net.Conn]*splice{},
+	}
+	for _, p := range o.LocalPaths {
+		r.local[p] = struct{}{}
+	}
+	r.base, r.cancel = context.WithCancel(context.Background())
+	r.srv = &fasthttp.Server{
+		Handler: r.serve,
+		Name:    "gatehouse",
+		// The read timeout covers the headers (after the first byte: see
+		// conn); headerReceived gives the body its own.
+		ReadTimeout:    o.HeaderTimeout,
+		HeaderReceived: r.headerReceived,
+		IdleTimeout:    o.IdleTimeout,
+		ReadBufferSize: o.MaxHeaderBytes,
+		// The body is relayed as it was read: a multipart form parsed here
+		// would be written back re-encoded.
+		DisablePreParseMultipartForm: true,
+		MaxRequestBodySize:           o.MaxBodyBytes,
+		ErrorHandler:                 r.serveError,
+		CloseOnShutdown:              true,
+		MaxIdleWorkerDuration:        time.Second,
+		ConnState:                    r.connState,
+		SecureErrorLogMessage:        true,
+		Logger:                       fasthttpLogger{o.Logger},
+	}
+	return r
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Open:        r.open.Load(),
+		Relayed:     r.relayed.Load(),
+		ToLeader:    r.toLeader.Load(),
+		ToClient:    r.toClient.Load(),
+		NoLeader:    r.refusedNoLeader.Load(),
+		Unreachable: r.refusedUnreachable.Load(),
+		PerIP:       r.ipN.Load(),
+	}
+}
+
+// Serve accepts connections on ln until Shutdown, and returns at once,
+// closing ln, when Shutdown has begun.
+func (r *Relay) Serve(ln net.Listener) error {
+	r.mu.Lock()
+	if r.closing {
+		r.mu.Unlock()
+		_ = ln.Close()
+		return nil
+	}
+	r.lns = append(r.lns, ln)
+	r.mu.Unlock()
+	err := r.srv.Serve(limitPerIP(ln, r.o.MaxConnsPerIP, r.o.IdleTimeout, func() { r.ipN.Add(1) }))
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("relay: serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting connections and closes every relayed one (the
+// clients reconnect, to this node or another), then waits, bounded by ctx,
+// for the requests in hand and for every splice to end.
+func (r *Relay) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	r.closing = true
+	for sp := range r.splices {
+		sp.close()
+	}
+	lns := r.lns
+	r.mu.Unlock()
+	r.cancel()
+
+	// One accepted while fasthttp closes the listener may show up after a
+	// first sweep: they are swept until its shutdown returns.
+	stop := make(chan struct{})
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			r.closeFresh()
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	err := r.srv.ShutdownWithContext(ctx)
+	close(stop)
+	<-swept
+	for _, ln := range lns {
+		// Already closed by fasthttp, unless its Serve had not begun.
+		_ = ln.Close()
+	}
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("relay: shutdown: %w", err)
+	}
+	return nil
+}
+
+func (r *Relay) closeFresh() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.fresh {
+		_ = c.Close()
+	}
+}
+
+// connState tracks the connections that have sent nothing yet (a
+// request's arrival ends that in serve: fasthttp calls a connection active
+// before its first byte), and abandons
+// the splice of a connection that fasthttp closed instead of handing it
+// over (it failed between the handler and the hijack).
+func (r *Relay) connState(c net.Conn, st fasthttp.ConnState) {
+	r.mu.Lock()
+	switch st {
+	case fasthttp.StateNew:
+		r.fresh[c] = struct{}{}
+	case fasthttp.StateIdle, fasthttp.StateHijacked, fasthttp.StateClosed:
+		delete(r.fresh, c)
+	}
+	var abandoned *splice
+	if st == fasthttp.StateClosed {
+		abandoned = r.pending[c]
+		delete(r.pending, c)
+	}
+	r.mu.Unlock()
+	if abandoned != nil {
+		r.finish(abandoned)
+	}
+}
+
+func (r *Relay) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	return fasthttp.RequestConfig{ReadTimeout: r.o.ReadTimeout}
+}
+
+// serve is the handler of a connection's requests until one is relayed.
+func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
+	if ctx.ConnRequestNum() == 1 {
+		r.mu.Lock()
+		delete(r.fresh, ctx.Conn())
+		r.mu.Unlock()
+	}
+	if r.isLocal(ctx) {
+		r.o.Local(ctx)
+		return
+	}
+	if len(ctx.Request.Header.Peek(RelayedHeader)) > 0 {
+		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errRelayLoop, &r.refusedNoLeader)
+		return
+	}
+	wait, cancel := context.WithTimeout(r.base, r.o.Wait)
+	addr, err := r.o.Leader(wait)
+	cancel()
+	if err != nil {
+		r.log.Debug("no leader to relay to", "err", err)
+		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errNoLeader, &r.refusedNoLeader)
+		return
+	}
+	leader, err := r.dial(addr)
+	if err != nil {
+		r.log.Warn("leader unreachable", "leader", addr, "err", err)
+		r.refuse(ctx, fasthttp.StatusBadGateway, CodeLeaderUnreachable, errUnreachable, &r.refusedUnreachable)
+		return
+	}
+	client := ctx.Conn()
+	sp, ok := r.begin(client, leader)
+	if !ok {
+		_ = leader.Close()
+		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errShuttingDown, &r.refusedNoLeader)
+		return
+	}
+	n, err := r.writeFirst(ctx, leader)
+	r.toLeader.Add(uint64(n))
+	if err != nil {
+		r.log.Warn("leader unreachable", "leader", addr, "err", err)
+		r.unpend(client)
+		r.drop(sp)
+		r.refuse(ctx, fasthttp.StatusBadGateway, CodeLeaderUnreachable, errUnreachable, &r.refusedUnreachable)
+		return
+	}
+	r.relayed.Add(1)
+	// No answer of fasthttp's: the leader's comes through the splice.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		if r.unpend(client) {
+			r.run(sp, c)
+		}
+	})
+}
+
+// isLocal says whether the request's path is one this node answers.
+func (r *Relay) isLocal(ctx *fasthttp.RequestCtx) bool {
+	if r.o.Local == nil {
+		return false
+	}
+	_, ok := r.local[string(ctx.Path())]
+	return ok
+}
+
+func (r *Relay) dial(addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(r.base, dialTimeout)
+	defer cancel()
+	nd := &net.Dialer{Timeout: dialTimeout}
+	if r.o.DialTLS != nil {
+		td := &tls.Dialer{NetDialer: nd, Config: r.o.DialTLS}
+		return td.DialContext(ctx, "tcp", addr)
+	}
+	return nd.DialContext(ctx, "tcp", addr)
+}
+
+// writeFirst writes the request the relay read to the leader, marked as
+// relayed and with the client's address added to X-Forwarded-For.
+func (r *Relay) writeFirst(ctx *fasthttp.RequestCtx, leader net.Conn) (int64, error) {
+	h := &ctx.Request.Header
+	ip := clientIP(ctx.RemoteAddr())
+	if ip != "" {
+		fwd := ""
+		for _, v := range h.PeekAll(fasthttp.HeaderXForwardedFor) {
+			fwd += string(v) + ", "
+		}
+		h.Del(fasthttp.HeaderXForwardedFor)
+		h.Set(fasthttp.HeaderXForwardedFor, fwd+ip)
+	}
+	h.Set(RelayedHeader, "1")
+	// fasthttp already answered 100 Continue and read the body.
+	h.Del(fasthttp.HeaderExpect)
+	if err := leader.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
+		return 0, fmt.Errorf("relay: write request: %w", err)
+	}
+	// fasthttp writes a request whose URI it parsed (a server always does)
+	// with the URI rebuilt: this keeps its path as the client sent it, so
+	// that the leader routes it as it would have unrelayed.
+	ctx.Request.URI().DisablePathNormalizing = true
+	n, err := ctx.Request.WriteTo(leader)
+	if err != nil {
+		return n, fmt.Errorf("relay: write request: %w", err)
+	}
+	if err := leader.SetWriteDeadline(time.Time{}); err != nil {
+		return n, fmt.Errorf("relay: write request: %w", err)
+	}
+	return n, nil
+}
+
+func clientIP(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// Errors answered to clients.
+var (
+	errNoLeader     = errors.New("no leader: no node of the cluster is leading; retry shortly")
+	errUnreachable  = errors.New("leader unreachable: the leading node cannot be reached from this node; retry shortly")
+	errRelayLoop    = errors.New("no leader: this request was relayed to a node that is not leading; retry shortly")
+	errShuttingDown = errors.New("no leader: this node is shutting down; retry shortly")
+)
+
+// refuse answers a request the relay could not pass on, and closes the
+// connection after the answer: its client retries afresh, perhaps on
+// another node.
+func (r *Relay) refuse(ctx *fasthttp.RequestCtx, status int, code string, err error, n *atomic.Uint64) {
+	n.Add(1)
+	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+	ctx.SetConnectionClose()
+	writeError(ctx, status, code, err)
+}
+
+// serveError answers a request fasthttp could not read, as the gateway does.
+func (r *Relay) serveError(ctx *fasthttp.RequestCtx, err error) {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, gateway.CodeTooLarge, errors.New("payload too large: the request body is over the limit"))
+	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
+		writeError(ctx, fasthttp.StatusRequestTimeout, gateway.CodeTimeout, errors.New("request timeout: the request was not read in time"))
+	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, gateway.CodeHeadersTooLarge, fmt.Errorf("request header fields too large: at most %d bytes of request line and headers", r.o.MaxHeaderBytes))
+	default:
+		r.log.Debug("malformed request", "err", err)
+		writeError(ctx, fasthttp.StatusBadRequest, gateway.CodeValidation, errors.New("validation error: malformed request"))
+	}
+	ctx.SetConnectionClose()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// writeError answers in the /v0 error envelope.
+func writeError(ctx *fasthttp.RequestCtx, status int, code string, err error) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(envelope(code, err.Error()))
+}
+
+// fasthttpLogger sends fasthttp's own messages to the relay's log.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
