@@ -85,6 +85,9 @@ type Options struct {
 	// before it relays; give it the gateway's MaxBodyBytes, so that the
 	// relay does not refuse what the leader would take.
 	MaxBodyBytes int
+	// MaxConns bounds the connections being read and relayed at once; past
+	// it a new one gets 503 SERVICE_UNAVAILABLE (zero: the gateway's).
+	MaxConns int
 	// MaxConnsPerIP bounds the connections open at once from one address,
 	// relayed ones included (past it: 429, then closed); negative: no bound.
 	MaxConnsPerIP int
@@ -109,8 +112,9 @@ type Stats struct {
 	ToLeader, ToClient uint64
 	// NoLeader, Unreachable and PerIP count refusals: no leader within
 	// Wait (503), a leader that could not be reached (502), a connection
-	// past MaxConnsPerIP (429).
-	NoLeader, Unreachable, PerIP uint64
+	// past MaxConnsPerIP (429); Full counts first requests refused (503)
+	// while MaxConns connections were relayed.
+	NoLeader, Unreachable, PerIP, Full uint64
 }
 
 // Relay relays a follower's client connections to the leading node.
@@ -142,6 +146,7 @@ type Relay struct {
 	open                                     atomic.Int64
 	relayed, toLeader, toClient              atomic.Uint64
 	refusedNoLeader, refusedUnreachable, ipN atomic.Uint64
+	refusedFull                              atomic.Uint64
 }
 
 // New builds a Relay; Options.Leader is required.
@@ -153,6 +158,7 @@ func New(o Options) *Relay {
 	option.Default(&o.IdleTimeout, d.IdleTimeout)
 	option.Default(&o.MaxHeaderBytes, defaultMaxHeaderBytes)
 	option.Default(&o.MaxBodyBytes, d.MaxBodyBytes)
+	option.Default(&o.MaxConns, d.MaxConns)
 	if o.MaxConnsPerIP == 0 {
 		o.MaxConnsPerIP = d.MaxConnsPerIP
 	}
@@ -184,12 +190,15 @@ func New(o Options) *Relay {
 		// would be written back re-encoded.
 		DisablePreParseMultipartForm: true,
 		MaxRequestBodySize:           o.MaxBodyBytes,
-		ErrorHandler:                 r.serveError,
-		CloseOnShutdown:              true,
-		MaxIdleWorkerDuration:        time.Second,
-		ConnState:                    r.connState,
-		SecureErrorLogMessage:        true,
-		Logger:                       fasthttpLogger{o.Logger},
+		// Counts the connections before they are relayed; begin counts
+		// the relayed ones, which fasthttp no longer does.
+		Concurrency:           o.MaxConns,
+		ErrorHandler:          r.serveError,
+		CloseOnShutdown:       true,
+		MaxIdleWorkerDuration: time.Second,
+		ConnState:             r.connState,
+		SecureErrorLogMessage: true,
+		Logger:                fasthttpLogger{o.Logger},
 	}
 	return r
 }
@@ -204,6 +213,7 @@ func (r *Relay) Stats() Stats {
 		NoLeader:    r.refusedNoLeader.Load(),
 		Unreachable: r.refusedUnreachable.Load(),
 		PerIP:       r.ipN.Load(),
+		Full:        r.refusedFull.Load(),
 	}
 }
 
@@ -324,6 +334,10 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		r.o.Local(ctx)
 		return
 	}
+	if r.open.Load() >= int64(r.o.MaxConns) {
+		r.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errFull, &r.refusedFull)
+		return
+	}
 	if len(ctx.Request.Header.Peek(RelayedHeader)) > 0 {
 		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errRelayLoop, &r.refusedNoLeader)
 		return
@@ -438,6 +452,7 @@ var (
 	errUnreachable  = errors.New("leader unreachable: the leading node cannot be reached from this node; retry shortly")
 	errRelayLoop    = errors.New("no leader: this request was relayed to a node that is not leading; retry shortly")
 	errShuttingDown = errors.New("no leader: this node is shutting down; retry shortly")
+	errFull         = errors.New("service unavailable: this node relays as many connections as it may; retry shortly")
 )
 
 // refuse answers a request the relay could not pass on, and closes the

@@ -538,3 +538,25 @@ func TestRelayShutdownClosesOpenSplices(t *testing.T) {
 	}
 	eventually.True(t, "no goroutine of the relay left", func() bool { return relayGoroutines() == 0 })
 }
+
+// TestRelayRefusesAConnectionPastMaxConns: while MaxConns connections are
+// relayed, a new one's request is answered 503 by the relay itself.
+func TestRelayRefusesAConnectionPastMaxConns(t *testing.T) {
+	leader := leaderNode(t)
+	r, base := startRelay(t, relay.Options{Leader: fixedLeader(hostOf(leader.URL)), MaxConns: 1})
+	host := hostOf(base)
+	first := dialRaw(t, base)
+	first.write(get("/v0/executions", host))
+	if resp, body := first.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first connection: %d %s", resp.StatusCode, body)
+	}
+	second := dialRaw(t, base)
+	second.write(get("/v0/executions", host))
+	resp, body := second.read()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"code":"SERVICE_UNAVAILABLE"`) || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("second connection: %d %s, want 503 SERVICE_UNAVAILABLE with Retry-After 1", resp.StatusCode, body)
+	}
+	if st := r.Stats(); st.Full != 1 || st.Open != 1 {
+		t.Fatalf("stats %+v: want one refused as full, one open", st)
+	}
+}
