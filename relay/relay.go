@@ -165,6 +165,12 @@ func New(o Options) *Relay {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.DialTLS != nil {
+		// The relay writes HTTP/1.1 and then copies bytes: the leader must
+		// not pick HTTP/2 (the gateway never offers it; this keeps it so).
+		o.DialTLS = o.DialTLS.Clone()
+		o.DialTLS.NextProtos = []string{"http/1.1"}
+	}
 	r := &Relay{
 		o:       o,
 		log:     o.Logger,
@@ -342,6 +348,13 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errRelayLoop, &r.refusedNoLeader)
 		return
 	}
+	if len(ctx.Request.Header.Host()) == 0 {
+		// fasthttp cannot write a request without a host (HTTP/1.0 allows
+		// one): it is the client's to fix, not the leader's fault.
+		writeError(ctx, fasthttp.StatusBadRequest, gateway.CodeValidation, errNoHost)
+		ctx.SetConnectionClose()
+		return
+	}
 	wait, cancel := context.WithTimeout(r.base, r.o.Wait)
 	addr, err := r.o.Leader(wait)
 	cancel()
@@ -452,6 +465,7 @@ var (
 	errUnreachable  = errors.New("leader unreachable: the leading node cannot be reached from this node; retry shortly")
 	errRelayLoop    = errors.New("no leader: this request was relayed to a node that is not leading; retry shortly")
 	errShuttingDown = errors.New("no leader: this node is shutting down; retry shortly")
+	errNoHost       = errors.New("validation error: the request has no Host header, which a relayed request needs")
 	errFull         = errors.New("service unavailable: this node relays as many connections as it may; retry shortly")
 )
 

@@ -341,30 +341,33 @@ func TestRelayRefusesWhenTheLeaderCannotBeReached(t *testing.T) {
 		return "", fmt.Errorf("no leader elected: %w", ctx.Err())
 	}
 	const wait = 200 * time.Millisecond
+	const plain = "GET /v0/executions HTTP/1.1\r\nHost: x\r\n\r\n"
 	for _, tc := range []struct {
 		name   string
 		leader func(context.Context) (string, error)
-		extra  string
+		req    string
 		status int
 		code   string
+		retry  string
 	}{
-		{"no leader within wait", none, "", http.StatusServiceUnavailable, relay.CodeNoLeader},
-		{"leader refuses the dial", fixedLeader(closedAddr), "", http.StatusBadGateway, relay.CodeLeaderUnreachable},
-		{"request relayed already", fixedLeader(closedAddr), relay.RelayedHeader + ": 1\r\n", http.StatusServiceUnavailable, relay.CodeNoLeader},
+		{"no leader within wait", none, plain, http.StatusServiceUnavailable, relay.CodeNoLeader, "1"},
+		{"leader refuses the dial", fixedLeader(closedAddr), plain, http.StatusBadGateway, relay.CodeLeaderUnreachable, "1"},
+		{"request relayed already", fixedLeader(closedAddr), "GET /v0/executions HTTP/1.1\r\nHost: x\r\n" + relay.RelayedHeader + ": 1\r\n\r\n", http.StatusServiceUnavailable, relay.CodeNoLeader, "1"},
+		{"no host", fixedLeader(closedAddr), "GET /v0/executions HTTP/1.0\r\n\r\n", http.StatusBadRequest, gateway.CodeValidation, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, base := startRelay(t, relay.Options{Leader: tc.leader, Wait: wait})
 			rc := dialRaw(t, base)
 			start := time.Now()
-			rc.write("GET /v0/executions HTTP/1.1\r\nHost: x\r\n" + tc.extra + "\r\n")
+			rc.write(tc.req)
 			resp, body := rc.read()
 			took := time.Since(start)
 			var env struct{ Error, Code string }
 			if err := json.Unmarshal([]byte(body), &env); err != nil {
 				t.Fatalf("body %q: %v", body, err)
 			}
-			if resp.StatusCode != tc.status || env.Code != tc.code || env.Error == "" || resp.Header.Get("Retry-After") != "1" {
-				t.Fatalf("answer %d %q Retry-After %q, want %d %s with Retry-After 1", resp.StatusCode, body, resp.Header.Get("Retry-After"), tc.status, tc.code)
+			if resp.StatusCode != tc.status || env.Code != tc.code || env.Error == "" || resp.Header.Get("Retry-After") != tc.retry {
+				t.Fatalf("answer %d %q Retry-After %q, want %d %s with Retry-After %q", resp.StatusCode, body, resp.Header.Get("Retry-After"), tc.status, tc.code, tc.retry)
 			}
 			if !resp.Close {
 				t.Fatal("the refusal keeps the connection open; want it closed")
@@ -372,8 +375,9 @@ func TestRelayRefusesWhenTheLeaderCannotBeReached(t *testing.T) {
 			if took > wait+2*time.Second {
 				t.Fatalf("answered after %v; Wait is %v", took, wait)
 			}
-			if st := r.Stats(); st.NoLeader+st.Unreachable != 1 || st.Relayed != 0 || st.Open != 0 {
-				t.Fatalf("stats %+v: want one refusal and nothing relayed", st)
+			st := r.Stats()
+			if refused := st.NoLeader + st.Unreachable; st.Relayed != 0 || st.Open != 0 || (refused == 1) != (tc.retry != "") {
+				t.Fatalf("stats %+v: want nothing relayed, and a refusal counted for the %s", st, tc.code)
 			}
 		})
 	}
