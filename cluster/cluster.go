@@ -112,6 +112,9 @@ func (n *Node) serverOptions() (*server.Options, error) {
 		DontListen:             o.ClientListen == "" && o.Name == "",
 		NoSigs:                 true,
 		DisableJetStreamBanner: true,
+		// The journal's groups, and an envelope.
+		MaxPayload: MaxGroupBytes + 64<<10,
+		SyncAlways: o.SyncAlways,
 	}
 	switch {
 	case o.ClientListen != "":

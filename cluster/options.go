@@ -79,6 +79,12 @@ type Options struct {
 	// cluster, for a meta leader, which takes a quorum of the nodes up.
 	// Zero means 30s.
 	ReadyTimeout time.Duration
+	// Replicas is the journal's replica count on a deployment joined with
+	// URL; zero means 3. An embedded cluster uses min(3, its nodes).
+	Replicas int
+	// SyncAlways has the embedded server sync JetStream's files before it
+	// acknowledges a write, as a node's own store does under --sync always.
+	SyncAlways bool
 	// Logger receives the NATS server's lines; nil discards them.
 	Logger *slog.Logger
 }

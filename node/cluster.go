@@ -20,6 +20,9 @@ const CodeClusterUnhealthy = "CLUSTER_UNHEALTHY"
 // startCluster starts the node's NATS side, when its options ask for one,
 // and returns the surface that reports it at ClusterPath (nil without).
 func (n *Node) startCluster(ctx context.Context) (protocol.Surface, error) {
+	if n.Cluster != nil {
+		return clusterSurface{c: n.Cluster, m: n.member}, nil
+	}
 	co := n.o.Cluster
 	if !co.Enabled() {
 		return nil, nil
@@ -41,7 +44,10 @@ func (n *Node) startCluster(ctx context.Context) (protocol.Surface, error) {
 // while healthy and 503 otherwise, so that a load balancer's probe can take
 // a node without a quorum out of rotation. It is read as the metrics are:
 // by a client or an admin.
-type clusterSurface struct{ c *cluster.Node }
+type clusterSurface struct {
+	c *cluster.Node
+	m *Member // the member this node leads for, if any
+}
 
 // clusterJSON answers as the /v0 API does.
 var clusterJSON = protocol.JSON{Newline: true, Fallback: `{"error":"internal error","code":"INTERNAL_ERROR"}`}
@@ -56,8 +62,14 @@ func (s clusterSurface) Routes() []protocol.Route {
 // unhealthy.
 type clusterAnswer struct {
 	cluster.Status
-	Error string `json:"error,omitempty"`
-	Code  string `json:"code,omitempty"`
+	// Role is "leader" or "follower" on a cluster's member, Leader the
+	// node that leads as this one knows, and Journal the position in the
+	// cluster's journal this node's store holds.
+	Role    string `json:"role,omitempty"`
+	Leader  string `json:"leader,omitempty"`
+	Journal uint64 `json:"journal,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Code    string `json:"code,omitempty"`
 }
 
 func (s clusterSurface) status(r *protocol.Request) error {
@@ -65,6 +77,9 @@ func (s clusterSurface) status(r *protocol.Request) error {
 		return err
 	}
 	a := clusterAnswer{Status: s.c.Status(r.Ctx)}
+	if s.m != nil {
+		a.Role, a.Leader, a.Journal = "leader", s.m.o.Cluster.NodeName, s.m.store.Replicated()
+	}
 	status := fasthttp.StatusOK
 	if !a.Healthy {
 		status, a.Error, a.Code = fasthttp.StatusServiceUnavailable, "cluster unhealthy: "+a.Problem, CodeClusterUnhealthy

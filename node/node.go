@@ -51,10 +51,12 @@ type Node struct {
 	// enabled.
 	Cluster *cluster.Node
 
-	ln   net.Listener
-	log  *slog.Logger
-	push *webpush.Push // the Web Push channel, if any
-	o    Options
+	ln  net.Listener
+	log *slog.Logger
+	// member is the cluster member this node leads for, if any.
+	member *Member
+	push   *webpush.Push // the Web Push channel, if any
+	o      Options
 	// closers release what Open built, last first.
 	closers closers
 }
@@ -91,13 +93,16 @@ func (n *Node) build(ctx context.Context) error {
 			return err
 		}
 	}
-	st, err := store.Open(store.Options{Dir: o.Data, InMemory: o.InMemory, Sync: o.Sync, Logger: o.Logger,
-		DiskBudget: o.DiskBudget, LowWater: o.DiskLowWater, MemoryLimit: o.MemoryLimit})
-	if err != nil {
-		return err
+	// A cluster's member hands its leader the store and the NATS side it
+	// keeps between terms (see Member).
+	st := n.Store
+	if st == nil {
+		if st, err = openStore(o); err != nil {
+			return err
+		}
+		n.Store = st
+		n.closers.push(func(context.Context) error { return st.Close() })
 	}
-	n.Store = st
-	n.closers.push(func(context.Context) error { return st.Close() })
 	// After the store, whose lock on the data folder keeps a second
 	// process off the JetStream files in it too.
 	clusterSurface, err := n.startCluster(ctx)
@@ -197,16 +202,24 @@ func (n *Node) build(ctx context.Context) error {
 		return err
 	}
 	n.Server = srv
-	ln, err := gateway.Listen(o.Addr, o.TLS)
-	if err != nil {
-		return err
+	ln := n.ln
+	if ln == nil {
+		if ln, err = gateway.Listen(o.Addr, o.TLS); err != nil {
+			return err
+		}
+		n.ln = ln
 	}
-	n.ln = ln
 	rt.Start(o.Logger)
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
 	n.closers.push(n.startRetention())
 	return nil
+}
+
+// openStore opens the store o describes.
+func openStore(o Options) (*store.Store, error) {
+	return store.Open(store.Options{Dir: o.Data, InMemory: o.InMemory, Sync: o.Sync, Logger: o.Logger,
+		DiskBudget: o.DiskBudget, LowWater: o.DiskLowWater, MemoryLimit: o.MemoryLimit})
 }
 
 // adapters adds the chat and push channels that o configures to co's.

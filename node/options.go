@@ -50,6 +50,10 @@ type Options struct {
 	// node, or a connection to an existing deployment. Dir and Logger are
 	// filled in. The zero value runs no NATS at all.
 	Cluster cluster.Options
+	// Advertise is the address (host:port) the other nodes of a cluster
+	// relay this node's clients to while it leads; empty means Addr,
+	// which must then name a host.
+	Advertise string
 
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in

@@ -218,7 +218,7 @@ type Store struct {
 	size    sizing
 	opts    Options
 	log     *slog.Logger
-	epoch   string
+	epoch   atomic.Pointer[string]
 	reqs    chan *request
 	applyq  chan *group
 	stop    chan struct{}
@@ -283,6 +283,13 @@ type Store struct {
 	legacy      bool
 	logsFrom    uint64
 
+	// leading is set while the store leads a cluster (see replica.go),
+	// changed under leadMu; replicated is the Replica's position of the
+	// last group applied.
+	leading    atomic.Pointer[leader]
+	leadMu     sync.Mutex
+	replicated atomic.Uint64
+
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
 	// waits for in-flight writes while the committer still serves them.
@@ -333,6 +340,9 @@ type group struct {
 	settle bool
 	ts     uint64
 	start  time.Time
+	// follow is the Replica's position a follower's batch in the group
+	// applies up to, replicated the one a leader's group was given.
+	follow, replicated uint64
 }
 
 // Open opens (creating if needed) the database described by o.
@@ -482,10 +492,15 @@ func Open(o Options) (*Store, error) {
 	}
 	go s.commitLoop()
 	go s.checkpointLoop()
-	if s.epoch, err = s.loadEpoch(); err != nil {
+	epoch, err := s.loadEpoch()
+	if err == nil {
+		err = s.loadReplicated()
+	}
+	if err != nil {
 		_ = s.Close()
 		return nil, err
 	}
+	s.epoch.Store(&epoch)
 	return s, nil
 }
 
@@ -544,7 +559,7 @@ func (s *Store) awaitApplied() uint64 {
 
 // Epoch identifies this database's lifetime; it changes when the data folder
 // is wiped.
-func (s *Store) Epoch() string { return s.epoch }
+func (s *Store) Epoch() string { return *s.epoch.Load() }
 
 // Mode returns the sync mode in force.
 func (s *Store) Mode() SyncMode { return s.opts.Sync }
@@ -697,12 +712,17 @@ func (s *Store) commitLoop() {
 		select {
 		case r := <-s.reqs:
 			g := s.gather(r)
-			var err error
-			buf, err = s.journalGroup(g, buf)
+			err := s.replicate(g)
+			if err == nil {
+				buf, err = s.journalGroup(g, buf)
+			}
 			if err == nil {
 				dirty = true
 				s.acked.Store(g.ts)
 				s.countCommit(g)
+				if at := max(g.follow, g.replicated); at > 0 {
+					s.replicated.Store(at)
+				}
 			}
 			for _, r := range g.reqs {
 				r.done <- err
@@ -799,6 +819,7 @@ func (s *Store) gather(r *request) *group {
 	for _, r := range g.reqs {
 		g.lazy += r.batch.lazy
 		g.settle = g.settle || r.batch.settle
+		g.follow = max(g.follow, r.batch.follow)
 	}
 	if len(g.reqs) == 1 {
 		g.ops = r.batch.ops
@@ -1668,6 +1689,9 @@ type Batch struct {
 	dels int // deletions
 	// settle asks the apply stage to hand the waiting lazy writes over.
 	settle bool
+	// follow is the Replica's position of the last group a follower's
+	// batch applies (see Follow).
+	follow uint64
 }
 
 type op struct {

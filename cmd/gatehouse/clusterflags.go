@@ -14,7 +14,7 @@ type clusterFlags struct {
 	name, nodeName, listen, peers string
 	clientListen, domain          string
 	leafListen, leafRemotes       string
-	url, creds                    string
+	url, creds, advertise         string
 	routeTLS, leafTLS, natsTLS    cluster.TLSFiles
 	insecure                      bool
 	readyTimeout                  time.Duration
@@ -41,11 +41,13 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.creds, "nats-creds", "", "NATS credentials `file` for --nats-url")
 	fs.StringVar(&c.natsTLS.Cert, "nats-tls-cert", "", "client certificate (PEM `file`) for --nats-url")
 	fs.StringVar(&c.natsTLS.Key, "nats-tls-key", "", "the private key (PEM `file`) of --nats-tls-cert")
+	fs.StringVar(&c.advertise, "cluster-advertise", "", "`host:port` the other nodes relay this node's clients to while it leads (default: --addr, which must then name a host)")
 	fs.StringVar(&c.natsTLS.CA, "nats-tls-ca", "", "CA (PEM `file`) that verifies the servers of --nats-url (default: the system's)")
 }
 
 // apply sets o's NATS side from the flags.
 func (c *clusterFlags) apply(o *node.Options) {
+	o.Advertise = c.advertise
 	o.Cluster = cluster.Options{
 		Name: c.name, NodeName: c.nodeName, Listen: c.listen, Peers: splitList(c.peers),
 		ClientListen: c.clientListen, Domain: c.domain,

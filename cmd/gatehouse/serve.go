@@ -218,7 +218,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	g, err := start(ctx, c, st, log)
+	var g interface{ Close(context.Context) error }
+	if c.cluster.name != "" || c.cluster.url != "" {
+		g, err = startMember(ctx, c, st, log)
+	} else {
+		g, err = start(ctx, c, st, log)
+	}
 	if err != nil {
 		stopPprof(context.Background())
 		st.close(context.Background())
@@ -240,20 +245,25 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	return err
 }
 
-// start opens the node described by c, serving TLS as st says (nil: plain
-// HTTP).
-func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*node.Node, error) {
-	if st == nil {
-		st = &serverTLS{mode: "off"}
-	}
+// startOptions are the options of the node described by c, serving TLS
+// as st says, and what start logs of them.
+type startOptions struct {
+	node.Options
+	pol               *policy.Engine
+	memLimit, goLimit int64
+	memSource         string
+}
+
+// options builds c's node options.
+func (c config) options(st *serverTLS, log *slog.Logger) (startOptions, error) {
 	mode, err := store.ParseSyncMode(c.sync)
 	if err != nil {
-		return nil, err
+		return startOptions{}, err
 	}
 	pol := policy.Default()
 	if c.policy != "" {
 		if pol, err = policy.Load(c.policy); err != nil {
-			return nil, err
+			return startOptions{}, err
 		}
 	}
 	memLimit, memSource := memoryLimit(int64(c.memoryLimit), cgroupRoot)
@@ -282,9 +292,24 @@ func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*nod
 		},
 	}
 	if err := c.channels.apply(&o); err != nil {
-		return nil, err
+		return startOptions{}, err
 	}
 	c.cluster.apply(&o)
+	return startOptions{Options: o, pol: pol, memLimit: memLimit, goLimit: goLimit, memSource: memSource}, nil
+}
+
+// start opens the node described by c, serving TLS as st says (nil: plain
+// HTTP).
+func start(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*node.Node, error) {
+	if st == nil {
+		st = &serverTLS{mode: "off"}
+	}
+	so, err := c.options(st, log)
+	if err != nil {
+		return nil, err
+	}
+	o, pol, mode := so.Options, so.pol, so.Sync
+	memLimit, memSource, goLimit := so.memLimit, so.memSource, so.goLimit
 	n, err := node.Open(ctx, o)
 	if errors.Is(err, node.ErrNoAuthOnNetwork) {
 		return nil, fmt.Errorf("serve: %w: anyone who can reach %s would act as the admin; set --token (or --jwt-secret or --jwt-public-key), listen on loopback (--addr 127.0.0.1:%s), or add --insecure-no-auth if every host that can reach it is trusted",
@@ -349,4 +374,25 @@ func splitList(v string) []string {
 		}
 	}
 	return out
+}
+
+// startMember opens the cluster member described by c, serving TLS as st
+// says.
+func startMember(ctx context.Context, c config, st *serverTLS, log *slog.Logger) (*node.Member, error) {
+	so, err := c.options(st, log)
+	if err != nil {
+		return nil, err
+	}
+	m, err := node.OpenMember(ctx, so.Options)
+	if errors.Is(err, node.ErrNoAuthOnNetwork) {
+		return nil, fmt.Errorf("serve: %w: anyone who can reach %s would act as the admin; set --token (or --jwt-secret or --jwt-public-key), or listen on loopback",
+			node.ErrNoAuthOnNetwork, c.addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	log.Info("gatehouse listening as a cluster member", "addr", m.Addr().String(), "tls", st.mode, "data", c.data,
+		"sync", so.Sync.String(), "policy", so.pol.Source(), "node", so.Cluster.NodeName, "cluster", so.Cluster.Name,
+		"journal", m.Store().Replicated(), "procs", runtime.GOMAXPROCS(0))
+	return m, nil
 }

@@ -1,0 +1,130 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/cluster"
+)
+
+// single starts one embedded node with JetStream in a temporary folder.
+func single(t *testing.T) *cluster.Node {
+	t.Helper()
+	n, err := start(t, cluster.Options{NodeName: "n1", Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestJournalAppendsAreFencedByTheLastSequence(t *testing.T) {
+	ctx := context.Background()
+	j, err := single(t).Journal(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := j.Writer(0)
+	for i := range 3 {
+		if seq, err := old.Append(ctx, []byte(fmt.Sprint(i))); err != nil || seq != uint64(i+1) {
+			t.Fatalf("append %d = %d, %v", i, seq, err)
+		}
+	}
+	// A node that caught up to 3 takes over; the one that led before is
+	// refused from then on, and its group is stored nowhere.
+	next := j.Writer(3)
+	if _, err := next.Append(ctx, []byte("term")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Append(ctx, []byte("late")); !errors.Is(err, cluster.ErrFenced) {
+		t.Fatalf("the deposed writer's append = %v, want ErrFenced", err)
+	}
+	if _, err := j.Writer(2).Append(ctx, []byte("behind")); !errors.Is(err, cluster.ErrFenced) {
+		t.Fatalf("a writer behind the journal = %v, want ErrFenced", err)
+	}
+	if _, err := next.Append(ctx, make([]byte, cluster.MaxGroupBytes+1)); !errors.Is(err, cluster.ErrGroupTooLarge) {
+		t.Fatalf("an oversized group = %v, want ErrGroupTooLarge", err)
+	}
+	if last, err := j.Last(ctx); err != nil || last != 4 {
+		t.Fatalf("last = %d, %v; want 4", last, err)
+	}
+
+	r, err := j.Reader(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	var got []cluster.Entry
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < 3 && time.Now().Before(deadline) {
+		es, err := r.Next(ctx, 2, 1<<20, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(es) > 2 {
+			t.Fatalf("Next returned %d groups, asked for at most 2", len(es))
+		}
+		got = append(got, es...)
+	}
+	want := []string{"1", "2", "term"}
+	if len(got) != len(want) {
+		t.Fatalf("read %d groups after 1, want %d", len(got), len(want))
+	}
+	for i, e := range got {
+		if e.Seq != uint64(i+2) || !bytes.Equal(e.Data, []byte(want[i])) {
+			t.Errorf("group %d = %d %q, want %d %q", i, e.Seq, e.Data, i+2, want[i])
+		}
+	}
+	if es, err := r.Next(ctx, 10, 1<<20, 100*time.Millisecond); err != nil || len(es) != 0 {
+		t.Fatalf("Next at the end = %d groups, %v", len(es), err)
+	}
+}
+
+func TestLeaseGoesToTheNextNodeOnceReleasedOrLost(t *testing.T) {
+	ctx := context.Background()
+	n := single(t)
+	ls, err := n.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Leader(ctx); !errors.Is(err, cluster.ErrNoLeader) {
+		t.Fatalf("Leader before any = %v, want ErrNoLeader", err)
+	}
+	a, err := ls.Campaign(ctx, []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := ls.Leader(ctx); err != nil || string(v) != "a" {
+		t.Fatalf("Leader = %q, %v", v, err)
+	}
+	// b waits while a renews, well past the lease's time to live.
+	bctx, cancel := context.WithTimeout(ctx, 2*cluster.LeaseTTL)
+	_, err = ls.Campaign(bctx, []byte("b"))
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("campaign against a renewed lease = %v", err)
+	}
+	a.Release(ctx)
+	start := time.Now()
+	b, err := ls.Campaign(ctx, []byte("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > cluster.LeaseTTL/2 {
+		t.Errorf("a released lease took %s to move", took)
+	}
+	select {
+	case <-a.Lost():
+	default:
+		t.Error("a released lease is not lost")
+	}
+	select {
+	case <-b.Lost():
+		t.Fatal("b lost its fresh lease")
+	default:
+	}
+	b.Release(ctx)
+}

@@ -1,0 +1,74 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// placeTimeout bounds each request of Gather.
+const placeTimeout = 2 * time.Second
+
+// Gather asks JetStream to move the leadership of the journal's stream,
+// the lease's bucket and the meta group to this node, each that another
+// node leads. A cluster runs one kernel, whose every write goes through
+// the journal's leader and whose lease through the bucket's: with all of
+// them on the kernel's node, losing any other node interrupts nothing,
+// and losing that one costs one round of elections, held at once, instead
+// of one after another. It is a preference, not a rule: JetStream moves
+// them again as it must, and Gather reports what it could not move.
+func (n *Node) Gather(ctx context.Context) error {
+	if n.srv == nil || n.o.Name == "" {
+		return nil // one server, or a deployment this node does not run
+	}
+	name := n.srv.Name()
+	var errs []error
+	for _, stream := range []string{JournalStream, "KV_" + LeaseBucket} {
+		s, err := n.js.Stream(ctx, stream)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if info.Cluster == nil || info.Cluster.Leader == name {
+			continue
+		}
+		errs = append(errs, n.stepDown(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, name))
+	}
+	if !n.srv.JetStreamIsLeader() {
+		errs = append(errs, n.stepDown(ctx, "$JS.API.META.LEADER.STEPDOWN", name))
+	}
+	return errors.Join(errs...)
+}
+
+// stepDown asks the leader behind subject to hand its group to preferred.
+func (n *Node) stepDown(ctx context.Context, subject, preferred string) error {
+	req, err := json.Marshal(map[string]any{"placement": map[string]string{"preferred": preferred}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, placeTimeout)
+	defer cancel()
+	msg, err := n.nc.RequestWithContext(ctx, subject, req)
+	if err != nil {
+		return fmt.Errorf("cluster: %s: %w", subject, err)
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return fmt.Errorf("cluster: %s: %w", subject, err)
+	}
+	if resp.Error != nil {
+		return fmt.Errorf("cluster: %s: %w", subject, resp.Error)
+	}
+	return nil
+}

@@ -1,0 +1,516 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/cluster"
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/kernel/policy"
+	"github.com/gatehouse-dev/gatehouse/relay"
+	"github.com/gatehouse-dev/gatehouse/store"
+)
+
+// A cluster of several nodes (Options.Cluster with a cluster name or a
+// NATS URL) runs one kernel: the leader's. Every node keeps a whole store,
+// the leader's groups applied in the order of the cluster's journal (see
+// cluster.Journal and store.Lead); every node accepts every client, and a
+// follower relays each connection it accepts to the leader (see relay).
+// When the leader is lost, the node that takes its lease catches up with
+// the journal, fences the old leader out of it with its first group, and
+// starts the kernel from its store, as a single node does after a restart.
+
+// Member errors. Callers branch on them with errors.Is.
+var (
+	// ErrNoAdvertise is returned by OpenMember when the node's listen
+	// address names no host the other nodes could relay to and
+	// Options.Advertise is empty.
+	ErrNoAdvertise = errors.New("node: a cluster member needs an address the other nodes can reach (--cluster-advertise)")
+)
+
+// Clustered reports whether o makes a node a member of a cluster of
+// several, which OpenMember opens (Open opens every other node).
+func (o *Options) Clustered() bool {
+	return o.Cluster.Name != "" || o.Cluster.URL != ""
+}
+
+// Member is a node of a cluster: it follows the leader, relaying its
+// clients there, and leads when it holds the lease.
+type Member struct {
+	o       Options
+	log     *slog.Logger
+	store   *store.Store
+	nats    *cluster.Node
+	journal *cluster.Journal
+	leases  *cluster.Leases
+	authn   *auth.Authenticator
+	board   *switchboard
+	lease   []byte // this node's lease value: its leaderInfo
+	dialTLS *tls.Config
+
+	// serving is the node while this member leads, for tests and status.
+	serving atomic.Pointer[Node]
+	// gap is set when the journal no longer holds groups this node's
+	// store needs: it cannot follow, nor lead.
+	gap atomic.Bool
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// leaderInfo is the value of the leader's lease.
+type leaderInfo struct {
+	Node string `json:"node"`
+	Addr string `json:"addr"`
+}
+
+// followBatch bounds one apply of a follower: groups and bytes.
+const (
+	followCount = 256
+	followBytes = 16 << 20
+)
+
+// OpenMember opens the store and the NATS side, starts serving o.Addr and
+// joins the cluster's election. It returns once the node serves: as a
+// follower, relaying, until it leads.
+func OpenMember(ctx context.Context, o Options) (_ *Member, err error) {
+	o.defaults()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Policy == nil {
+		o.Policy = policy.Default()
+	}
+	if o.InMemory {
+		return nil, fmt.Errorf("%w: a cluster member keeps its store in its data folder", cluster.ErrConfig)
+	}
+	adv := o.Advertise
+	if adv == "" {
+		host, _, _ := net.SplitHostPort(o.Addr)
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			return nil, ErrNoAdvertise
+		}
+		adv = o.Addr
+	}
+	m := &Member{o: o, log: o.Logger.With("node", o.Cluster.NodeName), done: make(chan struct{})}
+	var undo closers
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, undo.close(context.Background()))
+		}
+	}()
+	if m.authn, err = auth.New(o.Auth); err != nil {
+		return nil, err
+	}
+	if m.authn.Open() && !o.InsecureNoAuth {
+		if err := requireLoopback(ctx, o.Addr); err != nil {
+			return nil, err
+		}
+	}
+	if m.store, err = openStore(o); err != nil {
+		return nil, err
+	}
+	undo.push(func(context.Context) error { return m.store.Close() })
+	co := o.Cluster
+	co.Dir, co.Logger, co.SyncAlways = cluster.DataDir(o.Data), o.Logger, o.Sync == store.SyncAlways
+	if m.nats, err = cluster.Start(ctx, co); err != nil {
+		return nil, err
+	}
+	undo.push(func(context.Context) error { m.nats.Close(); return nil })
+	if m.journal, err = m.nats.Journal(ctx); err != nil {
+		return nil, err
+	}
+	if m.leases, err = m.nats.Leases(ctx); err != nil {
+		return nil, err
+	}
+	if o.TLS != nil {
+		if m.dialTLS, err = relayTLS(o.Cluster.RouteTLS.CA); err != nil {
+			return nil, err
+		}
+	}
+	if m.lease, err = json.Marshal(leaderInfo{Node: o.Cluster.NodeName, Addr: adv}); err != nil {
+		return nil, err
+	}
+	ln, err := gateway.Listen(o.Addr, o.TLS)
+	if err != nil {
+		return nil, err
+	}
+	m.board = newSwitchboard(ln)
+	undo.push(func(context.Context) error { return m.board.close() })
+	rctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	go m.run(rctx)
+	return m, nil
+}
+
+// relayTLS is how a follower dials a leader that serves TLS: verified
+// against caFile, or the system's roots.
+func relayTLS(caFile string) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile == "" {
+		return c, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", cluster.ErrConfig, err)
+	}
+	c.RootCAs = x509.NewCertPool()
+	if !c.RootCAs.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%w: %s holds no certificate", cluster.ErrConfig, caFile)
+	}
+	return c, nil
+}
+
+// Addr returns the address the member listens on.
+func (m *Member) Addr() net.Addr { return m.board.ln.Addr() }
+
+// Leading returns the node this member runs while it leads, or nil.
+func (m *Member) Leading() *Node { return m.serving.Load() }
+
+// Store returns the member's store.
+func (m *Member) Store() *store.Store { return m.store }
+
+// Close stops serving, gives the lease up when leading, and closes the
+// node, the NATS side and the store.
+func (m *Member) Close(ctx context.Context) error {
+	m.cancel()
+	<-m.done
+	var errs []error
+	errs = append(errs, m.board.close())
+	m.nats.Close()
+	errs = append(errs, m.store.Close())
+	return errors.Join(errs...)
+}
+
+// run follows and leads in turn until ctx ends.
+func (m *Member) run(ctx context.Context) {
+	defer close(m.done)
+	rel := m.startRelay()
+	for {
+		lease := m.follow(ctx)
+		if lease == nil {
+			m.stopRelay(rel)
+			return
+		}
+		rel = m.lead(ctx, lease, rel)
+	}
+}
+
+// relayed is a relay serving the switchboard's connections.
+type relayed struct {
+	r      *relay.Relay
+	served chan error
+}
+
+// startRelay serves the member's connections with a relay to the leader.
+func (m *Member) startRelay() relayed {
+	r := relay.New(relay.Options{
+		Leader:       m.leaderAddr,
+		Local:        m.local,
+		LocalPaths:   []string{"/v0/health", ClusterPath},
+		DialTLS:      m.dialTLS,
+		MaxBodyBytes: m.o.Server.MaxBodyBytes,
+		Logger:       m.log,
+	})
+	ln := m.board.take()
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(ln) }()
+	return relayed{r: r, served: served}
+}
+
+// stopRelay ends a relay and the connections it relays.
+func (m *Member) stopRelay(r relayed) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.r.Shutdown(ctx); err != nil {
+		m.log.Warn("relay shutdown", "err", err)
+	}
+	<-r.served
+}
+
+// leaderAddr returns the leader's address, waiting for one within ctx.
+func (m *Member) leaderAddr(ctx context.Context) (string, error) {
+	t := time.NewTicker(cluster.LeaseTTL / 8)
+	defer t.Stop()
+	for {
+		v, err := m.leases.Leader(ctx)
+		if err == nil {
+			var li leaderInfo
+			if err := json.Unmarshal(v, &li); err != nil {
+				return "", fmt.Errorf("node: lease value: %w", err)
+			}
+			if li.Node == m.o.Cluster.NodeName && m.serving.Load() == nil {
+				// This node holds the lease but does not serve yet: a
+				// relay to itself would loop.
+				err = cluster.ErrNoLeader
+			} else {
+				return li.Addr, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%w: %w", cluster.ErrNoLeader, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// follow applies the journal to the store and campaigns for the lease; it
+// returns the lease once this node holds it and its store holds the whole
+// journal, or nil when ctx ends.
+func (m *Member) follow(ctx context.Context) *cluster.Lease {
+	fctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = m.apply(fctx)
+	}()
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	for {
+		if m.gap.Load() {
+			// A store with a gap must not lead: it waits to be restarted
+			// on a copy of a follower's data folder.
+			<-ctx.Done()
+			return nil
+		}
+		cctx, cancel := context.WithTimeout(fctx, time.Second)
+		lease, err := m.leases.Campaign(cctx, m.lease)
+		cancel()
+		if err == nil {
+			if m.caughtUp(fctx, lease) {
+				return lease
+			}
+			m.releaseLease(lease)
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// caughtUp waits, while lease holds, until the store holds the journal's
+// last group, read once the lease was won: whatever a former leader
+// appended is then applied here. The reader that follows goes on
+// meanwhile, so no consumer need be created now, when the node that lost
+// its lease may have taken JetStream's meta leader with it.
+func (m *Member) caughtUp(ctx context.Context, lease *cluster.Lease) bool {
+	var last uint64
+	for {
+		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		l, err := m.journal.Last(lctx)
+		cancel()
+		if err == nil {
+			last = l
+			break
+		}
+		select {
+		case <-lease.Lost():
+			return false
+		case <-ctx.Done():
+			return false
+		default:
+		}
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for m.store.Replicated() < last {
+		select {
+		case <-lease.Lost():
+			return false
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if m.gap.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// releaseLease gives a lease up, bounded.
+func (m *Member) releaseLease(lease *cluster.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	lease.Release(ctx)
+}
+
+// apply reads the journal from the store's position and applies it until
+// ctx ends or the journal has a gap.
+func (m *Member) apply(ctx context.Context) error {
+	for ctx.Err() == nil {
+		r, err := m.journal.Reader(ctx, m.store.Replicated())
+		if err != nil {
+			m.log.Warn("journal reader", "err", err)
+			sleep(ctx, 250*time.Millisecond)
+			continue
+		}
+		err = m.applyFrom(ctx, r)
+		r.Stop()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, store.ErrReplicaGap) {
+			m.gap.Store(true)
+			m.log.Error("the cluster's journal no longer holds what this node's store needs; copy a follower's data folder here (see docs/cluster.md)", "err", err)
+			return err
+		}
+		m.log.Warn("applying the journal", "err", err)
+		sleep(ctx, 250*time.Millisecond)
+	}
+	return ctx.Err()
+}
+
+// applyFrom applies what r reads until ctx ends or a group fails.
+func (m *Member) applyFrom(ctx context.Context, r *cluster.Reader) error {
+	for {
+		es, err := r.Next(ctx, followCount, followBytes, time.Second)
+		if err != nil {
+			return err
+		}
+		gs := make([]store.Replicated, len(es))
+		for i, e := range es {
+			gs[i] = store.Replicated{Seq: e.Seq, Data: e.Data}
+		}
+		if err := m.store.Follow(ctx, gs); err != nil {
+			return err
+		}
+	}
+}
+
+// lead catches the store up with the journal, fences, and serves the node
+// until the lease is lost, the journal refuses a group, or ctx ends. rel
+// serves the connections until the node does; lead returns the relay that
+// serves them when it is done.
+func (m *Member) lead(ctx context.Context, lease *cluster.Lease, rel relayed) relayed {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lease.Lost():
+			cancel()
+		case <-lctx.Done():
+		}
+	}()
+	release := func() { m.releaseLease(lease) }
+	n, err := m.takeOver(lctx)
+	if err != nil {
+		m.log.Warn("could not lead", "err", err)
+		release()
+		return rel
+	}
+	m.serving.Store(n)
+	m.stopRelay(rel)
+	m.log.Info("leading", "journal", m.store.Replicated())
+	if err := m.nats.Gather(lctx); err != nil {
+		m.log.Warn("could not move JetStream's leaders here", "err", err)
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for lctx.Err() == nil && m.store.Leading() {
+		select {
+		case <-lctx.Done():
+		case <-t.C:
+		}
+	}
+	m.log.Info("no longer leading", "lease_lost", lctx.Err() != nil && ctx.Err() == nil, "fenced", !m.store.Leading())
+	// Connections move to the next term's relay first: the node's
+	// shutdown then closes only those it was serving.
+	m.serving.Store(nil)
+	next := m.startRelay()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := n.Close(sctx); err != nil {
+		m.log.Warn("closing the leader's node", "err", err)
+	}
+	scancel()
+	m.store.Unlead()
+	release()
+	return next
+}
+
+// takeOver leads the store, which holds the whole journal, and opens the
+// node on it.
+func (m *Member) takeOver(ctx context.Context) (*Node, error) {
+	if err := m.store.Lead(ctx, replica{m.journal.Writer(m.store.Replicated())}); err != nil {
+		return nil, err
+	}
+	n := &Node{Policy: m.o.Policy, log: m.o.Logger, o: m.o, Store: m.store, Cluster: m.nats, member: m, ln: m.board.take()}
+	if err := n.build(ctx); err != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m.store.Unlead()
+		return nil, errors.Join(err, n.closers.close(cctx))
+	}
+	return n, nil
+}
+
+// replica is the journal as the store's Replica.
+type replica struct{ w *cluster.Writer }
+
+func (r replica) Replicate(ctx context.Context, p []byte) (uint64, error) { return r.w.Append(ctx, p) }
+
+// local answers the paths a follower serves itself: its health, and the
+// cluster's state as it sees it.
+func (m *Member) local(c *fasthttp.RequestCtx) {
+	c.SetContentType("application/json")
+	switch string(c.Path()) {
+	case "/v0/health":
+		c.SetBodyString("{\"status\":\"ok\"}\n")
+	case ClusterPath:
+		p, err := m.authn.Authenticate(c.Request.Header.Peek(fasthttp.HeaderAuthorization), time.Now())
+		if err == nil {
+			err = p.Authorize(auth.ActRead, auth.Resource{Kind: auth.KindMetrics})
+		}
+		if err != nil {
+			c.SetStatusCode(fasthttp.StatusUnauthorized)
+			c.SetBodyString("{\"error\":\"unauthorized\",\"code\":\"UNAUTHORIZED\"}\n")
+			return
+		}
+		a := clusterAnswer{Status: m.nats.Status(c)}
+		a.Role, a.Journal = "follower", m.store.Replicated()
+		if v, err := m.leases.Leader(c); err == nil {
+			var li leaderInfo
+			if json.Unmarshal(v, &li) == nil {
+				a.Leader = li.Node
+			}
+		}
+		status := fasthttp.StatusOK
+		if !a.Healthy || m.gap.Load() {
+			if a.Problem == "" {
+				a.Problem = "the cluster's journal no longer holds what this node needs"
+			}
+			status, a.Error, a.Code = fasthttp.StatusServiceUnavailable, "cluster unhealthy: "+a.Problem, CodeClusterUnhealthy
+		}
+		body, _ := json.Marshal(a)
+		c.SetStatusCode(status)
+		c.SetBody(append(body, '\n'))
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
