@@ -218,12 +218,19 @@ type relayed struct {
 // startRelay serves the member's connections with a relay to the leader.
 func (m *Member) startRelay() relayed {
 	r := relay.New(relay.Options{
-		Leader:       m.leaderAddr,
-		Local:        m.local,
-		LocalPaths:   []string{"/v0/health", ClusterPath},
-		DialTLS:      m.dialTLS,
-		MaxBodyBytes: m.o.Server.MaxBodyBytes,
-		Logger:       m.log,
+		Leader:     m.leaderAddr,
+		Local:      m.local,
+		LocalPaths: []string{"/v0/health", ClusterPath},
+		DialTLS:    m.dialTLS,
+		// A client meets the leader's bounds on every node.
+		MaxBodyBytes:  m.o.Server.MaxBodyBytes,
+		HeaderTimeout: m.o.Server.HeaderTimeout,
+		ReadTimeout:   m.o.Server.ReadTimeout,
+		IdleTimeout:   m.o.Server.IdleTimeout,
+		WriteTimeout:  m.o.Server.WriteTimeout,
+		MaxConnsPerIP: m.o.Server.MaxConnsPerIP,
+		MaxConns:      m.o.Server.MaxConns,
+		Logger:        m.log,
 	})
 	ln := m.board.take()
 	served := make(chan error, 1)

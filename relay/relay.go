@@ -78,6 +78,11 @@ type Options struct {
 	HeaderTimeout time.Duration
 	ReadTimeout   time.Duration
 	IdleTimeout   time.Duration
+	// WriteTimeout bounds a write to either side that makes no progress:
+	// a client that stops reading is cut off as the leader would cut it
+	// off itself, instead of the relay's buffers hiding it from the
+	// leader's slow-consumer bound.
+	WriteTimeout time.Duration
 	// MaxHeaderBytes bounds the request line and headers; zero: 4 KiB, as
 	// the gateway's.
 	MaxHeaderBytes int
@@ -156,6 +161,7 @@ func New(o Options) *Relay {
 	option.Default(&o.HeaderTimeout, d.HeaderTimeout)
 	option.Default(&o.ReadTimeout, d.ReadTimeout)
 	option.Default(&o.IdleTimeout, d.IdleTimeout)
+	option.Default(&o.WriteTimeout, d.WriteTimeout)
 	option.Default(&o.MaxHeaderBytes, defaultMaxHeaderBytes)
 	option.Default(&o.MaxBodyBytes, d.MaxBodyBytes)
 	option.Default(&o.MaxConns, d.MaxConns)
@@ -329,6 +335,45 @@ func (r *Relay) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig
 	return fasthttp.RequestConfig{ReadTimeout: r.o.ReadTimeout}
 }
 
+// redialEvery spaces the dials of a leader that refused one, within
+// Options.Wait.
+const redialEvery = 100 * time.Millisecond
+
+// reach finds the leader and dials it. A leader that cannot be dialed is
+// asked for again until Options.Wait has passed: while a lost leader's
+// lease runs out and another node takes over, a request waits for the new
+// one rather than failing, so that clients are not sent into backoff by a
+// failover. errNoLeader when none was known in time; the last dial's
+// error when one was known but could not be dialed.
+func (r *Relay) reach() (string, net.Conn, error) {
+	wait, cancel := context.WithTimeout(r.base, r.o.Wait)
+	defer cancel()
+	var (
+		addr    string
+		dialErr error
+	)
+	for {
+		a, err := r.o.Leader(wait)
+		if err != nil {
+			if dialErr != nil {
+				return addr, nil, dialErr
+			}
+			return "", nil, fmt.Errorf("%w: %w", errNoLeader, err)
+		}
+		addr = a
+		c, err := r.dial(addr)
+		if err == nil {
+			return addr, c, nil
+		}
+		dialErr = err
+		select {
+		case <-wait.Done():
+			return addr, nil, dialErr
+		case <-time.After(redialEvery):
+		}
+	}
+}
+
 // serve is the handler of a connection's requests until one is relayed.
 func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 	if ctx.ConnRequestNum() == 1 {
@@ -355,16 +400,13 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 		return
 	}
-	wait, cancel := context.WithTimeout(r.base, r.o.Wait)
-	addr, err := r.o.Leader(wait)
-	cancel()
-	if err != nil {
+	addr, leader, err := r.reach()
+	switch {
+	case errors.Is(err, errNoLeader):
 		r.log.Debug("no leader to relay to", "err", err)
 		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errNoLeader, &r.refusedNoLeader)
 		return
-	}
-	leader, err := r.dial(addr)
-	if err != nil {
+	case err != nil:
 		r.log.Warn("leader unreachable", "leader", addr, "err", err)
 		r.refuse(ctx, fasthttp.StatusBadGateway, CodeLeaderUnreachable, errUnreachable, &r.refusedUnreachable)
 		return

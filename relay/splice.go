@@ -96,13 +96,13 @@ func (r *Relay) run(sp *splice, c net.Conn) {
 	up := make(chan struct{})
 	go func() {
 		defer close(up)
-		if err := pipe(sp.leader, c, &r.toLeader); err != nil {
+		if err := pipe(sp.leader, c, &r.toLeader, r.o.WriteTimeout); err != nil {
 			sp.close()
 			return
 		}
 		closeWrite(sp.leader)
 	}()
-	if err := pipe(c, sp.leader, &r.toClient); err != nil {
+	if err := pipe(c, sp.leader, &r.toClient, r.o.WriteTimeout); err != nil {
 		sp.close()
 	} else {
 		closeWrite(sp.client)
@@ -116,14 +116,15 @@ func (r *Relay) run(sp *splice, c net.Conn) {
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}
 
 // pipe copies src to dst, counting into n as it goes, until src ends: nil
-// for EOF, the error otherwise.
-func pipe(dst io.Writer, src io.Reader, n *atomic.Uint64) error {
+// for EOF, the error otherwise, or a write to dst blocked for timeout.
+func pipe(dst net.Conn, src io.Reader, n *atomic.Uint64, timeout time.Duration) error {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
 	for {
 		nr, rerr := src.Read(buf)
 		if nr > 0 {
+			_ = dst.SetWriteDeadline(time.Now().Add(timeout))
 			nw, werr := dst.Write(buf[:nr])
 			n.Add(uint64(nw))
 			if werr != nil {
