@@ -1956,25 +1956,29 @@ func (s *Store) First(stream string) (uint64, error) {
 // level, and its caches' statistics too, which it warns of every minute
 // while their hit ratio is low (as a read of every execution by
 // retention makes it, on a box whose memory limit keeps the cache small):
-// a figure, not a fault anyone could act on.
+// a figure, not a fault anyone could act on. A message is formatted only
+// when its level is logged: Badger logs four debug lines per write it
+// applies, and formatting them cost more than the rest of the logger.
 type badgerLogger struct{ l *slog.Logger }
 
-func (b badgerLogger) Errorf(f string, a ...any) {
-	b.l.Error(fmt.Sprintf(f, a...), "component", "badger")
+func (b badgerLogger) log(level slog.Level, f string, a []any) {
+	ctx := context.Background()
+	if !b.l.Enabled(ctx, level) {
+		return
+	}
+	b.l.Log(ctx, level, fmt.Sprintf(f, a...), "component", "badger")
 }
+
+func (b badgerLogger) Errorf(f string, a ...any) { b.log(slog.LevelError, f, a) }
 func (b badgerLogger) Warningf(f string, a ...any) {
 	level := slog.LevelWarn
 	if strings.Contains(f, "might be too small") || strings.HasPrefix(f, "Cache life expectancy") {
 		level = slog.LevelDebug
 	}
-	b.l.Log(context.Background(), level, fmt.Sprintf(f, a...), "component", "badger")
+	b.log(level, f, a)
 }
-func (b badgerLogger) Infof(f string, a ...any) {
-	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
-}
-func (b badgerLogger) Debugf(f string, a ...any) {
-	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
-}
+func (b badgerLogger) Infof(f string, a ...any)  { b.log(slog.LevelDebug, f, a) }
+func (b badgerLogger) Debugf(f string, a ...any) { b.log(slog.LevelDebug, f, a) }
 
 // Encode msgpack-encodes a value for a log entry. It is for plain data
 // structs, which always encode; a value that cannot be encoded (a channel, a
