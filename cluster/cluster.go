@@ -77,6 +77,9 @@ func (n *Node) embed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := setElectionTimeout(n.o.ElectionTimeout); err != nil {
+		return err
+	}
 	srv, err := server.NewServer(so)
 	if err != nil {
 		return fmt.Errorf("%w: NATS server: %w", ErrConfig, err)

@@ -82,6 +82,12 @@ type Options struct {
 	// Replicas is the journal's replica count on a deployment joined with
 	// URL; zero means 3. An embedded cluster uses min(3, its nodes).
 	Replicas int
+	// ElectionTimeout, when set, has the embedded server's raft groups
+	// (JetStream's streams and its meta group) elect a new leader after d
+	// to 2d without hearing from theirs, instead of NATS's 4 to 9 s: the
+	// floor of a failover when the lost node led them. It is the whole
+	// process's (see raft.go); at least 500ms.
+	ElectionTimeout time.Duration
 	// SyncAlways has the embedded server sync JetStream's files before it
 	// acknowledges a write, as a node's own store does under --sync always.
 	SyncAlways bool

@@ -151,7 +151,7 @@ func (s *Store) replicate(g *group) error {
 		return nil
 	}
 	l := s.leading.Load()
-	if l == nil || (g.settle && len(g.reqs) == 1 && g.reqs[0].batch.settling()) {
+	if l == nil || g.settleOnly {
 		// Handing lazy writes to Badger is this node's own bookkeeping.
 		return nil
 	}

@@ -410,3 +410,24 @@ func TestNothingFollowsTheLargestSequence(t *testing.T) {
 		}
 	}
 }
+
+// TestBadgerLoggerFormatsOnlyWhatIsLogged: Badger logs debug lines on every
+// write it applies; below the logger's level they must cost no formatting
+// (they cost a Sprintf each, about 2% of the server's CPU at one execution
+// at a time).
+func TestBadgerLoggerFormatsOnlyWhatIsLogged(t *testing.T) {
+	var out bytes.Buffer
+	b := badgerLogger{slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	count := 3
+	allocs := testing.AllocsPerRun(100, func() {
+		b.Debugf("%d entries written", count)
+		b.Infof("Set nextTxnTs to %d", count)
+	})
+	if allocs != 0 || out.Len() != 0 {
+		t.Errorf("debug lines below the level: %v allocations, logged %q; want none", allocs, out.String())
+	}
+	b.Warningf("Value log %d truncated", count)
+	if !strings.Contains(out.String(), "Value log 3 truncated") {
+		t.Errorf("a warning at the level was not logged: %q", out.String())
+	}
+}

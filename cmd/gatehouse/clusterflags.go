@@ -17,7 +17,7 @@ type clusterFlags struct {
 	url, creds, advertise         string
 	routeTLS, leafTLS, natsTLS    cluster.TLSFiles
 	insecure                      bool
-	readyTimeout                  time.Duration
+	readyTimeout, election        time.Duration
 }
 
 func (c *clusterFlags) flags(fs *flag.FlagSet) {
@@ -29,6 +29,7 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.routeTLS.Key, "cluster-tls-key", "", "the private key (PEM `file`) of --cluster-tls-cert")
 	fs.StringVar(&c.routeTLS.CA, "cluster-tls-ca", "", "the CA (PEM `file`) that signs every node's route certificate; no other is trusted")
 	fs.BoolVar(&c.insecure, "cluster-insecure", false, "allow routes and leaf links in clear text on addresses other than loopback (a network private end to end)")
+	fs.DurationVar(&c.election, "cluster-election-timeout", 0, "how long JetStream's raft groups wait without a heartbeat before electing a new leader: that `duration` to twice it (default: NATS's 4s to 9s; at least 500ms; see docs/cluster.md)")
 	fs.DurationVar(&c.readyTimeout, "cluster-ready-timeout", 30*time.Second, "how long start waits for JetStream (in a cluster, for a quorum of the nodes to elect a meta leader)")
 	fs.StringVar(&c.clientListen, "nats-listen", "", "loopback `host:port` where NATS clients (the nats CLI) may reach the embedded server; empty: none")
 	fs.StringVar(&c.domain, "nats-domain", "", "this node's JetStream `domain`: an edge box's own, so that its JetStream stays its own while linked to a hub")
@@ -54,6 +55,6 @@ func (c *clusterFlags) apply(o *node.Options) {
 		LeafListen: c.leafListen, LeafRemotes: splitList(c.leafRemotes),
 		URL: c.url, Creds: c.creds,
 		RouteTLS: c.routeTLS, LeafTLS: c.leafTLS, ClientTLS: c.natsTLS,
-		Insecure: c.insecure, ReadyTimeout: c.readyTimeout,
+		Insecure: c.insecure, ReadyTimeout: c.readyTimeout, ElectionTimeout: c.election,
 	}
 }
