@@ -35,6 +35,9 @@ const (
 // allow it too (Journal checks).
 const MaxGroupBytes = 24 << 20
 
+// JournalMaxBytes bounds the journal's stream.
+const JournalMaxBytes = 4 << 30
+
 // journalTimeout bounds one append's wait for its acknowledgement; an
 // append is retried (with the same message id, so that it is stored once)
 // until appendBudget has passed.
@@ -78,7 +81,11 @@ func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 		Storage:     jetstream.FileStorage,
 		Replicas:    n.replicas(),
 		MaxMsgSize:  MaxGroupBytes + 4096,
-		Discard:     jetstream.DiscardOld,
+		// The leader purges what every node holds (see Purge); the bound
+		// is for a node down so long that it holds the purge back: past
+		// it, that node finds a gap and must be seeded again.
+		MaxBytes: JournalMaxBytes,
+		Discard:  jetstream.DiscardOld,
 		// Retries of one append carry its message id: stored once.
 		Duplicates: 2 * appendBudget,
 	}

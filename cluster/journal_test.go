@@ -128,3 +128,61 @@ func TestLeaseGoesToTheNextNodeOnceReleasedOrLost(t *testing.T) {
 	}
 	b.Release(ctx)
 }
+
+func TestJournalPurgeDropsWhatEveryNodeHolds(t *testing.T) {
+	ctx := context.Background()
+	n := single(t)
+	j, err := n.Journal(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := j.Writer(0)
+	for i := range 5 {
+		if _, err := w.Append(ctx, []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps, err := n.Positions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, err := ps.All(ctx); err != nil || len(all) != 0 {
+		t.Fatalf("positions before any = %v, %v", all, err)
+	}
+	for node, pos := range map[string]uint64{"n1": 4, "n2": 3} {
+		if err := ps.Report(ctx, node, pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := ps.All(ctx)
+	if err != nil || len(all) != 2 || all["n1"] != 4 || all["n2"] != 3 {
+		t.Fatalf("positions = %v, %v", all, err)
+	}
+	if err := ps.Forget(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := ps.All(ctx); len(all) != 1 {
+		t.Fatalf("after forgetting n1: %v", all)
+	}
+	if got := n.Peers(); len(got) != 1 || got[0] != "n1" {
+		t.Fatalf("peers of a single node = %v", got)
+	}
+	if err := j.Purge(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	// A reader from the start now begins at 4: the caller (the store's
+	// Follow) sees the gap.
+	r, err := j.Reader(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	es, err := r.Next(ctx, 10, 1<<20, 5*time.Second)
+	if err != nil || len(es) == 0 || es[0].Seq != 4 {
+		t.Fatalf("first group after the purge = %v, %v", es, err)
+	}
+	// Appends go on after the purge.
+	if seq, err := w.Append(ctx, []byte("after")); err != nil || seq != 6 {
+		t.Fatalf("append after the purge = %d, %v", seq, err)
+	}
+}

@@ -56,6 +56,9 @@ type Member struct {
 	nats    *cluster.Node
 	journal *cluster.Journal
 	leases  *cluster.Leases
+	// positions has each node's journal position, for the purge.
+	positions *cluster.Positions
+	name      string // this node's name in the cluster
 	authn   *auth.Authenticator
 	board   *switchboard
 	lease   []byte // this node's lease value: its leaderInfo
@@ -68,7 +71,8 @@ type Member struct {
 	gap atomic.Bool
 
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   chan struct{} // closed when run has returned
+	kept   chan struct{} // closed when keepPositions has returned
 }
 
 // leaderInfo is the value of the leader's lease.
@@ -105,7 +109,7 @@ func OpenMember(ctx context.Context, o Options) (_ *Member, err error) {
 		}
 		adv = o.Addr
 	}
-	m := &Member{o: o, log: o.Logger.With("node", o.Cluster.NodeName), done: make(chan struct{})}
+	m := &Member{o: o, log: o.Logger, done: make(chan struct{}), kept: make(chan struct{})}
 	var undo closers
 	defer func() {
 		if err != nil {
@@ -136,12 +140,16 @@ func OpenMember(ctx context.Context, o Options) (_ *Member, err error) {
 	if m.leases, err = m.nats.Leases(ctx); err != nil {
 		return nil, err
 	}
+	if m.positions, err = m.nats.Positions(ctx); err != nil {
+		return nil, err
+	}
+	m.name = m.nats.Name()
 	if o.TLS != nil {
 		if m.dialTLS, err = relayTLS(o.Cluster.RouteTLS.CA); err != nil {
 			return nil, err
 		}
 	}
-	if m.lease, err = json.Marshal(leaderInfo{Node: o.Cluster.NodeName, Addr: adv}); err != nil {
+	if m.lease, err = json.Marshal(leaderInfo{Node: m.name, Addr: adv}); err != nil {
 		return nil, err
 	}
 	ln, err := gateway.Listen(o.Addr, o.TLS)
@@ -150,9 +158,11 @@ func OpenMember(ctx context.Context, o Options) (_ *Member, err error) {
 	}
 	m.board = newSwitchboard(ln)
 	undo.push(func(context.Context) error { return m.board.close() })
+	m.log = o.Logger.With("node", m.name)
 	rctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 	go m.run(rctx)
+	go m.keepPositions(rctx)
 	return m, nil
 }
 
@@ -188,6 +198,7 @@ func (m *Member) Store() *store.Store { return m.store }
 func (m *Member) Close(ctx context.Context) error {
 	m.cancel()
 	<-m.done
+	<-m.kept
 	var errs []error
 	errs = append(errs, m.board.close())
 	m.nats.Close()
@@ -259,7 +270,7 @@ func (m *Member) leaderAddr(ctx context.Context) (string, error) {
 			if err := json.Unmarshal(v, &li); err != nil {
 				return "", fmt.Errorf("node: lease value: %w", err)
 			}
-			if li.Node == m.o.Cluster.NodeName && m.serving.Load() == nil {
+			if li.Node == m.name && m.serving.Load() == nil {
 				// This node holds the lease but does not serve yet: a
 				// relay to itself would loop.
 				err = cluster.ErrNoLeader
@@ -520,4 +531,69 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// Every node reports its journal position every positionEvery; the
+// leader drops, every purgeEvery, the groups every node of the meta group
+// has reported holding.
+const (
+	positionEvery = 5 * time.Second
+	purgeEvery    = 30 * time.Second
+)
+
+// keepPositions reports the store's journal position and, while leading,
+// purges what every node holds, until ctx ends.
+func (m *Member) keepPositions(ctx context.Context) {
+	defer close(m.kept)
+	report := time.NewTicker(positionEvery)
+	defer report.Stop()
+	purge := time.NewTicker(purgeEvery)
+	defer purge.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-report.C:
+			rctx, cancel := context.WithTimeout(ctx, time.Second)
+			if err := m.positions.Report(rctx, m.name, m.store.Replicated()); err != nil && ctx.Err() == nil {
+				m.log.Debug("journal position not reported", "err", err)
+			}
+			cancel()
+		case <-purge.C:
+			if m.serving.Load() != nil {
+				m.purge(ctx)
+			}
+		}
+	}
+}
+
+// purge drops the journal's groups that every node of the meta group
+// holds. A node that has not reported holds everything back: a node down
+// for long keeps the journal growing, up to the stream's bound.
+func (m *Member) purge(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	all, err := m.positions.All(ctx)
+	if err != nil {
+		m.log.Debug("journal positions", "err", err)
+		return
+	}
+	var low uint64
+	for i, peer := range m.nats.Peers() {
+		pos, ok := all[peer]
+		if !ok {
+			return
+		}
+		if i == 0 || pos < low {
+			low = pos
+		}
+	}
+	if low == 0 {
+		return
+	}
+	if err := m.journal.Purge(ctx, low+1); err != nil {
+		m.log.Warn("journal purge", "err", err)
+		return
+	}
+	m.log.Debug("journal purged", "below", low+1)
 }
