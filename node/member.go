@@ -59,10 +59,10 @@ type Member struct {
 	// positions has each node's journal position, for the purge.
 	positions *cluster.Positions
 	name      string // this node's name in the cluster
-	authn   *auth.Authenticator
-	board   *switchboard
-	lease   []byte // this node's lease value: its leaderInfo
-	dialTLS *tls.Config
+	authn     *auth.Authenticator
+	board     *switchboard
+	lease     []byte // this node's lease value: its leaderInfo
+	dialTLS   *tls.Config
 
 	// serving is the node while this member leads, for tests and status.
 	serving atomic.Pointer[Node]
