@@ -3,6 +3,8 @@
 
 usage: bench/ratios.py DIR   (DIR holds gatehouse_<case>.jsonl and reference_<case>.jsonl)
 
+PAIR=left:right names other file prefixes (bench/cluster.sh: cluster:single).
+
 Runs pair up in order (the n-th Gatehouse run of a case with the n-th
 reference run, which bench/compare.sh ran next to it); each figure is the
 median over the runs, and each ratio the median of the pairs' ratios.
@@ -38,13 +40,15 @@ def load(path):
 
 
 def main(d):
+    left, right = os.environ.get("PAIR", "gatehouse:reference").split(":")
     cases = sorted({f.split("_", 1)[1].removesuffix(".jsonl")
                     for f in os.listdir(d) if f.endswith(".jsonl") and "_" in f})
-    print("| case | figure | Gatehouse | reference | ratio (median of pairs) |")
+    names = {"gatehouse": "Gatehouse"}
+    print(f"| case | figure | {names.get(left, left)} | {right} | ratio (median of pairs) |")
     print("|---|---|---|---|---|")
     for case in cases:
-        gh = load(os.path.join(d, f"gatehouse_{case}.jsonl"))
-        ref = load(os.path.join(d, f"reference_{case}.jsonl"))
+        gh = load(os.path.join(d, f"{left}_{case}.jsonl"))
+        ref = load(os.path.join(d, f"{right}_{case}.jsonl"))
         for key, label, unit in FIGURES:
             g = [r[key] for r in gh if r.get(key) is not None]
             f = [r[key] for r in ref if r.get(key) is not None]

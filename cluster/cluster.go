@@ -11,6 +11,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +35,9 @@ var ErrNotReady = errors.New("cluster: JetStream not ready")
 // JetStream in.
 const StoreFolder = "nats"
 
+// inProcessUser is the embedded server's one client user.
+const inProcessUser = "gatehouse"
+
 // readyPoll spaces the checks of the wait for JetStream at start.
 const readyPoll = 50 * time.Millisecond
 
@@ -41,10 +46,13 @@ const statusTimeout = 2 * time.Second
 
 // Node is a running NATS side. Its methods are safe for concurrent use.
 type Node struct {
-	o   Options
-	srv *server.Server // nil when connected to an existing deployment
-	nc  *nats.Conn
-	js  jetstream.JetStream
+	o Options
+	// user and password are the embedded server's one client account,
+	// when its client listener is not one the operator asked for.
+	user, password string
+	srv            *server.Server // nil when connected to an existing deployment
+	nc             *nats.Conn
+	js             jetstream.JetStream
 }
 
 // Start starts the embedded server (or connects to o.URL) and returns once
@@ -90,7 +98,11 @@ func (n *Node) embed(ctx context.Context) error {
 	if !srv.ReadyForConnections(n.o.ReadyTimeout) {
 		return fmt.Errorf("%w: the NATS server did not start listening within %s (are its ports free?)", ErrNotReady, n.o.ReadyTimeout)
 	}
-	if n.nc, err = nats.Connect("", nats.InProcessServer(srv), nats.Name(n.o.NodeName), nats.MaxReconnects(-1)); err != nil {
+	opts := []nats.Option{nats.InProcessServer(srv), nats.Name(n.o.NodeName), nats.MaxReconnects(-1)}
+	if n.user != "" {
+		opts = append(opts, nats.UserInfo(n.user, n.password))
+	}
+	if n.nc, err = nats.Connect("", opts...); err != nil {
 		return fmt.Errorf("cluster: in-process connection: %w", err)
 	}
 	if n.js, err = jetstream.New(n.nc); err != nil {
@@ -129,7 +141,16 @@ func (n *Node) serverOptions() (*server.Options, error) {
 	case o.Name != "":
 		// NATS opens its route listener only once its client listener is
 		// open: a clustered node needs one, and takes a free loopback port.
+		// The journal is reachable through it, so it takes a password only
+		// this process knows: another local process could otherwise
+		// append to the cluster's journal or purge it.
 		so.Host, so.Port = "127.0.0.1", server.RANDOM_PORT
+		var secret [24]byte
+		if _, err := rand.Read(secret[:]); err != nil {
+			return nil, fmt.Errorf("cluster: client password: %w", err)
+		}
+		so.Username, so.Password = inProcessUser, hex.EncodeToString(secret[:])
+		n.user, n.password = so.Username, so.Password
 	}
 	if o.Name != "" {
 		h, p, err := hostPort(o.Listen)
@@ -252,13 +273,19 @@ func (n *Node) Conn() *nats.Conn { return n.nc }
 // JetStream is the node's JetStream context.
 func (n *Node) JetStream() jetstream.JetStream { return n.js }
 
-// ClientURL is where NATS clients reach the embedded server
-// (Options.ClientListen), or "" when it has no client listener.
+// ClientURL is where NATS clients reach the embedded server: at
+// Options.ClientListen, or, on a clustered node without it, at the
+// loopback port NATS needs, which takes only this process's connection.
+// "" when it has no client listener.
 func (n *Node) ClientURL() string {
-	if n.srv == nil || n.o.ClientListen == "" {
+	if n.srv == nil || (n.o.ClientListen == "" && n.o.Name == "") {
 		return ""
 	}
-	return n.srv.ClientURL()
+	addr := n.srv.Addr()
+	if addr == nil {
+		return ""
+	}
+	return "nats://" + addr.String()
 }
 
 // RouteAddr is the address the embedded server takes routes on, or "".

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/gatehouse-dev/gatehouse/cluster"
 )
@@ -184,5 +187,37 @@ func TestJournalPurgeDropsWhatEveryNodeHolds(t *testing.T) {
 	// Appends go on after the purge.
 	if seq, err := w.Append(ctx, []byte("after")); err != nil || seq != 6 {
 		t.Fatalf("append after the purge = %d, %v", seq, err)
+	}
+}
+
+// TestClusteredNodesClientPortTakesOnlyItsOwnConnection: a clustered
+// node's client listener, which NATS needs for its routes, refuses a
+// connection without the password only the node's process knows: another
+// local process cannot reach the journal through it.
+func TestClusteredNodesClientPortTakesOnlyItsOwnConnection(t *testing.T) {
+	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	nodes := make([]*cluster.Node, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		o := cluster.Options{Name: "gh", NodeName: fmt.Sprintf("n%d", i+1), Listen: addrs[i], Peers: addrs,
+			Dir: t.TempDir(), ReadyTimeout: 20 * time.Second}
+		wg.Go(func() { nodes[i], errs[i] = start(t, o) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	n := nodes[0]
+	if _, err := n.Journal(context.Background()); err != nil {
+		t.Fatalf("the node's own connection: %v", err)
+	}
+	nc, err := nats.Connect(n.ClientURL(), nats.MaxReconnects(0))
+	if err == nil {
+		nc.Close()
+		t.Fatalf("an unauthenticated connection to %s was accepted", n.ClientURL())
+	}
+	if !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("connect without the password = %v, want an authorization error", err)
 	}
 }
