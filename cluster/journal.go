@@ -236,19 +236,27 @@ func (j *Journal) Reader(ctx context.Context, after uint64) (*Reader, error) {
 }
 
 // Next returns the groups available, at most maxCount and, past the
-// first, at most maxBytes, waiting up to wait for the first. None within
-// wait is not an error.
+// first, at most maxBytes, waiting up to wait for the first (not at all
+// when wait is zero). None within wait is not an error.
 func (r *Reader) Next(ctx context.Context, maxCount, maxBytes int, wait time.Duration) ([]Entry, error) {
-	t := time.NewTimer(wait)
-	defer t.Stop()
 	var out []Entry
 	select {
 	case e := <-r.msgs:
 		out = append(out, e)
-	case <-t.C:
-		return nil, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	default:
+		if wait <= 0 {
+			return nil, nil
+		}
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case e := <-r.msgs:
+			out = append(out, e)
+		case <-t.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	size := len(out[0].Data)
 	for len(out) < maxCount && size < maxBytes {

@@ -68,6 +68,17 @@ type leader struct {
 // store applied, led or followed; zero before the first.
 func (s *Store) Replicated() uint64 { return s.replicated.Load() }
 
+// DurableReplicated returns the Replica's position of the last group this
+// store holds durably: Replicated under SyncAlways; under SyncBatch, as of
+// the journal's last sync; in memory, or under SyncNone before the first
+// sync, what the store held when it was opened.
+func (s *Store) DurableReplicated() uint64 {
+	if s.opts.Sync == SyncAlways && s.journal != nil {
+		return s.Replicated()
+	}
+	return s.replicatedSynced.Load()
+}
+
 // Lead makes every later group go to r first, then writes the term's first
 // group: the store's epoch, so that a fresh cluster takes its first
 // leader's, and r learns at once whether another node appended since this
@@ -267,6 +278,7 @@ func (s *Store) loadReplicated() error {
 				return fmt.Errorf("%w: replicated position of %d bytes", errRecord, len(v))
 			}
 			s.replicated.Store(binary.BigEndian.Uint64(v))
+			s.replicatedSynced.Store(binary.BigEndian.Uint64(v))
 			return nil
 		})
 	})

@@ -299,6 +299,9 @@ type Store struct {
 	leading    atomic.Pointer[leader]
 	leadMu     sync.Mutex
 	replicated atomic.Uint64
+	// replicatedSynced is, under SyncBatch, the Replica's position of the
+	// last group the journal holds durably.
+	replicatedSynced atomic.Uint64
 
 	closeOnce sync.Once
 	// gate is held shared by every Write and exclusively by Close, so Close
@@ -804,11 +807,12 @@ func (s *Store) batchSync() {
 		return
 	}
 	s.dirty = false
-	at := s.acked.Load()
+	at, rep := s.acked.Load(), s.replicated.Load()
 	if err := s.journal.sync(); err != nil {
 		s.fail(err)
 	} else {
 		s.batchSynced.Store(at)
+		s.replicatedSynced.Store(rep)
 		s.countSync()
 	}
 }

@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,19 +36,31 @@ type loadResult struct {
 // loadWindow is kbench's window: a stall is measured in these.
 const loadWindow = 250 * time.Millisecond
 
-// longestStall is the longest run of windows in which no execution
-// completed.
-func (r loadResult) longestStall() time.Duration {
-	longest, run := 0, 0
-	for _, w := range r.Windows {
+// stalls returns each run of windows in which no execution completed,
+// longest first.
+func (r loadResult) stalls() []time.Duration {
+	var out []time.Duration
+	run := 0
+	for i, w := range r.Windows {
 		if w.OK == 0 {
 			run++
-			longest = max(longest, run)
-		} else {
+		}
+		if (w.OK != 0 || i == len(r.Windows)-1) && run > 0 {
+			out = append(out, time.Duration(run)*loadWindow)
 			run = 0
 		}
 	}
-	return time.Duration(longest) * loadWindow
+	slices.SortFunc(out, func(a, b time.Duration) int { return cmp.Compare(b, a) })
+	return out
+}
+
+// longestStall is the longest run of windows in which no execution
+// completed.
+func (r loadResult) longestStall() time.Duration {
+	if s := r.stalls(); len(s) > 0 {
+		return s[0]
+	}
+	return 0
 }
 
 // startLoad builds bench/kbench and runs it against every node for d, as
@@ -169,7 +183,8 @@ func TestClusterNodeKillsUnderLoad(t *testing.T) {
 	}
 	r := wait()
 	checkLoad(t, r)
-	t.Logf("%d kills: %d executions, all completed, %.0f/s, p99 %.0f ms; longest stall %s", kills, r.Executions, r.ExecPerS, r.P99, r.longestStall())
+	t.Logf("%d kills: %d executions, all completed, %.0f/s, p99 %.0f ms; stalls (no execution completed), longest first: %v",
+		kills, r.Executions, r.ExecPerS, r.P99, r.stalls())
 }
 
 // TestClusterRollingRestartUnderLoad stops each member in turn with
