@@ -529,7 +529,12 @@ func (m *Member) local(c *fasthttp.RequestCtx) {
 		}
 		a := clusterAnswer{Status: m.nats.Status(c)}
 		a.Role, a.Journal = "follower", m.store.Replicated()
-		if v, err := m.leases.Leader(c); err == nil {
+		// Bounded: while the lease's bucket elects a leader, the answer
+		// goes out without one.
+		lctx, cancel := context.WithTimeout(c, leaseReadTimeout)
+		v, err := m.leases.Leader(lctx)
+		cancel()
+		if err == nil {
 			var li leaderInfo
 			if json.Unmarshal(v, &li) == nil {
 				a.Leader = li.Node
@@ -547,6 +552,9 @@ func (m *Member) local(c *fasthttp.RequestCtx) {
 		c.SetBody(append(body, '\n'))
 	}
 }
+
+// leaseReadTimeout bounds /v0/cluster's read of the lease on a follower.
+const leaseReadTimeout = 300 * time.Millisecond
 
 // sleep waits d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) {
