@@ -57,7 +57,7 @@ def read(url, ex, want):
     r = c.getresponse()
     got = 0
     while got < want:
-        line = r.fp.readline()
+        line = r.readline()
         if not line:
             break
         if line.startswith(b"data: "):
