@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -113,8 +114,12 @@ func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 	}
 }
 
-// replicas is the journal's replica count: three in a cluster of three
-// or more nodes, every node in a smaller one.
+// replicas is the replica count of the cluster's streams: three in a
+// cluster of three or more nodes, every node in a smaller one. The
+// cluster's size is the one configured (the peer list, this node's own
+// route among them or not), not the meta group's at the time, which may
+// not have heard of every node yet: a journal created on two replicas of
+// three nodes would stall for good when one of its two is lost.
 func (n *Node) replicas() int {
 	if n.srv == nil {
 		if n.o.Replicas > 0 {
@@ -122,10 +127,24 @@ func (n *Node) replicas() int {
 		}
 		return 3
 	}
-	if js, err := n.srv.Jsz(nil); err == nil && js.Meta != nil && js.Meta.Size > 0 {
-		return min(3, js.Meta.Size)
+	meta := 0
+	if js, err := n.srv.Jsz(nil); err == nil && js.Meta != nil {
+		meta = js.Meta.Size
 	}
-	return 1
+	return replicasOf(n.o, meta)
+}
+
+// replicasOf is replicas for a node configured with o, whose meta group
+// has meta members now.
+func replicasOf(o Options, meta int) int {
+	if o.Name == "" {
+		return 1
+	}
+	size := len(o.Peers)
+	if !slices.Contains(o.Peers, o.Listen) {
+		size++
+	}
+	return min(3, max(size, meta))
 }
 
 // Last returns the sequence of the journal's last group; zero when empty.

@@ -14,8 +14,9 @@ import (
 // to the journal; the others follow. Who leads is one key of a JetStream
 // key-value bucket whose entries expire LeaseTTL after their last write:
 // the leader rewrites it every LeaseTTL/4 with compare-and-set on its
-// revision, and a node that finds the key absent creates it (create fails
-// when the key exists). The lease says who should lead; the journal's
+// revision; a node that finds the key absent creates it, and one that sees
+// its revision unchanged for LeaseTTL takes it over (see Campaign). The
+// lease says who should lead; the journal's
 // fencing (see Writer) is what keeps a node that lost it, unknowing, from
 // committing anything.
 
@@ -78,15 +79,24 @@ func (l *Leases) Leader(ctx context.Context) ([]byte, error) {
 }
 
 // Campaign returns once this node holds the lease, with value in it, or
-// with ctx's error. It tries every LeaseTTL/8.
+// with ctx's error. It looks every LeaseTTL/8: it creates the key when
+// there is none, and takes it over, with compare-and-set on the revision
+// it saw, once that revision has not changed for LeaseTTL by this node's
+// own clock: the holder stopped renewing. It does not wait for the
+// bucket to expire the key, which a stream that has just changed leader
+// may do seconds late, and no two nodes' clocks are compared.
 func (l *Leases) Campaign(ctx context.Context, value []byte) (*Lease, error) {
 	t := time.NewTicker(LeaseTTL / 8)
 	defer t.Stop()
+	var (
+		seen  uint64    // the holder's revision last seen
+		since time.Time // when seen was first seen
+	)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, LeaseTTL/2)
-		rev, err := l.kv.Create(cctx, LeaseKey, value)
+		rev, err := l.take(cctx, value, &seen, &since)
 		cancel()
-		if err == nil {
+		if err == nil && rev > 0 {
 			ls := &Lease{kv: l.kv, rev: rev, value: value, lost: make(chan struct{}), stop: make(chan struct{}), renewed: time.Now()}
 			ls.wg.Add(1)
 			go ls.keep()
@@ -98,6 +108,24 @@ func (l *Leases) Campaign(ctx context.Context, value []byte) (*Lease, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// take makes one try at the lease: the revision it now holds, or zero
+// while another node's holds.
+func (l *Leases) take(ctx context.Context, value []byte, seen *uint64, since *time.Time) (uint64, error) {
+	e, err := l.kv.Get(ctx, LeaseKey)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return l.kv.Create(ctx, LeaseKey, value)
+	case err != nil:
+		return 0, err
+	case e.Revision() != *seen:
+		*seen, *since = e.Revision(), time.Now()
+		return 0, nil
+	case time.Since(*since) < LeaseTTL:
+		return 0, nil
+	}
+	return l.kv.Update(ctx, LeaseKey, value, e.Revision())
 }
 
 // Lease is this node's hold on leadership, renewed until Release or until

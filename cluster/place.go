@@ -13,9 +13,9 @@ import (
 // placeTimeout bounds each request of Gather.
 const placeTimeout = 2 * time.Second
 
-// Gather asks JetStream to move the leadership of the journal's stream,
-// the lease's bucket and the meta group to this node, each that another
-// node leads. A cluster runs one kernel, whose every write goes through
+// Gather asks JetStream to move the leadership of the journal's stream
+// and of the lease's bucket to this node, each that another node leads.
+// (The meta group's is the system account's to move, not Gatehouse's.) A cluster runs one kernel, whose every write goes through
 // the journal's leader and whose lease through the bucket's: with all of
 // them on the kernel's node, losing any other node interrupts nothing,
 // and losing that one costs one round of elections, held at once, instead
@@ -42,9 +42,6 @@ func (n *Node) Gather(ctx context.Context) error {
 			continue
 		}
 		errs = append(errs, n.stepDown(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, name))
-	}
-	if !n.srv.JetStreamIsLeader() {
-		errs = append(errs, n.stepDown(ctx, "$JS.API.META.LEADER.STEPDOWN", name))
 	}
 	return errors.Join(errs...)
 }

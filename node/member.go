@@ -414,13 +414,45 @@ func (m *Member) apply(ctx context.Context) error {
 // journal anyway (caughtUp).
 const followGather = 20 * time.Millisecond
 
+// errStaleReader is applyFrom's error for a reader that delivers nothing
+// while the journal holds groups past the store's position: the consumer
+// behind it was on a node that is gone, and a new reader is made.
+var errStaleReader = errors.New("node: the journal reader is behind the journal and silent")
+
 // applyFrom applies what r reads until ctx ends or a group fails.
 func (m *Member) applyFrom(ctx context.Context, r *cluster.Reader) error {
+	// behind is the store's position when an idle second last found the
+	// journal ahead of it, when ahead says one did.
+	var (
+		behind uint64
+		ahead  bool
+	)
 	for {
 		es, err := r.Next(ctx, followCount, followBytes, time.Second)
 		if err != nil {
 			return err
 		}
+		if len(es) == 0 {
+			// A second without a group: idle, or a reader whose consumer
+			// was lost with its node, which JetStream's own heartbeats
+			// would notice only much later. Two such seconds in a row with
+			// the journal ahead and the store not moving make it stale (a
+			// group appended right then is in flight, not lost).
+			lctx, cancel := context.WithTimeout(ctx, time.Second)
+			last, err := m.journal.Last(lctx)
+			cancel()
+			pos := m.store.Replicated()
+			switch {
+			case err != nil || last <= pos:
+				ahead = false
+			case ahead && behind == pos:
+				return errStaleReader
+			default:
+				behind, ahead = pos, true
+			}
+			continue
+		}
+		ahead = false
 		if len(es) > 0 && len(es) < followCount {
 			sleep(ctx, followGather)
 			more, err := r.Next(ctx, followCount-len(es), followBytes, 0)
