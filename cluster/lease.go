@@ -41,14 +41,25 @@ type Leases struct {
 
 // Leases opens the lease bucket, creating it when the cluster has none.
 func (n *Node) Leases(ctx context.Context) (*Leases, error) {
-	cfg := jetstream.KeyValueConfig{
+	kv, err := n.keyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      LeaseBucket,
 		Description: "Gatehouse: which node leads",
 		TTL:         LeaseTTL,
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    n.replicas(),
+	})
+	if err != nil {
+		return nil, err
 	}
+	return &Leases{kv: kv}, nil
+}
+
+// keyValue opens the bucket cfg describes, creating it when the cluster
+// has none. Right after the meta leader is elected, creation may fail for
+// want of peers, or its answer be lost while the nodes race to create it:
+// it is retried, each try bounded, within ReadyTimeout.
+func (n *Node) keyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.o.ReadyTimeout)
 	defer cancel()
 	for {
@@ -56,11 +67,11 @@ func (n *Node) Leases(ctx context.Context) (*Leases, error) {
 		kv, err := n.js.CreateOrUpdateKeyValue(actx, cfg)
 		acancel()
 		if err == nil {
-			return &Leases{kv: kv}, nil
+			return kv, nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: lease bucket: %w", ErrNotReady, err)
+			return nil, fmt.Errorf("%w: bucket %s: %w", ErrNotReady, cfg.Bucket, err)
 		case <-time.After(readyPoll):
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -22,28 +21,17 @@ type Positions struct {
 // Positions opens the positions bucket, creating it when the cluster has
 // none.
 func (n *Node) Positions(ctx context.Context) (*Positions, error) {
-	cfg := jetstream.KeyValueConfig{
+	kv, err := n.keyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      PositionsBucket,
 		Description: "Gatehouse: the journal position each node's store holds",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    n.replicas(),
+	})
+	if err != nil {
+		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.o.ReadyTimeout)
-	defer cancel()
-	for {
-		actx, acancel := context.WithTimeout(ctx, journalTimeout)
-		kv, err := n.js.CreateOrUpdateKeyValue(actx, cfg)
-		acancel()
-		if err == nil {
-			return &Positions{kv: kv}, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: positions bucket: %w", ErrNotReady, err)
-		case <-time.After(readyPoll):
-		}
-	}
+	return &Positions{kv: kv}, nil
 }
 
 // Report records that node's store holds the journal up to pos.
