@@ -243,8 +243,10 @@ func traceID(h []byte) string {
 	return parts[1]
 }
 
-// requestID echoes a sane X-Request-ID or makes one.
-func requestID(ctx *fasthttp.RequestCtx) {
+// EchoRequestID sets the response's X-Request-ID as every gateway answer
+// has it: the request's when it is sane, a fresh one otherwise. A
+// follower's relay sets it so on the answers it gives itself.
+func EchoRequestID(ctx *fasthttp.RequestCtx) {
 	id := ctx.Request.Header.Peek("X-Request-ID")
 	if len(id) == 0 || len(id) > 128 || bytes.ContainsAny(id, "\r\n") {
 		ctx.Response.Header.Set("X-Request-ID", event.NewID())

@@ -286,7 +286,7 @@ func isTimeout(err error) bool {
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	s.used(ctx)
-	requestID(ctx)
+	EchoRequestID(ctx)
 	s.cors(ctx)
 	route := "unmatched"
 	defer func() {

@@ -381,6 +381,9 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		delete(r.fresh, ctx.Conn())
 		r.mu.Unlock()
 	}
+	// The answers the relay gives itself carry one as the leader's do; a
+	// relayed request's answer is the leader's own.
+	gateway.EchoRequestID(ctx)
 	if r.isLocal(ctx) {
 		r.o.Local(ctx)
 		return

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -322,6 +323,37 @@ func TestRelayAnswersLocalPathsItself(t *testing.T) {
 		resp, body := rc.read()
 		if got := fmt.Sprintf("%d %s", resp.StatusCode, body); !strings.HasPrefix(got, tc.want) {
 			t.Fatalf("GET %s: %q, want %q", tc.path, got, tc.want)
+		}
+	}
+}
+
+// TestRelayAnswersCarryTheRequestID: what the relay answers itself, a
+// local path or a refusal, echoes X-Request-ID as the gateway does (a
+// fresh one when the request had none), so that a client sees the same
+// convention whichever node it reached.
+func TestRelayAnswersCarryTheRequestID(t *testing.T) {
+	_, base := startRelay(t, relay.Options{
+		Leader:     func(context.Context) (string, error) { return "", errors.New("none") },
+		Local:      func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("local") },
+		LocalPaths: []string{"/v0/health"},
+	})
+	for _, tc := range []struct{ path, id string }{
+		{"/v0/health", "req-local"},
+		{"/v0/health", ""},
+		{"/v0/executions", "req-refused"},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, base+tc.path, nil)
+		if tc.id != "" {
+			req.Header.Set("X-Request-ID", tc.id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got := resp.Header.Get("X-Request-ID")
+		if (tc.id != "" && got != tc.id) || got == "" {
+			t.Errorf("GET %s with X-Request-ID %q: %d, echoed %q", tc.path, tc.id, resp.StatusCode, got)
 		}
 	}
 }
