@@ -197,6 +197,12 @@ func (n *Node) build(ctx context.Context) error {
 	if clusterSurface != nil {
 		so.Surfaces = append(so.Surfaces, clusterSurface)
 	}
+	if err := n.edgeHub(&so); err != nil {
+		return err
+	}
+	if name := n.edgeName(); name != "" {
+		so.EdgeName = name
+	}
 	srv, err := gateway.New(so)
 	if err != nil {
 		return err
@@ -212,6 +218,9 @@ func (n *Node) build(ctx context.Context) error {
 	rt.Start(o.Logger)
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
+	if err := n.serveEdge(srv); err != nil {
+		return err
+	}
 	n.closers.push(n.startRetention())
 	return nil
 }
