@@ -460,7 +460,8 @@ func (c *Conn) onMsg(m *nats.Msg) {
 	case perr != nil:
 		cause = fmt.Errorf("%w: the peer sent %w", ErrReset, perr)
 	case f.kind == kindReset:
-		cause, tell = fmt.Errorf("%w by the peer", ErrReset), false
+		// Out of sequence, it may not be the peer's: tell the peer too.
+		cause, tell = fmt.Errorf("%w by the peer", ErrReset), f.seq != c.inSeq+1
 	case f.seq != c.inSeq+1:
 		cause = fmt.Errorf("%w: frame %d lost (frame %d came next)", ErrReset, c.inSeq+1, f.seq)
 	default:

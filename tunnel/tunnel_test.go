@@ -405,3 +405,53 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// TestEndedConnsLeaveNoGoroutineOrSubscription: conns closed by either
+// side, half-closed both ways, or refused give back their subscription and
+// goroutines.
+func TestEndedConnsLeaveNoGoroutineOrSubscription(t *testing.T) {
+	s := startServer(t, nil)
+	ncD, ncL := connect(t, s), connect(t, s)
+	l, err := Listen(ncL, "tunnel.leak", Options{Backlog: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	first := dialWhenListening(t, ncD, "tunnel.leak", Options{})
+	_ = first.Close()
+	_ = accept(t, l).Close()
+	eventually.True(t, "the first conn ended", func() bool { return l.Stats().Open == 0 })
+	base, subsD, subsL := runtime.NumGoroutine(), ncD.NumSubscriptions(), ncL.NumSubscriptions()
+
+	for i := range 12 {
+		d := dialWhenListening(t, ncD, "tunnel.leak", Options{})
+		a := accept(t, l)
+		roundTrip(t, d, a, "hello")
+		switch i % 3 {
+		case 0:
+			_ = d.Close()
+			_, _ = io.Copy(io.Discard, a)
+			_ = a.Close()
+		case 1:
+			_ = a.Close()
+			_, _ = io.Copy(io.Discard, d)
+			_ = d.Close()
+		case 2:
+			_ = d.CloseWrite()
+			_ = a.CloseWrite()
+		}
+	}
+	waiting := dialWhenListening(t, ncD, "tunnel.leak", Options{})
+	if _, err := Dial(context.Background(), ncD, "tunnel.leak", Options{}); !errors.Is(err, ErrRefused) {
+		t.Fatalf("dial past the backlog: %v, want ErrRefused", err)
+	}
+	_ = waiting.Close()
+	_ = accept(t, l).Close()
+	eventually.Check(t, func() error {
+		n, sd, sl := runtime.NumGoroutine(), ncD.NumSubscriptions(), ncL.NumSubscriptions()
+		if n > base || sd > subsD || sl > subsL {
+			return fmt.Errorf("%d goroutines, %d and %d subscriptions; %d, %d and %d before", n, sd, sl, base, subsD, subsL)
+		}
+		return nil
+	})
+}
