@@ -114,6 +114,9 @@ func (c *Conn) connect(h hello) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.peerWindow = uint64(h.window)
+	// The handshake is word from the peer: a slow dial does not count
+	// against DeadAfter.
+	c.lastHeard = c.since()
 	c.pingAfter = min(c.keepAlive, h.deadAfter/3)
 	c.tickEvery = max(min(c.pingAfter/2, c.deadAfter/4), time.Millisecond)
 	if c.released {

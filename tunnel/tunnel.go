@@ -60,6 +60,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/gatehouse-dev/gatehouse/internal/option"
 )
 
 // ErrNoListener is the dial error when nothing listens on the subject (the
@@ -76,7 +78,7 @@ var ErrRefused = errors.New("tunnel: dial refused by the listener")
 var ErrReset = errors.New("tunnel: connection reset")
 
 // Options tunes a Listener or a Dial. The zero value is useful: each zero
-// field takes the default given in its comment.
+// or negative field takes the default given in its comment.
 type Options struct {
 	// FrameBytes is the largest data frame payload: 32 KiB, capped at the
 	// NATS connection's MaxPayload less the frame header.
@@ -115,51 +117,25 @@ const (
 	maxDeadAfter = time.Duration(1<<32-1) * time.Millisecond
 )
 
-// withDefaults fills the zero fields and checks the others; nc bounds the
-// frame size.
+// withDefaults fills the unset fields (option.Default: zero or negative)
+// and checks the others; nc bounds the frame size.
 func (o Options) withDefaults(nc *nats.Conn) (Options, error) {
-	for _, f := range []struct {
-		name string
-		v    int64
-	}{
-		{"FrameBytes", int64(o.FrameBytes)}, {"Window", int64(o.Window)},
-		{"KeepAlive", int64(o.KeepAlive)}, {"DeadAfter", int64(o.DeadAfter)},
-		{"DialTimeout", int64(o.DialTimeout)}, {"Backlog", int64(o.Backlog)}, {"MaxConns", int64(o.MaxConns)},
-	} {
-		if f.v < 0 {
-			return o, fmt.Errorf("tunnel: Options.%s is negative (%d)", f.name, f.v)
-		}
-	}
-	if o.FrameBytes == 0 {
-		o.FrameBytes = defaultFrameBytes
-	}
+	option.Default(&o.FrameBytes, defaultFrameBytes)
 	if mp := nc.MaxPayload() - headerLen; mp > 0 && int64(o.FrameBytes) > mp {
 		o.FrameBytes = int(mp)
 	}
-	if o.Window == 0 {
-		o.Window = defaultWindow
-	}
+	option.Default(&o.Window, defaultWindow)
 	if o.Window < minWindow || o.Window > maxWindow {
 		return o, fmt.Errorf("tunnel: Options.Window is %d, outside %d to %d", o.Window, minWindow, maxWindow)
 	}
-	if o.KeepAlive == 0 {
-		o.KeepAlive = defaultKeepAlive
-	}
-	if o.DeadAfter == 0 {
-		o.DeadAfter = 3 * o.KeepAlive
-	}
+	option.Default(&o.KeepAlive, defaultKeepAlive)
+	option.Default(&o.DeadAfter, 3*o.KeepAlive)
 	if o.DeadAfter < time.Millisecond || o.DeadAfter > maxDeadAfter {
 		return o, fmt.Errorf("tunnel: Options.DeadAfter is %v, outside 1ms to %v", o.DeadAfter, maxDeadAfter)
 	}
-	if o.DialTimeout == 0 {
-		o.DialTimeout = defaultDialTimeout
-	}
-	if o.Backlog == 0 {
-		o.Backlog = defaultBacklog
-	}
-	if o.MaxConns == 0 {
-		o.MaxConns = defaultMaxConns
-	}
+	option.Default(&o.DialTimeout, defaultDialTimeout)
+	option.Default(&o.Backlog, defaultBacklog)
+	option.Default(&o.MaxConns, defaultMaxConns)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

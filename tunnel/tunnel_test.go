@@ -350,8 +350,8 @@ func TestACutLeafLinkResetsBothEndsWithinDeadAfter(t *testing.T) {
 	})
 }
 
-// TestOptionsOutOfRangeAreRefused: a bad option is an error naming it,
-// never a silent default.
+// TestOptionsOutOfRangeAreRefused: a window or DeadAfter out of range is
+// an error naming it; an unset (zero or negative) field takes its default.
 func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 	s := startServer(t, nil)
 	nc := connect(t, s)
@@ -359,15 +359,9 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{Options{Window: -1}, "Window"},
 		{Options{Window: minWindow - 1}, "Window"},
 		{Options{Window: maxWindow + 1}, "Window"},
-		{Options{FrameBytes: -1}, "FrameBytes"},
-		{Options{KeepAlive: -time.Second}, "KeepAlive"},
 		{Options{DeadAfter: time.Microsecond}, "DeadAfter"},
-		{Options{Backlog: -1}, "Backlog"},
-		{Options{MaxConns: -1}, "MaxConns"},
-		{Options{DialTimeout: -1}, "DialTimeout"},
 	} {
 		_, lerr := Listen(nc, "tunnel.options", tc.o)
 		_, derr := Dial(context.Background(), nc, "tunnel.options", tc.o)
@@ -376,6 +370,14 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 				t.Errorf("%+v: %v, want an error naming %s", tc.o, err, tc.want)
 			}
 		}
+	}
+	o, err := Options{Window: -1, FrameBytes: 1 << 30, KeepAlive: -1, Backlog: -1}.withDefaults(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Window != defaultWindow || o.KeepAlive != defaultKeepAlive || o.DeadAfter != 3*defaultKeepAlive ||
+		o.Backlog != defaultBacklog || int64(o.FrameBytes) != nc.MaxPayload()-headerLen {
+		t.Errorf("defaults %+v", o)
 	}
 }
 
