@@ -137,6 +137,42 @@ func TestAForgedOrMalformedFrameResetsTheConn(t *testing.T) {
 	}
 }
 
+// TestAFloodingPeerIsResetWithinItsBounds: a conn's subscription holds at
+// most its window's frames, and a peer that keeps sending past the window
+// is reset however fast it sends.
+func TestAFloodingPeerIsResetWithinItsBounds(t *testing.T) {
+	s := startServer(t, nil)
+	ncD, ncL, forger := connect(t, s), connect(t, s), connect(t, s)
+	d, a, _ := pair(t, ncD, ncL, Options{Window: minWindow, KeepAlive: time.Minute})
+	msgs, bytes, err := a.sub.PendingLimits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msgs != minWindow/frameCost+controlSlack || bytes > 2*minWindow {
+		t.Errorf("pending limits of %d messages and %d bytes, want the window's frames (%d) and about its bytes (%d)",
+			msgs, bytes, minWindow/frameCost+controlSlack, minWindow)
+	}
+	for seq := uint64(1); seq <= 10_000; seq++ {
+		if err := forger.Publish(a.LocalAddr().String(), appendFrame(nil, kindData, seq, []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = a.SetReadDeadline(time.Now().Add(eventually.Deadline))
+	if _, err := io.Copy(io.Discard, a); !errors.Is(err, ErrReset) {
+		t.Errorf("read on the flooded conn: %v, want ErrReset", err)
+	}
+	a.mu.Lock()
+	peak := a.peak
+	a.mu.Unlock()
+	if peak > minWindow {
+		t.Errorf("the flooded conn buffered %d bytes, past its window of %d", peak, minWindow)
+	}
+	_ = d.SetReadDeadline(time.Now().Add(eventually.Deadline))
+	if _, err := io.Copy(io.Discard, d); !errors.Is(err, ErrReset) {
+		t.Errorf("read on its peer: %v, want ErrReset", err)
+	}
+}
+
 // FuzzParseFrame: no input panics the frame parser, and what it accepts
 // encodes back to the same bytes.
 func FuzzParseFrame(f *testing.F) {

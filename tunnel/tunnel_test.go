@@ -175,13 +175,16 @@ func TestCloseWriteEndsOneDirectionAndTheOtherKeepsWorking(t *testing.T) {
 func TestTimeoutsAreNetErrorsMatchingErrDeadlineExceeded(t *testing.T) {
 	s := startServer(t, nil)
 	d, _, _ := pair(t, connect(t, s), connect(t, s), Options{Window: minWindow})
-	if err := d.SetDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+	if err := d.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	_, rerr := d.Read(make([]byte, 1))
+	if err := d.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
 	n, werr := d.Write(make([]byte, 2*minWindow))
-	if n >= minWindow {
-		t.Errorf("wrote %d bytes past a window of %d that nobody reads", n, minWindow)
+	if n == 0 || n >= minWindow {
+		t.Errorf("wrote %d bytes before the deadline, want part of the window of %d that nobody reads", n, minWindow)
 	}
 	for op, err := range map[string]error{"read": rerr, "write": werr} {
 		var ne net.Error
@@ -202,6 +205,59 @@ func TestDialWithNoListenerFailsWithErrNoListener(t *testing.T) {
 	}
 	if nc.NumSubscriptions() != 1 { // nats's shared response subscription
 		t.Errorf("%d subscriptions left after a failed dial, want only nats's response one", nc.NumSubscriptions())
+	}
+}
+
+// TestADialNobodyAnswersTimesOut: a subscriber that never answers (not a
+// listener) makes the dial time out as a net.Error, and the dial gives its
+// subscription back.
+func TestADialNobodyAnswersTimesOut(t *testing.T) {
+	s := startServer(t, nil)
+	nc := connect(t, s)
+	mute := connect(t, s)
+	if _, err := mute.SubscribeSync("tunnel.mute"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mute.Flush(); err != nil { // the server has the subscription
+		t.Fatal(err)
+	}
+	_, err := Dial(context.Background(), nc, "tunnel.mute", Options{DialTimeout: 50 * time.Millisecond})
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("dial: %v, want a timeout", err)
+	}
+	if nc.NumSubscriptions() != 1 { // nats's shared response subscription
+		t.Errorf("%d subscriptions left after a failed dial, want only nats's response one", nc.NumSubscriptions())
+	}
+}
+
+// TestAMalformedDialIsRefused: a request that is not an open message gets
+// a refusal, counted, and opens nothing.
+func TestAMalformedDialIsRefused(t *testing.T) {
+	s := startServer(t, nil)
+	nc := connect(t, s)
+	l, err := Listen(nc, "tunnel.strict", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	for _, req := range [][]byte{
+		nil,
+		[]byte("GET / HTTP/1.1\r\n"),
+		appendHello(nil, kindAccept, hello{window: minWindow, deadAfter: time.Second, inbox: "_INBOX.x"}),
+		appendHello(nil, kindOpen, hello{window: minWindow, deadAfter: time.Second, inbox: "_INBOX.*"}),
+		appendHello(nil, kindOpen, hello{window: 1, deadAfter: time.Second, inbox: "_INBOX.x"}),
+	} {
+		m, err := nc.Request("tunnel.strict", req, eventually.Deadline)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k, _, reason, err := parseHello(m.Data); err != nil || k != kindRefuse || !strings.HasPrefix(reason, "malformed dial") {
+			t.Errorf("answer to %q: %v %q %v, want a refusal of a malformed dial", req, k, reason, err)
+		}
+	}
+	if st := l.Stats(); st.Refused != 5 || st.Accepted != 0 || st.Open != 0 {
+		t.Errorf("stats %+v, want 5 refused and nothing open", st)
 	}
 }
 
