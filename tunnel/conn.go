@@ -20,6 +20,9 @@ import (
 // close.
 const controlSlack = 64
 
+// minPing is the shortest ping interval a peer's DeadAfter can ask for.
+const minPing = 10 * time.Millisecond
+
 // errSendDone: a close or reset frame went out, and nothing may follow it.
 var errSendDone = errors.New("tunnel: conn finished sending")
 
@@ -117,7 +120,9 @@ func (c *Conn) connect(h hello) error {
 	// The handshake is word from the peer: a slow dial does not count
 	// against DeadAfter.
 	c.lastHeard = c.since()
-	c.pingAfter = min(c.keepAlive, h.deadAfter/3)
+	// A peer's short DeadAfter quickens the pings, down to minPing: a dial
+	// cannot make the listener ping every millisecond.
+	c.pingAfter = max(min(c.keepAlive, h.deadAfter/3), min(c.keepAlive, minPing))
 	c.tickEvery = max(min(c.pingAfter/2, c.deadAfter/4), time.Millisecond)
 	if c.released {
 		if c.err != nil {
@@ -246,6 +251,9 @@ func (c *Conn) write(p []byte) (int, error) {
 		dl := c.wd.wait()
 		if isClosed(dl) {
 			return n, os.ErrDeadlineExceeded
+		}
+		if n > 0 && n == len(p) {
+			return n, nil
 		}
 		c.mu.Lock()
 		if err := c.writeErr(); err != nil || n == len(p) {

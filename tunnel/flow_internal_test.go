@@ -173,6 +173,41 @@ func TestAFloodingPeerIsResetWithinItsBounds(t *testing.T) {
 	}
 }
 
+// TestAPeersDeadAfterQuickensPingsDownToMinPing: a conn pings at a third
+// of its peer's DeadAfter when that is shorter than its KeepAlive, never
+// faster than minPing, and its own KeepAlive otherwise.
+func TestAPeersDeadAfterQuickensPingsDownToMinPing(t *testing.T) {
+	s := startServer(t, nil)
+	nc := connect(t, s)
+	for _, tc := range []struct {
+		keepAlive, peerDeadAfter, want time.Duration
+	}{
+		{2 * time.Second, 6 * time.Second, 2 * time.Second},
+		{2 * time.Second, 600 * time.Millisecond, 200 * time.Millisecond},
+		{2 * time.Second, 3 * time.Millisecond, minPing},
+		{time.Millisecond, 3 * time.Millisecond, time.Millisecond},
+	} {
+		o, err := Options{KeepAlive: tc.keepAlive}.withDefaults(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := newConn(nc, o, nc.NewInbox(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.connect(hello{window: minWindow, deadAfter: tc.peerDeadAfter, inbox: nc.NewInbox()}); err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		got := c.pingAfter
+		c.mu.Unlock()
+		_ = c.Close()
+		if got != tc.want {
+			t.Errorf("KeepAlive %v, peer's DeadAfter %v: pings after %v, want %v", tc.keepAlive, tc.peerDeadAfter, got, tc.want)
+		}
+	}
+}
+
 // FuzzParseFrame: no input panics the frame parser, and what it accepts
 // encodes back to the same bytes.
 func FuzzParseFrame(f *testing.F) {

@@ -43,7 +43,7 @@
 // memory.
 //
 // A side that has sent nothing for KeepAlive (or a third of the peer's
-// DeadAfter, when that is shorter) sends a ping; a side that has heard
+// DeadAfter, when that is shorter, but not under 10ms) sends a ping; a side that has heard
 // nothing for DeadAfter resets the conn, so a cut link ends every conn
 // across it within DeadAfter.
 //
