@@ -177,7 +177,7 @@ func (n *Node) serverOptions() (*server.Options, error) {
 		if err != nil {
 			return nil, err
 		}
-		so.LeafNode.Host, so.LeafNode.Port = h, p
+		so.LeafNode.Host, so.LeafNode.Port, so.LeafNode.Advertise = h, p, o.LeafAdvertise
 		if o.LeafTLS.Cert != "" {
 			if so.LeafNode.TLSConfig, err = serverTLS(o.LeafTLS, "--leaf-tls"); err != nil {
 				return nil, err

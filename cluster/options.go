@@ -44,6 +44,12 @@ type Options struct {
 	// LeafListen, when set, is the host:port this node accepts leaf-node
 	// links on: it is a hub for edge boxes.
 	LeafListen string
+	// LeafAdvertise is the host:port a hub tells the edge boxes linked to
+	// it to dial it on next time, instead of LeafListen's: its address as
+	// they see it, across NAT or a load balancer. A hub's other nodes'
+	// addresses reach its edge boxes the same way, so that an edge box
+	// redials another node of the hub when one is lost.
+	LeafAdvertise string
 	// LeafRemotes are hub URLs this node links out to as a leaf node
 	// (nats-leaf://host:7422, or tls://host:7422): it is an edge box. The
 	// link is dialed from here, so it passes NAT, and is redialed when it
@@ -178,6 +184,14 @@ func (o *Options) check() error {
 	if o.LeafListen != "" {
 		if err := o.secure("--leaf-listen", o.LeafListen, o.LeafTLS, true); err != nil {
 			return err
+		}
+	}
+	if o.LeafAdvertise != "" {
+		if o.LeafListen == "" {
+			return fmt.Errorf("%w: --leaf-advertise is the address of --leaf-listen: set both", ErrConfig)
+		}
+		if _, _, err := hostPort(o.LeafAdvertise); err != nil {
+			return fmt.Errorf("%w: --leaf-advertise: %w", ErrConfig, err)
 		}
 	}
 	for _, r := range o.LeafRemotes {

@@ -65,6 +65,9 @@ type Edges struct {
 	o       EdgeOptions
 	log     *slog.Logger
 	splices splices
+	// base is cancelled when shutdown begins: dials in flight give up.
+	base   context.Context
+	cancel context.CancelFunc
 
 	passed, toEdge, toClient atomic.Uint64
 	notLinked, unreachable   atomic.Uint64
@@ -82,7 +85,9 @@ func NewEdges(o EdgeOptions) *Edges {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Edges{o: o, log: o.Logger}
+	e := &Edges{o: o, log: o.Logger}
+	e.base, e.cancel = context.WithCancel(context.Background())
+	return e
 }
 
 // Stats returns the counters.
@@ -98,7 +103,9 @@ func (e *Edges) Stats() EdgeStats {
 // name, or refuses it in the /v0 error envelope when the edge box cannot
 // be reached.
 func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
-	dctx, cancel := context.WithTimeout(ctx, e.o.DialTimeout)
+	// Not ctx: fasthttp reuses a RequestCtx, which makes it no parent for
+	// a context that may outlive the request.
+	dctx, cancel := context.WithTimeout(e.base, e.o.DialTimeout)
 	far, err := e.o.Dial(dctx, name)
 	cancel()
 	switch {
@@ -147,6 +154,7 @@ func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
 // and waits, bounded by ctx, for the copies to end.
 func (e *Edges) Shutdown(ctx context.Context) error {
 	e.splices.closeAll()
+	e.cancel()
 	select {
 	case <-e.splices.wait():
 		return nil

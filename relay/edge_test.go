@@ -155,7 +155,8 @@ func TestEdgesRefuseWhatCannotReachAnEdgeBox(t *testing.T) {
 		{"/edge/gone/v0/executions", http.StatusServiceUnavailable, relay.CodeEdgeNotLinked, true},
 		{"/edge/busy/v0/executions", http.StatusBadGateway, relay.CodeEdgeUnreachable, true},
 		{"/edge/a.b/v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
-		{"/edge//v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
+		{"/edge/a%20b/v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
+		{"/edge/" + strings.Repeat("n", 65) + "/v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			before := dials.Load()

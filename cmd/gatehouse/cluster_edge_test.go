@@ -192,7 +192,9 @@ func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T)
 	edgeCert, edgeKey := ca.WriteNodePair(t, 11, "127.0.0.1")
 	leaf := freeAddr(t)
 	link := newLinkProxy(t, leaf)
-	hub := newNATSNode(t, "hub", "--token", hubToken, "--leaf-listen", leaf,
+	// The hub advertises the proxy: an edge box redials what its hub
+	// advertises, which would otherwise go round the cut.
+	hub := newNATSNode(t, "hub", "--token", hubToken, "--leaf-listen", leaf, "--leaf-advertise", link.addr(),
 		"--leaf-tls-cert", hubCert, "--leaf-tls-key", hubKey, "--leaf-tls-ca", caPath)
 	edge := newNATSNode(t, "edge", "--token", edgeToken, "--policy", policy, "--nats-domain", "edge",
 		"--leaf-remote", "tls://"+link.addr(), "--leaf-tls-cert", edgeCert, "--leaf-tls-key", edgeKey, "--leaf-tls-ca", caPath)

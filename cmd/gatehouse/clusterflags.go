@@ -14,6 +14,7 @@ type clusterFlags struct {
 	name, nodeName, listen, peers string
 	clientListen, domain          string
 	leafListen, leafRemotes       string
+	leafAdvertise                 string
 	url, creds, advertise         string
 	routeTLS, leafTLS, natsTLS    cluster.TLSFiles
 	insecure                      bool
@@ -34,6 +35,7 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.clientListen, "nats-listen", "", "loopback `host:port` where NATS clients (the nats CLI) may reach the embedded server; empty: none")
 	fs.StringVar(&c.domain, "nats-domain", "", "this node's JetStream `domain`: an edge box's own, so that its JetStream stays its own while linked to a hub")
 	fs.StringVar(&c.leafListen, "leaf-listen", "", "`host:port` to accept leaf-node links from edge boxes on (a hub)")
+	fs.StringVar(&c.leafAdvertise, "leaf-advertise", "", "`host:port` a hub tells its edge boxes to redial it on, when --leaf-listen is not what they reach (NAT, a load balancer)")
 	fs.StringVar(&c.leafRemotes, "leaf-remote", "", "comma-separated hub `URL`s (tls://host:7422, or nats-leaf://) this node links out to as a leaf node (an edge box)")
 	fs.StringVar(&c.leafTLS.Cert, "leaf-tls-cert", "", "certificate (PEM `file`) for leaf links: a hub's served certificate, or the one an edge box presents")
 	fs.StringVar(&c.leafTLS.Key, "leaf-tls-key", "", "the private key (PEM `file`) of --leaf-tls-cert")
@@ -52,7 +54,7 @@ func (c *clusterFlags) apply(o *node.Options) {
 	o.Cluster = cluster.Options{
 		Name: c.name, NodeName: c.nodeName, Listen: c.listen, Peers: splitList(c.peers),
 		ClientListen: c.clientListen, Domain: c.domain,
-		LeafListen: c.leafListen, LeafRemotes: splitList(c.leafRemotes),
+		LeafListen: c.leafListen, LeafAdvertise: c.leafAdvertise, LeafRemotes: splitList(c.leafRemotes),
 		URL: c.url, Creds: c.creds,
 		RouteTLS: c.routeTLS, LeafTLS: c.leafTLS, ClientTLS: c.natsTLS,
 		Insecure: c.insecure, ReadyTimeout: c.readyTimeout, ElectionTimeout: c.election,
