@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -207,8 +208,11 @@ func Dial(ctx context.Context, nc *nats.Conn, subject string, o Options) (*Conn,
 	msg, err := nc.RequestWithContext(ctx, subject, appendHello(nil, kindOpen, hello{window: o.Window, deadAfter: o.DeadAfter, inbox: c.local.Subject}))
 	if err != nil {
 		c.release(false)
-		if errors.Is(err, nats.ErrNoResponders) {
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
 			err = fmt.Errorf("%w: %w", ErrNoListener, err)
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+			err = dialTimeout{err}
 		}
 		return nil, opErr(err)
 	}
@@ -234,3 +238,13 @@ func Dial(ctx context.Context, nc *nats.Conn, subject string, o Options) (*Conn,
 	}
 	return c, nil
 }
+
+// dialTimeout is a dial that ran out of time: a net.Error whose Timeout is
+// true, matching os.ErrDeadlineExceeded as the conn's timeouts do, and its
+// cause.
+type dialTimeout struct{ cause error }
+
+func (e dialTimeout) Error() string   { return "tunnel: dial timed out: " + e.cause.Error() }
+func (dialTimeout) Timeout() bool     { return true }
+func (dialTimeout) Temporary() bool   { return true }
+func (e dialTimeout) Unwrap() []error { return []error{os.ErrDeadlineExceeded, e.cause} }

@@ -223,8 +223,8 @@ func TestADialNobodyAnswersTimesOut(t *testing.T) {
 	}
 	_, err := Dial(context.Background(), nc, "tunnel.mute", Options{DialTimeout: 50 * time.Millisecond})
 	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() {
-		t.Fatalf("dial: %v, want a timeout", err)
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial: %v, want a net.Error timeout matching os.ErrDeadlineExceeded and context.DeadlineExceeded", err)
 	}
 	if nc.NumSubscriptions() != 1 { // nats's shared response subscription
 		t.Errorf("%d subscriptions left after a failed dial, want only nats's response one", nc.NumSubscriptions())
