@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -9,12 +10,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"golang.org/x/net/nettest"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
@@ -512,4 +515,47 @@ func TestEndedConnsLeaveNoGoroutineOrSubscription(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAFasthttpServerServesAcceptedConns: the edge box's use. A fasthttp
+// server serves the listener on a leaf server; a client of the hub sends
+// two requests on one dialed conn (keep-alive) and reads both answers.
+func TestAFasthttpServerServesAcceptedConns(t *testing.T) {
+	k := startLeafLink(t)
+	l, err := Listen(connect(t, k.leaf), "tunnel.edge.http", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		fmt.Fprintf(ctx, "edge saw %s", ctx.Path())
+	}}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+
+	c := dialWhenListening(t, connect(t, k.hub), "tunnel.edge.http", Options{})
+	t.Cleanup(func() { _ = c.Close() })
+	br := bufio.NewReader(c)
+	for _, path := range []string{"/first", "/second"} {
+		if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: edge\r\n\r\n", path); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer to %s: %v", path, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(body) != "edge saw "+path {
+			t.Errorf("answer to %s: %d %q %v", path, resp.StatusCode, body, err)
+		}
+	}
+	if st := l.Stats(); st.Accepted != 1 {
+		t.Errorf("stats %+v, want both requests on one conn", st)
+	}
 }
