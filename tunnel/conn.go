@@ -413,7 +413,7 @@ func (c *Conn) reset(cause error, tell bool) {
 	c.signalRead()
 	c.signalWrite()
 	c.mu.Unlock()
-	c.log.Debug("tunnel reset", "conn", c.local.Subject, "peer", c.peerSubject(), "cause", cause)
+	c.log.Debug("tunnel: reset", "conn", c.local.Subject, "peer", c.peerSubject(), "cause", cause)
 	if tell {
 		c.sendMu.Lock()
 		_ = c.sendLocked(kindReset, nil)

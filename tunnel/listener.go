@@ -135,7 +135,7 @@ func (l *Listener) ended(reset bool) {
 
 func (l *Listener) refuse(m *nats.Msg, reason string) {
 	l.refused.Add(1)
-	l.o.Logger.Info("tunnel: dial refused", "subject", l.addr.Subject, "reason", reason)
+	l.o.Logger.Debug("tunnel: dial refused", "subject", l.addr.Subject, "reason", reason)
 	_ = m.Respond(appendRefuse(nil, reason))
 }
 
