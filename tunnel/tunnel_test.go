@@ -441,29 +441,34 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 }
 
 // BenchmarkTunnelThroughput: one conn's bytes per second, one way, through
-// one server on loopback.
+// one server on loopback, at the default window and at a larger one (on
+// loopback the window, not the CPU, bounds one conn at the default).
 func BenchmarkTunnelThroughput(b *testing.B) {
-	s := startServer(b, nil)
-	d, a, _ := pair(b, connect(b, s), connect(b, s), Options{})
-	chunk := bytes.Repeat([]byte("gatehouse"), (32<<10)/9+1)[:32<<10]
-	done := make(chan error, 1)
-	want := int64(b.N) * int64(len(chunk))
-	go func() {
-		n, err := io.CopyN(io.Discard, a, want)
-		if err == nil && n != want {
-			err = fmt.Errorf("read %d of %d bytes", n, want)
-		}
-		done <- err
-	}()
-	b.SetBytes(int64(len(chunk)))
-	b.ResetTimer()
-	for range b.N {
-		if _, err := d.Write(chunk); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
+	for _, window := range []int{defaultWindow, 4 << 20} {
+		b.Run(fmt.Sprintf("window=%dKiB", window>>10), func(b *testing.B) {
+			s := startServer(b, nil)
+			d, a, _ := pair(b, connect(b, s), connect(b, s), Options{Window: window})
+			chunk := bytes.Repeat([]byte("gatehouse"), (32<<10)/9+1)[:32<<10]
+			done := make(chan error, 1)
+			want := int64(b.N) * int64(len(chunk))
+			go func() {
+				n, err := io.CopyN(io.Discard, a, want)
+				if err == nil && n != want {
+					err = fmt.Errorf("read %d of %d bytes", n, want)
+				}
+				done <- err
+			}()
+			b.SetBytes(int64(len(chunk)))
+			b.ResetTimer()
+			for range b.N {
+				if _, err := d.Write(chunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }
 
