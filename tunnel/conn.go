@@ -248,15 +248,15 @@ func (c *Conn) write(p []byte) (int, error) {
 	defer c.writeMu.Unlock()
 	n := 0
 	for {
+		if n > 0 && n == len(p) {
+			return n, nil
+		}
 		dl := c.wd.wait()
 		if isClosed(dl) {
 			return n, os.ErrDeadlineExceeded
 		}
-		if n > 0 && n == len(p) {
-			return n, nil
-		}
 		c.mu.Lock()
-		if err := c.writeErr(); err != nil || n == len(p) {
+		if err := c.writeErr(); err != nil || len(p) == 0 {
 			c.mu.Unlock()
 			return n, err
 		}
@@ -389,7 +389,7 @@ func (c *Conn) Close() error {
 	c.segs, c.buffered = nil, 0
 	c.signalRead()
 	c.signalWrite()
-	live := !c.released
+	live := !c.released && c.err == nil // a reset under way releases the conn
 	c.mu.Unlock()
 	c.rd.stop()
 	c.wd.stop()
@@ -405,7 +405,7 @@ func (c *Conn) Close() error {
 // reset ends the conn with cause, telling the peer unless it reset first.
 func (c *Conn) reset(cause error, tell bool) {
 	c.mu.Lock()
-	if c.released {
+	if c.released || c.err != nil {
 		c.mu.Unlock()
 		return
 	}
@@ -413,7 +413,7 @@ func (c *Conn) reset(cause error, tell bool) {
 	c.signalRead()
 	c.signalWrite()
 	c.mu.Unlock()
-	c.log.Debug("tunnel reset", "conn", c.local.Subject, "peer", c.peerSubject(), "cause", cause)
+	c.log.Debug("tunnel: reset", "conn", c.local.Subject, "peer", c.peerSubject(), "cause", cause)
 	if tell {
 		c.sendMu.Lock()
 		_ = c.sendLocked(kindReset, nil)

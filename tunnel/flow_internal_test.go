@@ -137,6 +137,25 @@ func TestAForgedOrMalformedFrameResetsTheConn(t *testing.T) {
 	}
 }
 
+// TestDataBeforeAGapIsReadThenErrReset: the bytes that arrived in order
+// before a lost frame are delivered; the reset comes where the stream
+// broke.
+func TestDataBeforeAGapIsReadThenErrReset(t *testing.T) {
+	s := startServer(t, nil)
+	ncD, ncL, forger := connect(t, s), connect(t, s), connect(t, s)
+	_, a, _ := pair(t, ncD, ncL, Options{KeepAlive: time.Minute})
+	for _, b := range [][]byte{appendFrame(nil, kindData, 1, []byte("intact")), appendFrame(nil, kindData, 3, []byte("after a gap"))} {
+		if err := forger.Publish(a.LocalAddr().String(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = a.SetReadDeadline(time.Now().Add(eventually.Deadline))
+	got, err := io.ReadAll(a)
+	if string(got) != "intact" || !errors.Is(err, ErrReset) {
+		t.Errorf("read %q, %v; want %q, then ErrReset", got, err, "intact")
+	}
+}
+
 // TestAFloodingPeerIsResetWithinItsBounds: a conn's subscription holds at
 // most its window's frames, and a peer that keeps sending past the window
 // is reset however fast it sends.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -134,7 +135,7 @@ func (l *Listener) ended(reset bool) {
 
 func (l *Listener) refuse(m *nats.Msg, reason string) {
 	l.refused.Add(1)
-	l.o.Logger.Info("tunnel: dial refused", "subject", l.addr.Subject, "reason", reason)
+	l.o.Logger.Debug("tunnel: dial refused", "subject", l.addr.Subject, "reason", reason)
 	_ = m.Respond(appendRefuse(nil, reason))
 }
 
@@ -207,8 +208,11 @@ func Dial(ctx context.Context, nc *nats.Conn, subject string, o Options) (*Conn,
 	msg, err := nc.RequestWithContext(ctx, subject, appendHello(nil, kindOpen, hello{window: o.Window, deadAfter: o.DeadAfter, inbox: c.local.Subject}))
 	if err != nil {
 		c.release(false)
-		if errors.Is(err, nats.ErrNoResponders) {
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
 			err = fmt.Errorf("%w: %w", ErrNoListener, err)
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+			err = dialTimeout{err}
 		}
 		return nil, opErr(err)
 	}
@@ -234,3 +238,13 @@ func Dial(ctx context.Context, nc *nats.Conn, subject string, o Options) (*Conn,
 	}
 	return c, nil
 }
+
+// dialTimeout is a dial that ran out of time: a net.Error whose Timeout is
+// true, matching os.ErrDeadlineExceeded as the conn's timeouts do, and its
+// cause.
+type dialTimeout struct{ cause error }
+
+func (e dialTimeout) Error() string   { return "tunnel: dial timed out: " + e.cause.Error() }
+func (dialTimeout) Timeout() bool     { return true }
+func (dialTimeout) Temporary() bool   { return true }
+func (e dialTimeout) Unwrap() []error { return []error{os.ErrDeadlineExceeded, e.cause} }

@@ -100,7 +100,9 @@ type Options struct {
 	// MaxConns is how many conns of a Listener may be open at once; a dial
 	// past it is refused: 4096.
 	MaxConns int
-	// Logger receives resets and refusals; nil discards them.
+	// Logger receives resets and refusals at debug level (Stats counts
+	// them) and failures to subscribe or answer a dial at warn; nil
+	// discards them.
 	Logger *slog.Logger
 }
 

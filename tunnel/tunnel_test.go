@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -9,12 +10,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"golang.org/x/net/nettest"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
@@ -223,8 +226,8 @@ func TestADialNobodyAnswersTimesOut(t *testing.T) {
 	}
 	_, err := Dial(context.Background(), nc, "tunnel.mute", Options{DialTimeout: 50 * time.Millisecond})
 	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() {
-		t.Fatalf("dial: %v, want a timeout", err)
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial: %v, want a net.Error timeout matching os.ErrDeadlineExceeded and context.DeadlineExceeded", err)
 	}
 	if nc.NumSubscriptions() != 1 { // nats's shared response subscription
 		t.Errorf("%d subscriptions left after a failed dial, want only nats's response one", nc.NumSubscriptions())
@@ -438,29 +441,34 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 }
 
 // BenchmarkTunnelThroughput: one conn's bytes per second, one way, through
-// one server on loopback.
+// one server on loopback, at the default window and at a larger one (on
+// loopback the window, not the CPU, bounds one conn at the default).
 func BenchmarkTunnelThroughput(b *testing.B) {
-	s := startServer(b, nil)
-	d, a, _ := pair(b, connect(b, s), connect(b, s), Options{})
-	chunk := bytes.Repeat([]byte("gatehouse"), (32<<10)/9+1)[:32<<10]
-	done := make(chan error, 1)
-	want := int64(b.N) * int64(len(chunk))
-	go func() {
-		n, err := io.CopyN(io.Discard, a, want)
-		if err == nil && n != want {
-			err = fmt.Errorf("read %d of %d bytes", n, want)
-		}
-		done <- err
-	}()
-	b.SetBytes(int64(len(chunk)))
-	b.ResetTimer()
-	for range b.N {
-		if _, err := d.Write(chunk); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
+	for _, window := range []int{defaultWindow, 4 << 20} {
+		b.Run(fmt.Sprintf("window=%dKiB", window>>10), func(b *testing.B) {
+			s := startServer(b, nil)
+			d, a, _ := pair(b, connect(b, s), connect(b, s), Options{Window: window})
+			chunk := bytes.Repeat([]byte("gatehouse"), (32<<10)/9+1)[:32<<10]
+			done := make(chan error, 1)
+			want := int64(b.N) * int64(len(chunk))
+			go func() {
+				n, err := io.CopyN(io.Discard, a, want)
+				if err == nil && n != want {
+					err = fmt.Errorf("read %d of %d bytes", n, want)
+				}
+				done <- err
+			}()
+			b.SetBytes(int64(len(chunk)))
+			b.ResetTimer()
+			for range b.N {
+				if _, err := d.Write(chunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -512,4 +520,47 @@ func TestEndedConnsLeaveNoGoroutineOrSubscription(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAFasthttpServerServesAcceptedConns: the edge box's use. A fasthttp
+// server serves the listener on a leaf server; a client of the hub sends
+// two requests on one dialed conn (keep-alive) and reads both answers.
+func TestAFasthttpServerServesAcceptedConns(t *testing.T) {
+	k := startLeafLink(t)
+	l, err := Listen(connect(t, k.leaf), "tunnel.edge.http", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		fmt.Fprintf(ctx, "edge saw %s", ctx.Path())
+	}}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+
+	c := dialWhenListening(t, connect(t, k.hub), "tunnel.edge.http", Options{})
+	t.Cleanup(func() { _ = c.Close() })
+	br := bufio.NewReader(c)
+	for _, path := range []string{"/first", "/second"} {
+		if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: edge\r\n\r\n", path); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer to %s: %v", path, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(body) != "edge saw "+path {
+			t.Errorf("answer to %s: %d %q %v", path, resp.StatusCode, body, err)
+		}
+	}
+	if st := l.Stats(); st.Accepted != 1 {
+		t.Errorf("stats %+v, want both requests on one conn", st)
+	}
 }
