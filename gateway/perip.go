@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +16,8 @@ import (
 // (package addrlimit). fasthttp's own MaxConnsPerIP races with its
 // shutdown (a conn is nilled while a worker still reads it), so the bound
 // lives in the listener, where a refused connection never reaches fasthttp
-// at all. max <= 0 sets no bound.
+// at all. max <= 0 sets no bound; the connections from an address exempt
+// reports (a cluster's peers), if exempt is not nil, are not counted.
 //
 // Each admitted connection is a perIPConn, which also gives a new
 // connection the idle timeout, not the header timeout, to send its first
@@ -23,8 +25,8 @@ import (
 // unused, and one closed after a few seconds of silence would fail the
 // POST a client later sends on it (clients retry only idempotent requests
 // on a connection that turns out closed).
-func limitPerIP(ln net.Listener, max int, idle time.Duration, refused func()) net.Listener {
-	return addrlimit.Listen(ln, addrlimit.Options{Max: max, Refused: refused,
+func limitPerIP(ln net.Listener, max int, exempt func(netip.Addr) bool, idle time.Duration, refused func()) net.Listener {
+	return addrlimit.Listen(ln, addrlimit.Options{Max: max, Exempt: exempt, Refused: refused,
 		Wrap: func(c net.Conn, release func()) net.Conn {
 			pc := &perIPConn{Conn: c, release: release, idle: idle}
 			if tc, ok := c.(*tls.Conn); ok {

@@ -188,6 +188,9 @@ func (n *Node) build(ctx context.Context) error {
 		so.Push = n.push
 	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
+	if n.member != nil {
+		so.PeerAddr = n.member.peers.has
+	}
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
 		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
