@@ -92,7 +92,7 @@ type Options struct {
 	// addresses the rules allow and follows no redirects. A client given
 	// here applies its own address rules.
 	HTTPClient *http.Client
-	// Logger receives warnings; nil discards.
+	// Logger receives warnings, and the import of a key file; nil discards.
 	Logger *slog.Logger
 }
 
