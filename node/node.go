@@ -122,7 +122,7 @@ func (n *Node) build(ctx context.Context) error {
 	n.closers.push(release(hub.Close))
 	co := o.Channels
 	co.Store, co.Hub, co.Logger, co.Retention, co.WebhookAllow = st, hub, o.Logger, retention, o.WebhookAllow
-	if err := n.adapters(&co); err != nil {
+	if err := n.adapters(ctx, &co); err != nil {
 		return err
 	}
 	adapters := co.Adapters
@@ -188,6 +188,9 @@ func (n *Node) build(ctx context.Context) error {
 		so.Push = n.push
 	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
+	if n.member != nil {
+		so.PeerAddr = n.member.peers.has
+	}
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
 		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
@@ -232,7 +235,7 @@ func openStore(o Options) (*store.Store, error) {
 }
 
 // adapters adds the chat and push channels that o configures to co's.
-func (n *Node) adapters(co *channel.Options) error {
+func (n *Node) adapters(ctx context.Context, co *channel.Options) error {
 	o := n.o
 	co.Adapters = slices.Clone(co.Adapters)
 	if o.Telegram != nil {
@@ -255,11 +258,11 @@ func (n *Node) adapters(co *channel.Options) error {
 	}
 	if o.WebPush != nil {
 		wo := *o.WebPush
-		wo.Dir, wo.Allow, wo.Logger = o.Data, o.WebhookAllow, o.Logger.With("channel", channel.AdapterWebPush)
+		wo.Store, wo.Dir, wo.Allow, wo.Logger = co.Store, o.Data, o.WebhookAllow, o.Logger.With("channel", channel.AdapterWebPush)
 		if o.InMemory {
 			wo.Dir = ""
 		}
-		p, err := webpush.New(wo)
+		p, err := webpush.New(ctx, wo)
 		if err != nil {
 			return err
 		}
