@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
@@ -25,7 +26,10 @@ func (n *Node) edgeHub(so *gateway.Options) error {
 	if n.Cluster == nil {
 		return nil
 	}
-	nc := n.Cluster.Conn()
+	nc, err := n.tunnelConn()
+	if err != nil {
+		return err
+	}
 	edges := relay.NewEdges(relay.EdgeOptions{
 		Dial: func(ctx context.Context, name string) (net.Conn, error) {
 			c, err := tunnel.Dial(ctx, nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
@@ -38,6 +42,7 @@ func (n *Node) edgeHub(so *gateway.Options) error {
 			return c, nil
 		},
 		WriteTimeout: so.WriteTimeout,
+		MaxConns:     so.MaxConns,
 		Logger:       n.log.With("component", "edges"),
 	})
 	if err := so.Registry.Register(newEdgeCollector(edges)); err != nil {
@@ -57,6 +62,7 @@ func newEdgeCollector(e *relay.Edges) prometheus.Collector {
 	c.Counter("gatehouse_edge_sent_bytes_total", "Bytes passed from clients to edge boxes.", func(s relay.EdgeStats) float64 { return float64(s.ToEdge) })
 	c.Counter("gatehouse_edge_received_bytes_total", "Bytes passed from edge boxes to clients.", func(s relay.EdgeStats) float64 { return float64(s.ToClient) })
 	c.Counter("gatehouse_edge_not_linked_total", "Requests for an edge box that was not linked (503 EDGE_NOT_LINKED).", func(s relay.EdgeStats) float64 { return float64(s.NotLinked) })
+	c.Counter("gatehouse_edge_full_total", "Requests for an edge box refused while the hub passed on as many connections as it may (503 SERVICE_UNAVAILABLE).", func(s relay.EdgeStats) float64 { return float64(s.Full) })
 	c.Counter("gatehouse_edge_unreachable_total", "Requests for a linked edge box that could not be passed on (502 EDGE_UNREACHABLE).", func(s relay.EdgeStats) float64 { return float64(s.Unreachable) })
 	return c
 }
@@ -85,7 +91,11 @@ func (n *Node) serveEdge(srv *gateway.Server) error {
 	if n.Auth.Open() {
 		n.log.Warn("this edge box has no token: requests its hub passes on are refused (403 EDGE_TOKEN_REQUIRED)", "node", name)
 	}
-	ln, err := tunnel.Listen(n.Cluster.Conn(), EdgeSubject(name), tunnel.Options{Logger: n.log})
+	nc, err := n.tunnelConn()
+	if err != nil {
+		return err
+	}
+	ln, err := tunnel.Listen(nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
 	if err != nil {
 		return fmt.Errorf("node: edge: %w", err)
 	}
@@ -98,4 +108,21 @@ func (n *Node) serveEdge(srv *gateway.Server) error {
 		return <-served
 	})
 	return nil
+}
+
+// tunnelConn is the node's NATS connection for tunnels, opened on first
+// use: their own, apart from the one the journal and the lease use, so
+// that tunnels the server cuts off as a slow consumer take nothing else
+// with them. Its release closes it after every tunnel's.
+func (n *Node) tunnelConn() (*nats.Conn, error) {
+	if n.tunnels != nil {
+		return n.tunnels, nil
+	}
+	nc, err := n.Cluster.Connect(n.o.Cluster.NodeName + "-tunnels")
+	if err != nil {
+		return nil, fmt.Errorf("node: tunnels: %w", err)
+	}
+	n.tunnels = nc
+	n.closers.push(release(nc.Close))
+	return nc, nil
 }

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
@@ -56,7 +57,9 @@ type Node struct {
 	// member is the cluster member this node leads for, if any.
 	member *Member
 	push   *webpush.Push // the Web Push channel, if any
-	o      Options
+	// tunnels is the NATS connection of the edge tunnels, if any.
+	tunnels *nats.Conn
+	o       Options
 	// closers release what Open built, last first.
 	closers closers
 }

@@ -39,7 +39,12 @@ type EdgeOptions struct {
 	// WriteTimeout bounds a write to either side that makes no progress;
 	// zero: the gateway's.
 	WriteTimeout time.Duration
-	Logger       *slog.Logger
+	// MaxConns bounds the connections passed on at once; past it a request
+	// for an edge box gets 503 SERVICE_UNAVAILABLE (zero: the gateway's
+	// MaxConns). A connection passed on no longer counts against the
+	// gateway's own bound, which counts the requests being read.
+	MaxConns int
+	Logger   *slog.Logger
 }
 
 // EdgeStats are an Edges' counters since NewEdges, for metrics.
@@ -50,8 +55,9 @@ type EdgeStats struct {
 	Passed uint64
 	// ToEdge and ToClient count the bytes passed each way.
 	ToEdge, ToClient uint64
-	// NotLinked and Unreachable count the refusals (503 and 502).
-	NotLinked, Unreachable uint64
+	// NotLinked and Unreachable count the refusals (503 and 502), Full
+	// those past MaxConns (503).
+	NotLinked, Unreachable, Full uint64
 }
 
 // Edges passes a hub's client connections on to the edge boxes linked to
@@ -71,6 +77,7 @@ type Edges struct {
 
 	passed, toEdge, toClient atomic.Uint64
 	notLinked, unreachable   atomic.Uint64
+	full                     atomic.Uint64
 }
 
 // unclaimedAfter bounds how long a dialed edge connection waits for
@@ -82,6 +89,7 @@ const unclaimedAfter = 10 * time.Second
 func NewEdges(o EdgeOptions) *Edges {
 	option.Default(&o.DialTimeout, dialTimeout)
 	option.Default(&o.WriteTimeout, gateway.Defaults().WriteTimeout)
+	option.Default(&o.MaxConns, gateway.Defaults().MaxConns)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -95,7 +103,7 @@ func (e *Edges) Stats() EdgeStats {
 	return EdgeStats{
 		Open: e.splices.open.Load(), Passed: e.passed.Load(),
 		ToEdge: e.toEdge.Load(), ToClient: e.toClient.Load(),
-		NotLinked: e.notLinked.Load(), Unreachable: e.unreachable.Load(),
+		NotLinked: e.notLinked.Load(), Unreachable: e.unreachable.Load(), Full: e.full.Load(),
 	}
 }
 
@@ -103,6 +111,10 @@ func (e *Edges) Stats() EdgeStats {
 // name, or refuses it in the /v0 error envelope when the edge box cannot
 // be reached.
 func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
+	if e.splices.open.Load() >= int64(e.o.MaxConns) {
+		e.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errHubFull, &e.full)
+		return
+	}
 	// Not ctx: fasthttp reuses a RequestCtx, which makes it no parent for
 	// a context that may outlive the request.
 	dctx, cancel := context.WithTimeout(e.base, e.o.DialTimeout)
@@ -167,6 +179,7 @@ func (e *Edges) Shutdown(ctx context.Context) error {
 var (
 	errEdgeNotLinked   = errors.New("edge not linked: no edge box of this name is linked to this hub now; retry shortly")
 	errEdgeUnreachable = errors.New("edge unreachable: the edge box did not take the connection; retry shortly")
+	errHubFull         = errors.New("service unavailable: this hub passes on as many connections to edge boxes as it may; retry shortly")
 	errHubShuttingDown = errors.New("service unavailable: this node is shutting down; retry shortly")
 )
 

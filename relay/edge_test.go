@@ -44,7 +44,13 @@ func edgeBox(t *testing.T, name string, open bool) (*nodetest.Server, string) {
 // hubOf starts a real node as a hub whose Edges dial with dial.
 func hubOf(t *testing.T, dial func(ctx context.Context, name string) (net.Conn, error)) (*relay.Edges, *nodetest.Server) {
 	t.Helper()
-	e := relay.NewEdges(relay.EdgeOptions{Dial: dial, WriteTimeout: 2 * time.Second})
+	return hubWith(t, relay.EdgeOptions{Dial: dial, WriteTimeout: 2 * time.Second})
+}
+
+// hubWith starts a real node as a hub with Edges built from o.
+func hubWith(t *testing.T, o relay.EdgeOptions) (*relay.Edges, *nodetest.Server) {
+	t.Helper()
+	e := relay.NewEdges(o)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -231,5 +237,34 @@ func TestEdgesShutdownClosesWhatWasPassedOn(t *testing.T) {
 	})
 	if s := edges.Stats(); s.Open != 0 {
 		t.Fatalf("open after shutdown: %+v", s)
+	}
+}
+
+// TestEdgesRefuseAConnectionPastMaxConns: a hub passes on at most
+// MaxConns connections at once; the next request for an edge box is
+// refused with 503 until one ends.
+func TestEdgesRefuseAConnectionPastMaxConns(t *testing.T) {
+	_, addr := edgeBox(t, "e1", false)
+	edges, hub := hubWith(t, relay.EdgeOptions{Dial: dialTo("e1", addr), MaxConns: 1})
+	host := hostOf(hub.URL)
+	first := dialRaw(t, hub.URL)
+	first.write(authed(get("/edge/e1/v0/executions", host)))
+	if resp, body := first.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.StatusCode, body)
+	}
+	second := dialRaw(t, hub.URL)
+	second.write(authed(get("/edge/e1/v0/executions", host)))
+	if resp, body := second.read(); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, gateway.CodeUnavailable) {
+		t.Fatalf("past MaxConns: %d %s", resp.StatusCode, body)
+	}
+	_ = first.c.Close()
+	eventually.True(t, "the first connection's splice ended", func() bool { return edges.Stats().Open == 0 })
+	third := dialRaw(t, hub.URL)
+	third.write(authed(get("/edge/e1/v0/executions", host)))
+	if resp, body := third.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the first ended: %d %s", resp.StatusCode, body)
+	}
+	if s := edges.Stats(); s.Full != 1 {
+		t.Fatalf("stats %+v", s)
 	}
 }
