@@ -3,17 +3,16 @@ package tunnel
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/url"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/gatehouse-dev/gatehouse/internal/cutproxy"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
@@ -56,7 +55,7 @@ func connect(tb testing.TB, s *server.Server) *nats.Conn {
 // links out to a hub.
 type leafLink struct {
 	hub, leaf *server.Server
-	proxy     *proxy
+	proxy     *cutproxy.Proxy
 }
 
 func startLeafLink(tb testing.TB) *leafLink {
@@ -71,11 +70,11 @@ func startLeafLink(tb testing.TB) *leafLink {
 		o.LeafNode.NoAdvertise = true
 	})
 	// The server writes the port it chose back into its options.
-	p := startProxy(tb, net.JoinHostPort("127.0.0.1", strconv.Itoa(ho.LeafNode.Port)))
+	p := cutproxy.Start(tb, net.JoinHostPort("127.0.0.1", strconv.Itoa(ho.LeafNode.Port)))
 	leaf := startServer(tb, func(o *server.Options) {
 		o.ServerName = "leaf"
 		o.LeafNode.ReconnectInterval = 20 * time.Millisecond
-		o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: []*url.URL{p.url()}}}
+		o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: []*url.URL{{Scheme: "nats-leaf", Host: p.Addr()}}}}
 	})
 	k := &leafLink{hub: hub, leaf: leaf, proxy: p}
 	k.waitLinked(tb)
@@ -126,99 +125,4 @@ func pair(tb testing.TB, ncD, ncL *nats.Conn, o Options) (dialed, accepted *Conn
 	accepted = accept(tb, l)
 	tb.Cleanup(func() { _ = dialed.Close(); _ = accepted.Close() })
 	return dialed, accepted, l
-}
-
-// proxy relays TCP connections to a target until cut: then it drops every
-// connection it relays and refuses new ones until restored.
-type proxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-}
-
-func startProxy(tb testing.TB, target string) *proxy {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
-	tb.Cleanup(func() {
-		_ = ln.Close()
-		p.drop()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = in.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = in.Close()
-			_ = out.Close()
-			continue
-		}
-		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.relay(out, in)
-		go p.relay(in, out)
-	}
-}
-
-func (p *proxy) relay(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-// drop closes every relayed connection.
-func (p *proxy) drop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-// cutLink drops the relayed connections and refuses new ones.
-func (p *proxy) cutLink() {
-	p.mu.Lock()
-	p.cut = true
-	p.mu.Unlock()
-	p.drop()
-}
-
-// restore relays new connections again.
-func (p *proxy) restore() {
-	p.mu.Lock()
-	p.cut = false
-	p.mu.Unlock()
-}
-
-func (p *proxy) url() *url.URL {
-	return &url.URL{Scheme: "nats-leaf", Host: p.ln.Addr().String()}
 }

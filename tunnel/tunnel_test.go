@@ -379,7 +379,7 @@ func TestACutLeafLinkResetsBothEndsWithinDeadAfter(t *testing.T) {
 		}
 	}
 	cut := time.Now()
-	k.proxy.cutLink()
+	k.proxy.Cut()
 	for range 2 * conns {
 		select {
 		case e := <-ends:
@@ -399,7 +399,7 @@ func TestACutLeafLinkResetsBothEndsWithinDeadAfter(t *testing.T) {
 	for _, c := range all {
 		_ = c.Close()
 	}
-	k.proxy.restore()
+	k.proxy.Restore()
 	k.waitLinked(t)
 	eventually.Check(t, func() error {
 		if n := runtime.NumGoroutine(); n > base {

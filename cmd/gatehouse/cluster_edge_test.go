@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,85 +17,9 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/cutproxy"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
-
-// linkProxy stands between an edge box and its hub's leaf port, so that a
-// test can cut the link and restore it while both processes run on.
-type linkProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newLinkProxy(t *testing.T, target string) *linkProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &linkProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.setCut(true)
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *linkProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *linkProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		far, err := net.DialTimeout("tcp", p.target, time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[far] = struct{}{}, struct{}{}
-		p.wg.Add(2)
-		p.mu.Unlock()
-		for _, pair := range [][2]net.Conn{{c, far}, {far, c}} {
-			go func() {
-				defer p.wg.Done()
-				_, _ = io.Copy(pair[0], pair[1])
-				_ = pair[0].Close()
-				_ = pair[1].Close()
-			}()
-		}
-	}
-}
-
-// setCut cuts the link (every connection through it closed, new ones
-// refused) or restores it (the edge's NATS redials by itself).
-func (p *linkProxy) setCut(cut bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = cut
-	if cut {
-		for c := range p.conns {
-			_ = c.Close()
-		}
-		clear(p.conns)
-	}
-}
 
 // edgeCall sends one JSON request with a bearer token and decodes the
 // answer.
@@ -191,13 +114,13 @@ func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T)
 	hubCert, hubKey := ca.WriteNodePair(t, 10, "127.0.0.1")
 	edgeCert, edgeKey := ca.WriteNodePair(t, 11, "127.0.0.1")
 	leaf := freeAddr(t)
-	link := newLinkProxy(t, leaf)
+	link := cutproxy.Start(t, leaf)
 	// The hub advertises the proxy: an edge box redials what its hub
 	// advertises, which would otherwise go round the cut.
-	hub := newNATSNode(t, "hub", "--token", hubToken, "--leaf-listen", leaf, "--leaf-advertise", link.addr(),
+	hub := newNATSNode(t, "hub", "--token", hubToken, "--leaf-listen", leaf, "--leaf-advertise", link.Addr(),
 		"--leaf-tls-cert", hubCert, "--leaf-tls-key", hubKey, "--leaf-tls-ca", caPath)
 	edge := newNATSNode(t, "edge", "--token", edgeToken, "--policy", policy, "--nats-domain", "edge",
-		"--leaf-remote", "tls://"+link.addr(), "--leaf-tls-cert", edgeCert, "--leaf-tls-key", edgeKey, "--leaf-tls-ca", caPath)
+		"--leaf-remote", "tls://"+link.Addr(), "--leaf-tls-cert", edgeCert, "--leaf-tls-key", edgeKey, "--leaf-tls-ca", caPath)
 	startAll(t, hub, edge)
 	via := hub.base + "/edge/edge"
 
@@ -301,7 +224,7 @@ func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T)
 	eventually.True(t, "the followed stream's first events", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == 2 })
 
 	// Cut: the hub says the edge is not linked; the edge works alone.
-	link.setCut(true)
+	link.Cut()
 	eventually.Check(t, func() error {
 		code, body, err := edgeCall(ctx, "GET", via+"/v0/executions?limit=1", edgeToken, nil)
 		if err != nil || code != http.StatusServiceUnavailable || body["code"] != "EDGE_NOT_LINKED" {
@@ -329,7 +252,7 @@ func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T)
 	exec3, action3 := create(edge.base, onEdge, 3)
 
 	// Restored: the same clients of the hub carry on.
-	link.setCut(false)
+	link.Restore()
 	eventually.Check(t, reachable)
 	answers := make(chan error, 2)
 	for _, c := range []*client.Client{throughHub, onEdge} {
