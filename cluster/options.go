@@ -88,11 +88,13 @@ type Options struct {
 	// Replicas is the journal's replica count on a deployment joined with
 	// URL; zero means 3. An embedded cluster uses min(3, its nodes).
 	Replicas int
-	// ElectionTimeout, when set, has the embedded server's raft groups
-	// (JetStream's streams and its meta group) elect a new leader after d
-	// to 2d without hearing from theirs, instead of NATS's 4 to 9 s: the
-	// floor of a failover when the lost node led them. It is the whole
-	// process's (see raft.go); at least 500ms.
+	// ElectionTimeout has the embedded server's raft groups (JetStream's
+	// streams and its meta group) elect a new leader after d to 2d
+	// without hearing from theirs, with heartbeats every d/4: the floor of
+	// a failover when the lost node led them. Zero means
+	// DefaultElectionTimeout on a cluster's node (Name set), NATS's own 4
+	// to 9 s elsewhere. It is the whole process's (see raft.go); at least
+	// 500ms.
 	ElectionTimeout time.Duration
 	// SyncAlways has the embedded server sync JetStream's files before it
 	// acknowledges a write, as a node's own store does under --sync always.
@@ -122,6 +124,13 @@ func (o *Options) embedded() bool {
 // defaultListen is the route listener of a cluster's node, NATS's usual.
 const defaultListen = "0.0.0.0:6222"
 
+// DefaultElectionTimeout is a cluster node's Options.ElectionTimeout
+// unless set: with it a leader's loss costs about 2 s (its lease and one
+// election), against 5 to 9 s with NATS's own timing. A node that stalls
+// for longer than it (a long GC pause, a starved VM) causes an election:
+// set a longer one on such hosts.
+const DefaultElectionTimeout = time.Second
+
 // defaultReadyTimeout bounds the wait for JetStream at start.
 const defaultReadyTimeout = 30 * time.Second
 
@@ -129,6 +138,9 @@ const defaultReadyTimeout = 30 * time.Second
 func (o *Options) check() error {
 	if o.ReadyTimeout <= 0 {
 		o.ReadyTimeout = defaultReadyTimeout
+	}
+	if o.ElectionTimeout == 0 && o.Name != "" {
+		o.ElectionTimeout = DefaultElectionTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

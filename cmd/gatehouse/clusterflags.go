@@ -30,7 +30,7 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.routeTLS.Key, "cluster-tls-key", "", "the private key (PEM `file`) of --cluster-tls-cert")
 	fs.StringVar(&c.routeTLS.CA, "cluster-tls-ca", "", "the CA (PEM `file`) that signs every node's route certificate; no other is trusted")
 	fs.BoolVar(&c.insecure, "cluster-insecure", false, "allow routes and leaf links in clear text on addresses other than loopback (a network private end to end)")
-	fs.DurationVar(&c.election, "cluster-election-timeout", 0, "how long JetStream's raft groups wait without a heartbeat before electing a new leader: that `duration` to twice it (default: NATS's 4s to 9s; at least 500ms; see docs/cluster.md)")
+	fs.DurationVar(&c.election, "cluster-election-timeout", 0, "how long JetStream's raft groups wait without a heartbeat before electing a new leader: that `duration` to twice it (default 1s in a cluster: a failover in about 2s; 4s is about NATS's own timing; at least 500ms; see docs/cluster.md)")
 	fs.DurationVar(&c.readyTimeout, "cluster-ready-timeout", 30*time.Second, "how long start waits for JetStream (in a cluster, for a quorum of the nodes to elect a meta leader)")
 	fs.StringVar(&c.clientListen, "nats-listen", "", "loopback `host:port` where NATS clients (the nats CLI) may reach the embedded server; empty: none")
 	fs.StringVar(&c.domain, "nats-domain", "", "this node's JetStream `domain`: an edge box's own, so that its JetStream stays its own while linked to a hub")
