@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -59,9 +61,9 @@ func nodeTLS(t *testing.T, ca *tlscerttest.CA, serial int64, caPath string) clus
 
 // TestThreeNodesReplicateOverMutualTLS starts three embedded servers whose
 // routes are mutual TLS, each given the same peer list (its own address
-// among them): they elect a meta leader, each sees routes to the other two,
-// and a stream of three replicas written through one node reads back
-// through another. A fourth server whose certificate another CA signed
+// among them): they elect a meta leader, each sees routes to the other two
+// (and knows their addresses, PeerAddrs), and a stream of three replicas
+// written through one node reads back through another. A fourth server whose certificate another CA signed
 // cannot join: it finds no quorum and its start fails with ErrNotReady.
 func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
@@ -89,6 +91,13 @@ func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 			}
 			return nil
 		})
+	}
+	// Every node's routes come from, or go to, loopback: the one address
+	// its peers' relayed connections come from.
+	for i, n := range nodes {
+		if got := n.PeerAddrs(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("127.0.0.1")}) {
+			t.Errorf("node %d: peer addresses %v, want 127.0.0.1", i+1, got)
+		}
 	}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)

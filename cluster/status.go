@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -154,4 +155,33 @@ func joinHostPort(ip string, port int) string {
 		return ""
 	}
 	return net.JoinHostPort(ip, strconv.Itoa(port))
+}
+
+// PeerAddrs returns the addresses of the cluster's other nodes, as this
+// node's routes to them see them: the far end of each route connection
+// (the address the other node dialed from, or the one this node dialed it
+// at). A node dials this one's HTTP port from the same host as its routes,
+// so these are, on ordinary hosts, the addresses its relayed connections
+// come from. A route is up only once the other end passed the routes'
+// mutual TLS (off loopback). None on a node that is not clustered or that
+// uses an existing deployment (--nats-url), whose routes are not its own.
+func (n *Node) PeerAddrs() []netip.Addr {
+	if n.srv == nil {
+		return nil
+	}
+	rz, err := n.srv.Routez(nil)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, r := range rz.Routes {
+		ip, err := netip.ParseAddr(r.IP)
+		if err != nil {
+			continue
+		}
+		if ip = ip.Unmap(); !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/netip"
 	"regexp"
 	"strings"
 	"testing"
@@ -185,6 +186,43 @@ func TestConnectionsPerAddress(t *testing.T) {
 			t.Fatalf("GET /metrics: %d", status)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAClusterPeersConnectionsPassThePerAddressBound: the connections from
+// an address Options.PeerAddr names (a follower relaying its clients) are
+// not counted against MaxConnsPerIP; another address is still bounded,
+// even when its requests carry the relay's mark and a forwarded address,
+// since only the connection's own address decides.
+func TestAClusterPeersConnectionsPassThePerAddressBound(t *testing.T) {
+	peer := netip.MustParseAddr("127.0.0.2")
+	s := start(t, node.Options{Server: gateway.Options{MaxConnsPerIP: 2, PeerAddr: func(a netip.Addr) bool { return a == peer }}})
+	health := func(from string, hdr string) string {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		r := &rawConn{t: t, c: c, br: bufio.NewReader(c)}
+		r.write("GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + hdr + "\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, _ := r.br.ReadString('\n')
+		return line
+	}
+	for i := range 5 {
+		if got := health("127.0.0.2", "Gatehouse-Relayed: 1\r\n"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("the peer's connection %d: %q", i+1, got)
+		}
+	}
+	for i := range 2 {
+		if got := health("127.0.0.1", ""); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("another address's connection %d: %q", i+1, got)
+		}
+	}
+	if got := health("127.0.0.1", "Gatehouse-Relayed: 1\r\nX-Forwarded-For: 127.0.0.2\r\n"); !strings.HasPrefix(got, "HTTP/1.1 429") {
+		t.Fatalf("another address's third connection, marked as relayed: %q", got)
 	}
 }
 

@@ -8,98 +8,36 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/addrlimit"
 )
 
-// tooManyConns is written, unencrypted, to a connection refused for its
-// address's share of connections, before it is closed.
-const tooManyConns = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 73\r\n\r\n" +
-	`{"error":"too many connections from your address","code":"RATE_LIMITED"}` + "\n"
-
-// perIPListener bounds the connections open at once from one source
-// address. fasthttp's own MaxConnsPerIP races with its shutdown (a conn is
-// nilled while a worker still reads it), so the bound lives here, where a
-// refused connection never reaches fasthttp at all.
+// limitPerIP bounds the connections open at once from one source address
+// (package addrlimit). fasthttp's own MaxConnsPerIP races with its
+// shutdown (a conn is nilled while a worker still reads it), so the bound
+// lives in the listener, where a refused connection never reaches fasthttp
+// at all. max <= 0 sets no bound; the connections from an address exempt
+// reports (a cluster's peers), if exempt is not nil, are not counted.
 //
-// It also gives a new connection the idle timeout, not the header timeout,
-// to send its first byte: HTTP clients dial spare connections and keep
-// them in their pools unused, and one closed after a few seconds of
-// silence would fail the POST a client later sends on it (clients retry
-// only idempotent requests on a connection that turns out closed).
-type perIPListener struct {
-	net.Listener
-	max    int
-	idle   time.Duration
-	mu     sync.Mutex
-	counts map[netip.Addr]int
-	// refused counts connections turned away, for the metrics.
-	refused func()
+// Each admitted connection is a perIPConn, which also gives a new
+// connection the idle timeout, not the header timeout, to send its first
+// byte: HTTP clients dial spare connections and keep them in their pools
+// unused, and one closed after a few seconds of silence would fail the
+// POST a client later sends on it (clients retry only idempotent requests
+// on a connection that turns out closed).
+func limitPerIP(ln net.Listener, max int, exempt func(netip.Addr) bool, idle time.Duration, refused func()) net.Listener {
+	return addrlimit.Listen(ln, addrlimit.Options{Max: max, Exempt: exempt, Refused: refused,
+		Wrap: func(c net.Conn, release func()) net.Conn {
+			pc := &perIPConn{Conn: c, release: release, idle: idle}
+			if tc, ok := c.(*tls.Conn); ok {
+				// fasthttp recognises TLS by these methods.
+				return &perIPTLSConn{perIPConn: pc, tls: tc}
+			}
+			return pc
+		}})
 }
 
-// limitPerIP wraps ln; max <= 0 sets no bound per address.
-func limitPerIP(ln net.Listener, max int, idle time.Duration, refused func()) net.Listener {
-	return &perIPListener{Listener: ln, max: max, idle: idle, counts: map[netip.Addr]int{}, refused: refused}
-}
-
-func (l *perIPListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		ip := remoteAddr(c)
-		l.mu.Lock()
-		n := l.counts[ip]
-		if l.max > 0 && n >= l.max {
-			l.mu.Unlock()
-			l.refuse(c)
-			continue
-		}
-		l.counts[ip] = n + 1
-		l.mu.Unlock()
-		pc := &perIPConn{Conn: c, release: func() { l.release(ip) }, idle: l.idle}
-		if tc, ok := c.(*tls.Conn); ok {
-			// fasthttp recognises TLS by these methods.
-			return &perIPTLSConn{perIPConn: pc, tls: tc}, nil
-		}
-		return pc, nil
-	}
-}
-
-// refuse answers c and closes it. The answer is written on the accepting
-// goroutine: it is a few bytes into a new socket's empty send buffer, so
-// the write does not wait (and is bounded anyway), and a flood of refused
-// connections costs no goroutine each.
-func (l *perIPListener) refuse(c net.Conn) {
-	if l.refused != nil {
-		l.refused()
-	}
-	if _, ok := c.(*tls.Conn); !ok {
-		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		_, _ = c.Write([]byte(tooManyConns))
-	}
-	_ = c.Close()
-}
-
-func (l *perIPListener) release(ip netip.Addr) {
-	l.mu.Lock()
-	if l.counts[ip] <= 1 {
-		delete(l.counts, ip)
-	} else {
-		l.counts[ip]--
-	}
-	l.mu.Unlock()
-}
-
-// remoteAddr is the address a connection comes from; connections with no
-// IP address (unix sockets) share the zero address.
-func remoteAddr(c net.Conn) netip.Addr {
-	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-		return ap.Addr().Unmap()
-	}
-	return netip.Addr{}
-}
-
-// perIPConn gives its address's slot back once, on the first Close. Until
+// perIPConn gives its address's slot back on Close. Until
 // its first byte arrives, a read deadline set on it (fasthttp's header
 // timeout, which it starts at accept) is held back and the idle timeout
 // applies instead; the first byte starts the held-back timeout afresh. Its
@@ -107,7 +45,6 @@ func remoteAddr(c net.Conn) netip.Addr {
 type perIPConn struct {
 	net.Conn
 	w       writeSide
-	once    sync.Once
 	release func()
 	idle    time.Duration
 
@@ -164,7 +101,7 @@ func (c *perIPConn) Close() error {
 		c.drain()
 	}
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.release()
 	return err
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,12 @@ type Options struct {
 	Push Push
 	// Surfaces are the protocol surfaces mounted beside /v0.
 	Surfaces []protocol.Surface
+	// Edges, on a hub, passes requests under EdgePrefix on to the edge
+	// boxes linked to it; nil: those paths are this node's own (none).
+	Edges Edges
+	// EdgeName is this node's name as an edge box: the connections
+	// ServeEdge accepts are for EdgePrefix + EdgeName.
+	EdgeName string
 	// Sessions are the durable sessions executions may be filed under;
 	// nil: none (a session_id only labels the execution).
 	Sessions Sessions
@@ -60,6 +67,13 @@ type Options struct {
 	// AllowedHosts are the host names a gateway with no token answers to
 	// besides loopback names and addresses (see docs/security.md §3).
 	AllowedHosts []string
+	// PeerAddr reports whether an address is one of the cluster's nodes:
+	// a follower relays all its clients from its own address (bounding
+	// them per address itself), so the connections from a peer's address
+	// are not counted against MaxConnsPerIP; MaxConns still bounds them.
+	// It is asked on accept, before a byte is read, so only the address,
+	// which a client cannot forge, decides. nil: no address is a peer's.
+	PeerAddr func(netip.Addr) bool
 
 	// WebSocket and admission control; docs/websocket.md describes them.
 	PingInterval  time.Duration // WebSocket pings; a ping unanswered this long closes the socket
@@ -208,7 +222,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.lns = append(s.lns, ln)
 	s.lnMu.Unlock()
 	perIP := s.metrics.refused.WithLabelValues("per_ip")
-	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, s.opts.IdleTimeout, perIP.Inc))
+	err := s.srv.Serve(limitPerIP(ln, s.opts.MaxConnsPerIP, s.opts.PeerAddr, s.opts.IdleTimeout, perIP.Inc))
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("gateway: serve: %w", err)
 	}
@@ -300,6 +314,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
 		return
 	}
+	if fromHub(ctx) {
+		if err := s.edgeRequest(ctx); err != nil {
+			route = "refused"
+			s.writeError(ctx, err)
+			return
+		}
+	}
 	path := string(ctx.Path())
 	if err := s.checkHost(ctx); err != nil {
 		route = "refused"
@@ -310,6 +331,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		route = "refused"
 		s.refuse(ctx, s.surfaceAt(path), err)
 		return
+	}
+	if s.opts.Edges != nil {
+		if name, ok := edgeOf(path); ok {
+			route = EdgePrefix
+			s.passToEdge(ctx, name)
+			return
+		}
 	}
 	if s.serveUI(ctx) {
 		route = "/ui/"

@@ -63,6 +63,9 @@ type Member struct {
 	board     *switchboard
 	lease     []byte // this node's lease value: its leaderInfo
 	dialTLS   *tls.Config
+	// peers are the other nodes' addresses, which the leader's gateway
+	// does not bound per address.
+	peers *peerAddrs
 
 	// serving is the node while this member leads, for tests and status.
 	serving atomic.Pointer[Node]
@@ -150,6 +153,7 @@ func OpenMember(ctx context.Context, o Options) (_ *Member, err error) {
 		return nil, err
 	}
 	m.name = m.nats.Name()
+	m.peers = &peerAddrs{read: m.nats.PeerAddrs}
 	if o.TLS != nil {
 		if m.dialTLS, err = relayTLS(o.Cluster.RouteTLS.CA); err != nil {
 			return nil, err

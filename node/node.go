@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
@@ -56,7 +57,9 @@ type Node struct {
 	// member is the cluster member this node leads for, if any.
 	member *Member
 	push   *webpush.Push // the Web Push channel, if any
-	o      Options
+	// tunnels is the NATS connection of the edge tunnels, if any.
+	tunnels *nats.Conn
+	o       Options
 	// closers release what Open built, last first.
 	closers closers
 }
@@ -122,7 +125,7 @@ func (n *Node) build(ctx context.Context) error {
 	n.closers.push(release(hub.Close))
 	co := o.Channels
 	co.Store, co.Hub, co.Logger, co.Retention, co.WebhookAllow = st, hub, o.Logger, retention, o.WebhookAllow
-	if err := n.adapters(&co); err != nil {
+	if err := n.adapters(ctx, &co); err != nil {
 		return err
 	}
 	adapters := co.Adapters
@@ -188,6 +191,9 @@ func (n *Node) build(ctx context.Context) error {
 		so.Push = n.push
 	}
 	so.Kernel, so.Hub, so.Auth, so.Logger, so.Bridge, so.Channels, so.Sessions = k, hub, authn, o.Logger, br, chans, sessions
+	if n.member != nil {
+		so.PeerAddr = n.member.peers.has
+	}
 	rt := runtimeapi.New(runtimeapi.Options{Kernel: k, Sessions: sessions, Hub: hub, Memory: notes})
 	so.Surfaces = append(so.Surfaces,
 		agentruntime.New(agentruntime.Options{Kernel: k, Sessions: sessions}),
@@ -196,6 +202,12 @@ func (n *Node) build(ctx context.Context) error {
 	)
 	if clusterSurface != nil {
 		so.Surfaces = append(so.Surfaces, clusterSurface)
+	}
+	if err := n.edgeHub(&so); err != nil {
+		return err
+	}
+	if name := n.edgeName(); name != "" {
+		so.EdgeName = name
 	}
 	srv, err := gateway.New(so)
 	if err != nil {
@@ -212,6 +224,9 @@ func (n *Node) build(ctx context.Context) error {
 	rt.Start(o.Logger)
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
+	if err := n.serveEdge(srv); err != nil {
+		return err
+	}
 	n.closers.push(n.startRetention())
 	return nil
 }
@@ -223,7 +238,7 @@ func openStore(o Options) (*store.Store, error) {
 }
 
 // adapters adds the chat and push channels that o configures to co's.
-func (n *Node) adapters(co *channel.Options) error {
+func (n *Node) adapters(ctx context.Context, co *channel.Options) error {
 	o := n.o
 	co.Adapters = slices.Clone(co.Adapters)
 	if o.Telegram != nil {
@@ -246,11 +261,11 @@ func (n *Node) adapters(co *channel.Options) error {
 	}
 	if o.WebPush != nil {
 		wo := *o.WebPush
-		wo.Dir, wo.Allow, wo.Logger = o.Data, o.WebhookAllow, o.Logger.With("channel", channel.AdapterWebPush)
+		wo.Store, wo.Dir, wo.Allow, wo.Logger = co.Store, o.Data, o.WebhookAllow, o.Logger.With("channel", channel.AdapterWebPush)
 		if o.InMemory {
 			wo.Dir = ""
 		}
-		p, err := webpush.New(wo)
+		p, err := webpush.New(ctx, wo)
 		if err != nil {
 			return err
 		}

@@ -84,9 +84,9 @@ type Options struct {
 	Telegram *telegram.Options
 	// Slack, when set, adds the Slack channel (its Logger is filled in).
 	Slack *slack.Options
-	// WebPush, when set, adds the Web Push channel: its Dir is the data
-	// folder (none when InMemory), its Allow WebhookAllow and its Logger
-	// are filled in.
+	// WebPush, when set, adds the Web Push channel: its Store is the
+	// node's, its Dir the data folder (none when InMemory), its Allow
+	// WebhookAllow and its Logger are filled in.
 	WebPush *webpush.Options
 	// SessionsPerPrincipal is the most durable sessions one principal (an
 	// owner within its tenant) may hold, archived ones included (see

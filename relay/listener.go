@@ -2,80 +2,23 @@ package relay
 
 import (
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/addrlimit"
 )
 
-// tooManyConns is written to a connection refused for its address's share
-// of connections, before it is closed: the gateway's answer.
-const tooManyConns = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 73\r\n\r\n" +
-	`{"error":"too many connections from your address","code":"RATE_LIMITED"}` + "\n"
-
-// perIPListener bounds the connections open at once from one address, as
-// the gateway's does: a refused connection never reaches fasthttp.
-type perIPListener struct {
-	net.Listener
-	max     int
-	idle    time.Duration
-	refused func()
-
-	mu     sync.Mutex
-	counts map[netip.Addr]int
-}
-
-// limitPerIP wraps ln; max <= 0 sets no bound per address.
+// limitPerIP bounds the connections open at once from one address, as the
+// gateway's listener does (package addrlimit): a refused connection never
+// reaches fasthttp. max <= 0 sets no bound.
 func limitPerIP(ln net.Listener, max int, idle time.Duration, refused func()) net.Listener {
-	return &perIPListener{Listener: ln, max: max, idle: idle, refused: refused, counts: map[netip.Addr]int{}}
+	return addrlimit.Listen(ln, addrlimit.Options{Max: max, Refused: refused,
+		Wrap: func(c net.Conn, release func()) net.Conn { return &conn{Conn: c, idle: idle, release: release} }})
 }
 
-func (l *perIPListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		ip := remoteAddr(c)
-		l.mu.Lock()
-		n := l.counts[ip]
-		if l.max > 0 && n >= l.max {
-			l.mu.Unlock()
-			l.refused()
-			// A few bytes into a new socket's empty send buffer: the write
-			// does not wait, and is bounded anyway.
-			_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			_, _ = c.Write([]byte(tooManyConns))
-			_ = c.Close()
-			continue
-		}
-		l.counts[ip] = n + 1
-		l.mu.Unlock()
-		return &conn{Conn: c, idle: l.idle, release: func() { l.release(ip) }}, nil
-	}
-}
-
-func (l *perIPListener) release(ip netip.Addr) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.counts[ip] <= 1 {
-		delete(l.counts, ip)
-		return
-	}
-	l.counts[ip]--
-}
-
-// remoteAddr is the address a connection comes from; connections with no
-// IP address share the zero address.
-func remoteAddr(c net.Conn) netip.Addr {
-	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-		return ap.Addr().Unmap()
-	}
-	return netip.Addr{}
-}
-
-// conn is an accepted connection. It gives its address's slot back on its
-// first Close, and half-closes when its own connection can. Until its
+// conn is an accepted connection. It gives its address's slot back on
+// Close, and half-closes when its own connection can. Until its
 // first byte arrives, a read deadline set on it (fasthttp's header
 // timeout, started at accept) is held back and the idle timeout applies
 // instead: clients dial spare connections and keep them unused, and one
@@ -85,7 +28,6 @@ type conn struct {
 	net.Conn
 	idle    time.Duration
 	release func()
-	once    sync.Once
 
 	started atomic.Bool
 	mu      sync.Mutex
@@ -141,6 +83,6 @@ func (c *conn) CloseWrite() error {
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.release()
 	return err
 }

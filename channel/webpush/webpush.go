@@ -12,8 +12,11 @@
 // worker presents it with the subscription's endpoint, so a phone answers
 // in one tap without signing in again.
 //
-// The VAPID key pair is made on first start and kept in the data folder
-// (webpush-vapid.json, mode 0600). Push endpoints are reached under the
+// The VAPID key pair is a record of the store, made in a commit by the
+// first start that needs it, so that a cluster's journal carries it to
+// every node and whichever node leads next signs with the same key: a
+// subscription outlives a failover. A key pair an earlier release kept in
+// the data folder (webpush-vapid.json) is imported once. Push endpoints are reached under the
 // webhooks' address rules (channel.ErrDeniedAddress): an endpoint on a
 // private address is refused when subscribed and when dialled. A
 // subscription the push service answers 404 or 410 is removed.
@@ -42,10 +45,18 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
 	"github.com/gatehouse-dev/gatehouse/channel"
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
-// KeyFile is the name of the VAPID key pair's file in the data folder.
+// KeyFile is the name of the file in the data folder where earlier
+// releases kept the VAPID key pair; New imports it into the store once.
 const KeyFile = "webpush-vapid.json"
+
+// The store record of the VAPID key pair.
+const (
+	kindKey = "wpkey"
+	idVAPID = "vapid"
+)
 
 // Limits of a subscription.
 const (
@@ -64,9 +75,12 @@ var ErrSubscription = fmt.Errorf("%w: webpush: invalid subscription", channel.Er
 
 // Options configure the Web Push channel.
 type Options struct {
-	// Dir is the data folder, where the VAPID key pair is kept; "" makes
-	// a key pair that lasts as long as the process (subscriptions made with
-	// it stop working at the next start).
+	// Store keeps the VAPID key pair; required.
+	Store *store.Store
+	// Dir is the data folder, where an earlier release may have kept the
+	// key pair (KeyFile): when Store holds none, that one is imported
+	// rather than a new one made, so that existing subscriptions still
+	// receive. "": nothing to import.
 	Dir string
 	// Subject is the VAPID subject push services may contact: a mailto:
 	// address or an https URL; empty means "mailto:webpush@localhost".
@@ -78,7 +92,7 @@ type Options struct {
 	// addresses the rules allow and follows no redirects. A client given
 	// here applies its own address rules.
 	HTTPClient *http.Client
-	// Logger receives warnings; nil discards.
+	// Logger receives warnings, and the import of a key file; nil discards.
 	Logger *slog.Logger
 }
 
@@ -92,18 +106,17 @@ type Push struct {
 	reg             *channel.Registry
 }
 
-// keyPair is the key file's content.
+// keyPair is the key pair as the store and the key file hold it.
 type keyPair struct {
-	Public  string `json:"public_key"`
-	Private string `json:"private_key"`
+	Public  string `json:"public_key" msgpack:"pub"`
+	Private string `json:"private_key" msgpack:"priv"`
 }
 
-// New loads the VAPID key pair from o.Dir, or makes it, and returns the
-// adapter.
-func New(o Options) (*Push, error) {
-	kp, err := loadKeys(o.Dir)
-	if err != nil {
-		return nil, err
+// New loads the VAPID key pair from o.Store, or imports or makes it, and
+// returns the adapter.
+func New(ctx context.Context, o Options) (*Push, error) {
+	if o.Store == nil {
+		return nil, fmt.Errorf("%w: webpush: Options.Store is required", channel.ErrInvalid)
 	}
 	if o.Subject == "" {
 		o.Subject = "mailto:webpush@localhost"
@@ -111,45 +124,81 @@ func New(o Options) (*Push, error) {
 	if !strings.HasPrefix(o.Subject, "mailto:") && !strings.HasPrefix(o.Subject, "https://") {
 		return nil, fmt.Errorf("webpush: subject %q: want a mailto: address or an https URL", o.Subject)
 	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	kp, err := loadKeys(ctx, o.Store, o.Dir, o.Logger)
+	if err != nil {
+		return nil, err
+	}
 	g := channel.NewEgress(o.Allow)
 	if o.HTTPClient == nil {
 		o.HTTPClient = g.Client()
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
 	return &Push{public: kp.Public, private: kp.Private, subject: o.Subject, egress: g, client: o.HTTPClient, log: o.Logger}, nil
 }
 
-// loadKeys reads the key pair of dir, or makes and keeps one: created
-// exclusively, mode 0600, so that two starts cannot make two. A key file
-// others may read is refused: the private key signs for this gateway.
-func loadKeys(dir string) (keyPair, error) {
-	if dir == "" {
-		return newKeys()
-	}
-	path := filepath.Join(dir, KeyFile)
-	for range 2 {
-		f, err := os.OpenFile(path, os.O_RDONLY, 0)
-		if err == nil {
-			defer f.Close()
-			return readKeys(path, f)
-		}
-		if !errors.Is(err, os.ErrNotExist) {
-			return keyPair{}, fmt.Errorf("webpush: %w", err)
-		}
-		kp, err := newKeys()
-		if err != nil {
-			return keyPair{}, err
-		}
-		if err := writeKeys(path, kp); errors.Is(err, os.ErrExist) {
-			continue // made by another start meanwhile: read it
-		} else if err != nil {
-			return keyPair{}, err
+// loadKeys returns the key pair st holds, or else keeps in st the one of
+// dir's KeyFile, or else a new one. Only the node that leads writes the
+// store (a cluster's followers run no channels), so a read and a write
+// cannot race with another node's: a former leader's write that lands after
+// a new leader took over is refused by the journal's fencing.
+func loadKeys(ctx context.Context, st *store.Store, dir string, log *slog.Logger) (keyPair, error) {
+	var kp keyPair
+	err := st.Get(kindKey, idVAPID, &kp)
+	if err == nil {
+		if err := kp.check(); err != nil {
+			return keyPair{}, fmt.Errorf("webpush: the store's VAPID key pair: %w", err)
 		}
 		return kp, nil
 	}
-	return keyPair{}, fmt.Errorf("webpush: %s: neither readable nor creatable", path)
+	if !errors.Is(err, store.ErrNotFound) {
+		return keyPair{}, fmt.Errorf("webpush: read the VAPID key pair: %w", err)
+	}
+	kp, imported, err := fileKeys(dir)
+	if err != nil {
+		return keyPair{}, err
+	}
+	if !imported {
+		if kp, err = newKeys(); err != nil {
+			return keyPair{}, err
+		}
+	}
+	var b store.Batch
+	if err := b.Put(kindKey, idVAPID, &kp); err != nil {
+		return keyPair{}, fmt.Errorf("webpush: %w", err)
+	}
+	if err := st.Write(ctx, &b); err != nil {
+		return keyPair{}, fmt.Errorf("webpush: keep the VAPID key pair: %w", err)
+	}
+	if imported {
+		log.Info("webpush: VAPID key pair imported into the store; the file is no longer read and may be deleted",
+			"file", filepath.Join(dir, KeyFile))
+	}
+	return kp, nil
+}
+
+// fileKeys reads dir's KeyFile, if there is one. A key file others may
+// read is refused, as earlier releases refused it: the private key signs
+// for this gateway, and one that others could read is not its alone.
+func fileKeys(dir string) (keyPair, bool, error) {
+	if dir == "" {
+		return keyPair{}, false, nil
+	}
+	path := filepath.Join(dir, KeyFile)
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return keyPair{}, false, nil
+	}
+	if err != nil {
+		return keyPair{}, false, fmt.Errorf("webpush: %w", err)
+	}
+	defer f.Close()
+	kp, err := readKeys(path, f)
+	if err != nil {
+		return keyPair{}, false, err
+	}
+	return kp, true, nil
 }
 
 func newKeys() (keyPair, error) {
@@ -172,30 +221,21 @@ func readKeys(path string, f *os.File) (keyPair, error) {
 	if err := json.NewDecoder(io.LimitReader(f, 4096)).Decode(&kp); err != nil {
 		return keyPair{}, fmt.Errorf("webpush: %s: %w", path, err)
 	}
-	pub, err1 := base64.RawURLEncoding.DecodeString(kp.Public)
-	priv, err2 := base64.RawURLEncoding.DecodeString(kp.Private)
-	if err1 != nil || err2 != nil || len(pub) != 65 || len(priv) != 32 {
-		return keyPair{}, fmt.Errorf("webpush: %s does not hold a P-256 key pair (public_key, private_key, base64url)", path)
+	if err := kp.check(); err != nil {
+		return keyPair{}, fmt.Errorf("webpush: %s: %w", path, err)
 	}
 	return kp, nil
 }
 
-func writeKeys(path string, kp keyPair) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	data, _ := json.Marshal(&kp)
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(path)
-		return fmt.Errorf("webpush: write %s: %w", path, err)
+// errKeyPair means a kept key pair is not one.
+var errKeyPair = errors.New("not a P-256 key pair (public and private key, base64url)")
+
+// check reports whether kp holds keys of P-256's sizes.
+func (kp keyPair) check() error {
+	pub, err1 := base64.RawURLEncoding.DecodeString(kp.Public)
+	priv, err2 := base64.RawURLEncoding.DecodeString(kp.Private)
+	if err1 != nil || err2 != nil || len(pub) != 65 || len(priv) != 32 {
+		return errKeyPair
 	}
 	return nil
 }

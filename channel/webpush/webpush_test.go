@@ -3,6 +3,7 @@ package webpush_test
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	webpushgo "github.com/SherClockHolmes/webpush-go"
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/gatehouse-dev/gatehouse/channel"
@@ -313,31 +315,41 @@ func TestWebPushRefusesPrivateEndpoints(t *testing.T) {
 	}
 }
 
-// TestWebPushVAPIDKeyKeptInDataFolder: the key pair is made on first start
-// in the data folder, readable by the gateway alone, and the same after a
-// restart; a key file others may read is refused.
-func TestWebPushVAPIDKeyKeptInDataFolder(t *testing.T) {
+// publicKey is the gateway's VAPID public key, as the page is given it.
+func publicKey(t *testing.T, s *nodetest.Server) string {
+	t.Helper()
+	return object(t, s, "alice", "GET", "/v0/channels/webpush", nil)["public_key"].(string)
+}
+
+// TestWebPushVAPIDKeyOutlivesARestartInTheStore: the key pair is made on
+// first start and kept in the store, not in a file of the data folder: the
+// same after a restart.
+func TestWebPushVAPIDKeyOutlivesARestartInTheStore(t *testing.T) {
 	dir := t.TempDir()
 	s := start(t, node.Options{Data: dir})
-	path := filepath.Join(dir, webpush.KeyFile)
-	fi, err := os.Stat(path)
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("key file: %v, mode %v", err, fi.Mode())
-	}
-	key := func() string {
-		return object(t, s, "alice", "GET", "/v0/channels/webpush", nil)["public_key"].(string)
-	}
-	first := key()
+	first := publicKey(t, s)
 	s.Restart()
-	if again := key(); again != first {
+	if again := publicKey(t, s); again != first {
 		t.Fatalf("the key changed across a restart: %s, then %s", first, again)
 	}
-	data, _ := os.ReadFile(path)
-	if !strings.Contains(string(data), first) {
-		t.Fatalf("key file does not hold the public key")
+	if _, err := os.Stat(filepath.Join(dir, webpush.KeyFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a key file was written: %v", err)
 	}
-	s.Stop()
-	if err := os.Chmod(path, 0o644); err != nil {
+}
+
+// TestWebPushImportsTheKeyFileOfAnEarlierRelease: a data folder whose
+// key pair an earlier release kept in webpush-vapid.json keeps it, so that
+// its subscriptions still receive; once imported, the file is no longer
+// needed. A key file others may read is refused, as it was.
+func TestWebPushImportsTheKeyFileOfAnEarlierRelease(t *testing.T) {
+	private, public, err := webpushgo.GenerateVAPIDKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, _ := json.Marshal(map[string]string{"public_key": public, "private_key": private})
+	dir := t.TempDir()
+	path := filepath.Join(dir, webpush.KeyFile)
+	if err := os.WriteFile(path, file, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	o := node.Options{Data: dir, Addr: "127.0.0.1:0", WebPush: &webpush.Options{}}
@@ -346,5 +358,20 @@ func TestWebPushVAPIDKeyKeptInDataFolder(t *testing.T) {
 			_ = n.Close(t.Context())
 		}
 		t.Fatalf("a key file open to others: %v", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, node.Options{Data: dir})
+	if got := publicKey(t, s); got != public {
+		t.Fatalf("public key %s, want the key file's %s", got, public)
+	}
+	s.Stop()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	if got := publicKey(t, s); got != public {
+		t.Fatalf("without the key file, public key %s, want the imported %s", got, public)
 	}
 }

@@ -46,7 +46,7 @@ func (c *channelFlags) flags(fs *flag.FlagSet, d node.Options) {
 	fs.Var(&c.slackUsers, "slack-users", "Slack users and the people they are: `user_id=person[,...]` (U...); only they may answer; repeatable")
 	fs.Var(&c.slackConversations, "slack-conversations", "conversations each person's prompts are posted to: `person=channel_id[,...]` (C...); a mapped user with none: a direct message from the app; repeatable")
 	fs.StringVar(&c.slackAPI, "slack-api-url", slack.DefaultAPIURL, "Slack Web API base `URL`")
-	fs.BoolVar(&c.webpush, "webpush", false, "turn the Web Push channel on: the approvals app (/ui/) subscribes phones and browsers to prompt notifications; the VAPID key pair is kept in --data ("+webpush.KeyFile+")")
+	fs.BoolVar(&c.webpush, "webpush", false, "turn the Web Push channel on: the approvals app (/ui/) subscribes phones and browsers to prompt notifications; the VAPID key pair is kept in the store (an earlier release's "+webpush.KeyFile+" in --data is imported once)")
 	fs.StringVar(&c.webpushSubject, "webpush-subject", "", "VAPID subject push services may contact about this gateway: a `mailto: address or https URL`")
 }
 

@@ -1,0 +1,113 @@
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/cluster"
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/node"
+)
+
+// freeAddr is a loopback address no one listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// ready opens a connection from the loopback address from to addr, asks
+// GET /v0/ready on it, which a follower relays, and returns the status
+// line; the connection stays open until the test ends.
+func ready(t *testing.T, addr, from string) string {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, "GET /v0/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line)
+}
+
+// TestLeaderDoesNotBoundItsFollowersRelayedConnectionsPerAddress: two
+// members with --max-conns-per-ip 2. A follower relays six clients (two
+// from each of three addresses, within its own bound) to the leader, all
+// from the follower's one address: the leader, which knows that address
+// from its route to the follower, lets every one through. A client of
+// another address on the leader is still held to two.
+func TestLeaderDoesNotBoundItsFollowersRelayedConnectionsPerAddress(t *testing.T) {
+	routes := []string{freeAddr(t), freeAddr(t)}
+	members := make([]*node.Member, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range members {
+		o := node.Options{Addr: freeAddr(t), Data: t.TempDir(), Server: gateway.Options{MaxConnsPerIP: 2},
+			Cluster: cluster.Options{Name: "gh", NodeName: fmt.Sprintf("n%d", i+1), Listen: routes[i], Peers: routes,
+				ReadyTimeout: 30 * time.Second}}
+		wg.Go(func() { members[i], errs[i] = node.OpenMember(t.Context(), o) })
+	}
+	wg.Wait()
+	for i, m := range members {
+		if errs[i] != nil {
+			t.Fatalf("member %d: %v", i+1, errs[i])
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), node.ShutdownTimeout)
+			defer cancel()
+			if err := m.Close(ctx); err != nil {
+				t.Errorf("close member %d: %v", i+1, err)
+			}
+		})
+	}
+	var leader, follower *node.Member
+	eventually.Check(t, func() error {
+		for i, m := range members {
+			if m.Leading() != nil {
+				leader, follower = m, members[1-i]
+				return nil
+			}
+		}
+		return fmt.Errorf("no member leads")
+	})
+	via := follower.Addr().String()
+	eventually.Check(t, func() error {
+		if got := ready(t, via, "127.0.0.2"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			return fmt.Errorf("through the follower: %q", got)
+		}
+		return nil
+	})
+	for _, from := range []string{"127.0.0.3", "127.0.0.4", "127.0.0.5"} {
+		for i := range 2 {
+			if got := ready(t, via, from); !strings.HasPrefix(got, "HTTP/1.1 200") {
+				t.Fatalf("client %d of %s through the follower: %q", i+1, from, got)
+			}
+		}
+	}
+	direct := leader.Addr().String()
+	for i := range 2 {
+		if got := ready(t, direct, "127.0.0.6"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("client %d of 127.0.0.6 on the leader: %q", i+1, got)
+		}
+	}
+	if got := ready(t, direct, "127.0.0.6"); !strings.HasPrefix(got, "HTTP/1.1 429") {
+		t.Fatalf("third client of 127.0.0.6 on the leader: %q", got)
+	}
+}
