@@ -1,0 +1,261 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gatehouse-dev/gatehouse/client"
+	"github.com/gatehouse-dev/gatehouse/cluster"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+)
+
+// The NATS deployment's one user, which its servers require.
+const (
+	deploymentUser     = "gatehouse"
+	deploymentPassword = "s3cret-of-the-deployment"
+)
+
+// natsDeployment runs size NATS servers with JetStream in the test
+// process, as an operator's deployment that Gatehouse does not run: each
+// stores in its own folder, listens for clients on a free loopback port,
+// requires deploymentUser's password and, when size > 1, is routed to the
+// others on loopback, so that streams of three replicas can be placed.
+// It returns the servers' client URLs, without credentials, once
+// JetStream serves on each.
+func natsDeployment(t *testing.T, size int) []string {
+	t.Helper()
+	var routes []*url.URL
+	routeAddrs := make([]string, size)
+	for i := range routeAddrs {
+		routeAddrs[i] = freeAddr(t)
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: routeAddrs[i]})
+	}
+	servers := make([]*server.Server, size)
+	for i := range servers {
+		o := &server.Options{
+			ServerName: fmt.Sprintf("s%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       server.RANDOM_PORT,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoSigs:     true,
+			// The journal's groups: an operator of a deployment Gatehouse
+			// joins raises max_payload to this (docs/cluster.md).
+			MaxPayload: cluster.MaxGroupBytes + 64<<10,
+			Users:      []*server.User{{Username: deploymentUser, Password: deploymentPassword}},
+		}
+		if size > 1 {
+			_, port, _ := net.SplitHostPort(routeAddrs[i])
+			p, err := strconv.Atoi(port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Cluster = server.ClusterOpts{Name: "ops", Host: "127.0.0.1", Port: p}
+			o.Routes = routes
+		}
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[i] = s
+		go s.Start()
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	}
+	var out []string
+	for _, s := range servers {
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("NATS server %s did not start", s.Name())
+		}
+		out = append(out, "nats://"+s.Addr().String())
+	}
+	for _, s := range servers {
+		eventually.Check(t, func() error {
+			if h := s.Healthz(&server.HealthzOptions{JSMetaOnly: true}); h.Error != "" {
+				return fmt.Errorf("%s: %s", s.Name(), h.Error)
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// withUser puts deploymentUser's credentials, or others, in each URL.
+func withUser(urls []string, user, password string) string {
+	var out []string
+	for _, u := range urls {
+		out = append(out, strings.Replace(u, "nats://", "nats://"+user+":"+password+"@", 1))
+	}
+	return strings.Join(out, ",")
+}
+
+// newExternalNode prepares a member named name that joins the NATS
+// deployment at natsURL instead of embedding a server.
+func newExternalNode(t *testing.T, name, natsURL string) *natsNode {
+	t.Helper()
+	addr := freeAddr(t)
+	args := []string{"serve", "--addr", addr, "--data", t.TempDir(), "--log-level", "warn",
+		"--node-name", name, "--nats-url", natsURL, "--cluster-ready-timeout", "20s"}
+	n := &natsNode{name: name, base: "http://" + addr, args: args}
+	t.Cleanup(n.kill)
+	return n
+}
+
+// TestClusterMembersOnAnExistingNATSDeployment runs three `gatehouse
+// serve --nats-url` processes on a NATS deployment of three clustered
+// servers that the test runs and that requires a password: exactly one
+// member leads and the others follow it; the journal and both buckets are
+// placed on the deployment at three replicas; executions created through
+// every node exist once, through every node. kill -9 of the leader:
+// another leads, every execution acknowledged before the kill is there,
+// and new ones are created. The killed node comes back on its data folder
+// and follows. /v0/cluster never shows the deployment's password.
+func TestClusterMembersOnAnExistingNATSDeployment(t *testing.T) {
+	servers := natsDeployment(t, 3)
+	natsURL := withUser(servers, deploymentUser, deploymentPassword)
+	nodes := make([]*natsNode, 3)
+	for i := range nodes {
+		// Each member names the servers in another order, as members
+		// spread over a deployment would.
+		order := append(append([]string{}, servers[i:]...), servers[:i]...)
+		nodes[i] = newExternalNode(t, fmt.Sprintf("n%d", i+1), withUser(order, deploymentUser, deploymentPassword))
+	}
+	startAll(t, nodes...)
+	lead := leaderOf(t, nodes)
+	for _, n := range nodes {
+		resp, err := http.Get(n.base + "/v0/cluster")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"mode":"external"`) ||
+			!strings.Contains(string(body), `"leader":"`+nodes[lead].name+`"`) {
+			t.Errorf("%s: GET /v0/cluster %d %s", n.name, resp.StatusCode, body)
+		}
+		if strings.Contains(string(body), deploymentPassword) {
+			t.Errorf("%s: GET /v0/cluster shows the deployment's password: %s", n.name, body)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{cluster.JournalStream, "KV_" + cluster.LeaseBucket, "KV_" + cluster.PositionsBucket} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s on the deployment: %v", name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+			t.Errorf("stream %s: %d replicas, placed %+v; want 3 on the deployment's servers", name, info.Config.Replicas, info.Cluster)
+		}
+	}
+
+	var acked []string
+	for i := range 9 {
+		one, err := client.New(client.Options{BaseURL: nodes[i%3].base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex, err := one.CreateExecution(ctx, client.CreateRequest{AgentID: "nobody"})
+		if err != nil {
+			t.Fatalf("create through %s: %v", nodes[i%3].name, err)
+		}
+		acked = append(acked, ex.ID)
+	}
+	listedOnce := func(n *natsNode, ids []string) error {
+		via, err := client.New(client.Options{BaseURL: n.base})
+		if err != nil {
+			return err
+		}
+		list, err := via.ListExecutions(ctx, client.ListOptions{Limit: 100})
+		if err != nil {
+			return fmt.Errorf("list through %s: %w", n.name, err)
+		}
+		count := map[string]int{}
+		for _, ex := range list.Executions {
+			count[ex.ID]++
+		}
+		for _, id := range ids {
+			if count[id] != 1 {
+				return fmt.Errorf("execution %s listed %d times through %s", id, count[id], n.name)
+			}
+		}
+		return nil
+	}
+	for _, n := range nodes {
+		if err := listedOnce(n, acked); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	killed := time.Now()
+	nodes[lead].kill()
+	next := leaderOf(t, nodes, lead)
+	t.Logf("%s leads %s after %s's kill -9", nodes[next].name, time.Since(killed).Round(time.Millisecond), nodes[lead].name)
+	follower := 3 - lead - next
+	cl, err := client.New(client.Options{BaseURLs: []string{nodes[follower].base, nodes[next].base},
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range acked {
+		if _, err := cl.GetExecution(ctx, id); err != nil {
+			t.Errorf("execution %s, acknowledged before the kill: %v", id, err)
+		}
+	}
+	var after *client.Execution
+	eventually.Check(t, func() (err error) {
+		after, err = cl.CreateExecution(ctx, client.CreateRequest{AgentID: "nobody"})
+		return err
+	})
+	t.Logf("new work flows %s after the kill", time.Since(killed).Round(time.Millisecond))
+	acked = append(acked, after.ID)
+
+	nodes[lead].start(t)
+	eventually.Check(t, func() error {
+		back, err := nodes[lead].member()
+		if err != nil {
+			return err
+		}
+		now, err := nodes[next].member()
+		if err != nil {
+			return err
+		}
+		if back.Role != "follower" || back.Leader != nodes[next].name || back.Journal < now.Journal {
+			return fmt.Errorf("restarted node %+v, leader %+v", back, now)
+		}
+		return nil
+	})
+	if got := leaderOf(t, nodes); got != next {
+		t.Fatalf("%s leads once the killed node is back, want %s", nodes[got].name, nodes[next].name)
+	}
+	for _, n := range nodes {
+		if err := listedOnce(n, acked); err != nil {
+			t.Error(err)
+		}
+	}
+}
