@@ -214,6 +214,9 @@ func TestStartRefusesBadOptions(t *testing.T) {
 		{"a node name with a dot", cluster.Options{NodeName: "n.1", Dir: dir}},
 		{"a domain with a space", cluster.Options{NodeName: "n1", Domain: "my edge", Dir: dir}},
 		{"credentials without --nats-url", cluster.Options{NodeName: "n1", Creds: "x.creds", Dir: dir}},
+		{"replicas without --nats-url", cluster.Options{NodeName: "n1", Replicas: 3, Dir: dir}},
+		{"more replicas than JetStream has", cluster.Options{NodeName: "n1", URL: "nats://127.0.0.1:4222", Replicas: 7}},
+		{"negative replicas", cluster.Options{NodeName: "n1", URL: "nats://127.0.0.1:4222", Replicas: -1}},
 		{"route TLS files that are not there", cluster.Options{Name: "gh", NodeName: "n1", Listen: "127.0.0.1:0", Dir: dir,
 			RouteTLS: cluster.TLSFiles{Cert: "/nonexistent/c.pem", Key: "/nonexistent/k.pem", CA: "/nonexistent/ca.pem"}}},
 	} {

@@ -79,8 +79,11 @@ type Options struct {
 	// cluster, for a meta leader, which takes a quorum of the nodes up.
 	// Zero means 30s.
 	ReadyTimeout time.Duration
-	// Replicas is the journal's replica count on a deployment joined with
-	// URL; zero means 3. An embedded cluster uses min(3, its nodes).
+	// Replicas is the replica count of the journal and the buckets on a
+	// deployment joined with URL, at most 5. Zero keeps the streams'
+	// existing count, and creates them at three on a clustered deployment
+	// and at one on a server alone. An embedded cluster uses min(3, its
+	// nodes).
 	Replicas int
 	// ElectionTimeout, when set, has the embedded server's raft groups
 	// (JetStream's streams and its meta group) elect a new leader after d
@@ -116,6 +119,9 @@ func (o *Options) embedded() bool {
 // defaultListen is the route listener of a cluster's node, NATS's usual.
 const defaultListen = "0.0.0.0:6222"
 
+// maxReplicas is JetStream's most replicas of a stream.
+const maxReplicas = 5
+
 // defaultReadyTimeout bounds the wait for JetStream at start.
 const defaultReadyTimeout = 30 * time.Second
 
@@ -141,10 +147,13 @@ func (o *Options) check() error {
 		if o.embedded() {
 			return fmt.Errorf("%w: --nats-url joins an existing deployment; the embedded server's options (--cluster-*, --leaf-*, --nats-listen, --nats-domain) do not apply", ErrConfig)
 		}
+		if o.Replicas < 0 || o.Replicas > maxReplicas {
+			return fmt.Errorf("%w: --nats-replicas %d: want 1 to %d, or 0 for the streams' own", ErrConfig, o.Replicas, maxReplicas)
+		}
 		return nil
 	}
-	if o.Creds != "" || o.ClientTLS.set() {
-		return fmt.Errorf("%w: --nats-creds and --nats-tls-* are for --nats-url", ErrConfig)
+	if o.Creds != "" || o.ClientTLS.set() || o.Replicas != 0 {
+		return fmt.Errorf("%w: --nats-creds, --nats-tls-* and --nats-replicas are for --nats-url", ErrConfig)
 	}
 	if o.Dir == "" {
 		return fmt.Errorf("%w: the embedded NATS server needs a data folder (not --in-memory)", ErrConfig)
