@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -280,3 +282,63 @@ func membersOnADeployment(t *testing.T, size, replicas int) {
 		}
 	}
 }
+
+// TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses: a
+// member whose credentials the deployment refuses (a wrong password, none,
+// a creds file it does not know) does not wait out
+// --cluster-ready-timeout: serve fails within seconds, with one line
+// naming --nats-url and --nats-creds, and without the password it was
+// given. A creds file that is not there is named as such.
+func TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses(t *testing.T) {
+	servers := natsDeployment(t, 1)
+	creds := filepath.Join(t.TempDir(), "user.creds")
+	if err := os.WriteFile(creds, []byte(unknownUserCreds), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const refused = "refused this node's credentials (the user in --nats-url, or --nats-creds)"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a wrong password", []string{"--nats-url", withUser(servers, deploymentUser, "not-the-password")}, refused},
+		{"no credentials", []string{"--nats-url", servers[0]}, refused},
+		{"a creds file the deployment does not know", []string{"--nats-url", servers[0], "--nats-creds", creds}, refused},
+		{"a creds file that is not there", []string{"--nats-url", servers[0], "--nats-creds", creds + ".missing"},
+			"--nats-creds: open " + creds + ".missing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"serve", "--addr", freeAddr(t), "--data", t.TempDir(), "--node-name", "n1",
+				"--cluster-ready-timeout", "30s"}, tc.args...)
+			ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+			defer cancel()
+			began := time.Now()
+			err := run(ctx, args, io.Discard, io.Discard)
+			took := time.Since(began)
+			switch {
+			case err == nil:
+				t.Fatal("serve started")
+			case took > 10*time.Second:
+				t.Fatalf("serve refused after %s, not at once: %v", took.Round(time.Millisecond), err)
+			case strings.Contains(err.Error(), "\n"):
+				t.Fatalf("serve's error is not one line: %q", err)
+			case !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("serve's error %q does not say %q", err, tc.want)
+			case strings.Contains(err.Error(), "not-the-password"):
+				t.Fatalf("serve's error shows the password: %v", err)
+			}
+			t.Logf("refused in %s: %v", took.Round(time.Millisecond), err)
+		})
+	}
+}
+
+// unknownUserCreds is a NATS credentials file of a user no deployment of
+// these tests knows: a JWT and the example seed of NATS's documentation.
+const unknownUserCreds = `-----BEGIN NATS USER JWT-----
+eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJqdGkiOiJURVNUIiwiaWF0IjoxNzAwMDAwMDAwLCJpc3MiOiJBQUFBIiwibmFtZSI6InRlc3QiLCJzdWIiOiJVQUFBIiwibmF0cyI6eyJ0eXBlIjoidXNlciIsInZlcnNpb24iOjJ9fQ.c2lnbmF0dXJl
+------END NATS USER JWT------
+
+-----BEGIN USER NKEY SEED-----
+SUAMK2FG4MI6UE3ACF3FK3OIQBCEIEZV7NSWFFEW63UXMRLFM2XLAXK4GY
+------END USER NKEY SEED------
+`
