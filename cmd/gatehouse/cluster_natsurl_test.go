@@ -123,7 +123,8 @@ func newExternalNode(t *testing.T, name, natsURL string) *natsNode {
 // node exist once, through every node. kill -9 of the leader: another
 // leads, every execution acknowledged before the kill is there, and new
 // ones are created. The killed node comes back on its data folder and
-// follows. /v0/cluster never shows the deployment's password.
+// follows, and (checked on three servers) the leader purges the journal
+// below what every member holds. /v0/cluster never shows the deployment's password.
 func TestClusterMembersOnAnExistingNATSDeployment(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -281,6 +282,26 @@ func membersOnADeployment(t *testing.T, size, replicas int) {
 			t.Error(err)
 		}
 	}
+
+	if size == 1 {
+		return // the purge waits up to 30 s: once is enough
+	}
+	// Every member reports the position its store holds; the leader
+	// purges below the lowest, every 30 s of its lead.
+	journal, err := js.Stream(ctx, cluster.JournalStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually.Check(t, func() error {
+		info, err := journal.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.FirstSeq <= 1 {
+			return fmt.Errorf("the journal is not purged: %+v", info.State)
+		}
+		return nil
+	})
 }
 
 // TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses: a
