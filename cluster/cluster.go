@@ -224,6 +224,11 @@ func (n *Node) connect(ctx context.Context) error {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			n.o.Logger.Info("NATS connection back", "server", nc.ConnectedUrlRedacted())
 		}),
+		// Asynchronous errors, such as a permission the account lacks, go
+		// to the node's log rather than to stderr.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			n.o.Logger.Warn("NATS", "err", err)
+		}),
 	}
 	if n.o.Creds != "" {
 		// Read here, so that a file that is not there is named as such
