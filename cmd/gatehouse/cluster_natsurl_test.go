@@ -29,10 +29,20 @@ const (
 	deploymentPassword = "s3cret-of-the-deployment"
 )
 
+// gatehouseRights are the rights docs/cluster.md says a member's NATS user
+// needs: the JetStream API, the journal's subject and the buckets', and
+// the replies to its requests.
+var gatehouseRights = &server.Permissions{
+	Publish: &server.SubjectPermission{Allow: []string{"$JS.API.>", cluster.JournalSubject,
+		"$KV." + cluster.LeaseBucket + ".>", "$KV." + cluster.PositionsBucket + ".>"}},
+	Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+}
+
 // natsDeployment runs size NATS servers with JetStream in the test
 // process, as an operator's deployment that Gatehouse does not run: each
 // stores in its own folder, listens for clients on a free loopback port,
-// requires deploymentUser's password and, when size > 1, is routed to the
+// requires deploymentUser's password, grants it gatehouseRights and, when
+// size > 1, is routed to the
 // others on loopback, so that streams of three replicas can be placed.
 // It returns the servers' client URLs, without credentials, once
 // JetStream serves on each.
@@ -56,7 +66,8 @@ func natsDeployment(t *testing.T, size int) []string {
 			// The journal's groups: an operator of a deployment Gatehouse
 			// joins raises max_payload to this (docs/cluster.md).
 			MaxPayload: cluster.MaxGroupBytes + 64<<10,
-			Users:      []*server.User{{Username: deploymentUser, Password: deploymentPassword}},
+			Users: []*server.User{{Username: deploymentUser, Password: deploymentPassword,
+				Permissions: gatehouseRights}},
 		}
 		if size > 1 {
 			_, port, _ := net.SplitHostPort(routeAddrs[i])
@@ -181,14 +192,9 @@ func membersOnADeployment(t *testing.T, size, replicas int) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{cluster.JournalStream, "KV_" + cluster.LeaseBucket, "KV_" + cluster.PositionsBucket} {
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			t.Fatalf("stream %s on the deployment: %v", name, err)
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		info := eventually.Value(t, "stream "+name+" on the deployment", func() (*jetstream.StreamInfo, bool) {
+			return streamInfo(ctx, js, name)
+		})
 		placed := 1
 		if info.Cluster != nil {
 			placed += len(info.Cluster.Replicas)
@@ -283,25 +289,40 @@ func membersOnADeployment(t *testing.T, size, replicas int) {
 		}
 	}
 
+	for _, n := range nodes {
+		if strings.Contains(n.logs.String(), "Permissions Violation") {
+			t.Errorf("%s lacked a right it needs:\n%s", n.name, n.logs)
+		}
+	}
 	if size == 1 {
 		return // the purge waits up to 30 s: once is enough
 	}
 	// Every member reports the position its store holds; the leader
 	// purges below the lowest, every 30 s of its lead.
-	journal, err := js.Stream(ctx, cluster.JournalStream)
-	if err != nil {
-		t.Fatal(err)
-	}
 	eventually.Check(t, func() error {
-		info, err := journal.Info(ctx)
-		if err != nil {
-			return err
+		info, ok := streamInfo(ctx, js, cluster.JournalStream)
+		if !ok {
+			return fmt.Errorf("no answer about %s", cluster.JournalStream)
 		}
 		if info.State.FirstSeq <= 1 {
 			return fmt.Errorf("the journal is not purged: %+v", info.State)
 		}
 		return nil
 	})
+}
+
+// streamInfo reads the state of the stream named name, or says it got no
+// answer: a request may go unanswered while the stream's leadership moves
+// (the leader's Gather), so each is bounded.
+func streamInfo(ctx context.Context, js jetstream.JetStream, name string) (*jetstream.StreamInfo, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, false
+	}
+	info, err := s.Info(ctx)
+	return info, err == nil
 }
 
 // TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses: a
