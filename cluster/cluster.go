@@ -254,13 +254,15 @@ func (n *Node) connect(ctx context.Context) error {
 		return fmt.Errorf("cluster: JetStream: %w", err)
 	}
 	return n.waitReady(ctx, func() error {
-		if last := nc.LastError(); authError(last) {
-			return fmt.Errorf("%w: --nats-url %s: %w", ErrCredentials, where, last)
-		}
-		if nc.IsClosed() {
-			return fmt.Errorf("%w: --nats-url %s: connection closed: %w", ErrNotReady, where, nc.LastError())
-		}
 		if !nc.IsConnected() {
+			// A server that refused the credentials does not stop the
+			// wait while another has taken them.
+			if last := nc.LastError(); authError(last) {
+				return fmt.Errorf("%w: --nats-url %s: %w", ErrCredentials, where, last)
+			}
+			if nc.IsClosed() {
+				return fmt.Errorf("%w: --nats-url %s: connection closed: %w", ErrNotReady, where, nc.LastError())
+			}
 			return fmt.Errorf("not connected to --nats-url %s", where)
 		}
 		actx, cancel := context.WithTimeout(ctx, statusTimeout)
