@@ -104,12 +104,8 @@ func (n *Node) embed(ctx context.Context) error {
 	if !srv.ReadyForConnections(n.o.ReadyTimeout) {
 		return fmt.Errorf("%w: the NATS server did not start listening within %s (are its ports free?)", ErrNotReady, n.o.ReadyTimeout)
 	}
-	opts := []nats.Option{nats.InProcessServer(srv), nats.Name(n.o.NodeName), nats.MaxReconnects(-1)}
-	if n.user != "" {
-		opts = append(opts, nats.UserInfo(n.user, n.password))
-	}
-	if n.nc, err = nats.Connect("", opts...); err != nil {
-		return fmt.Errorf("cluster: in-process connection: %w", err)
+	if n.nc, err = n.Connect(n.o.NodeName); err != nil {
+		return err
 	}
 	if n.js, err = jetstream.New(n.nc); err != nil {
 		return fmt.Errorf("cluster: JetStream: %w", err)
@@ -183,7 +179,7 @@ func (n *Node) serverOptions() (*server.Options, error) {
 		if err != nil {
 			return nil, err
 		}
-		so.LeafNode.Host, so.LeafNode.Port = h, p
+		so.LeafNode.Host, so.LeafNode.Port, so.LeafNode.Advertise = h, p, o.LeafAdvertise
 		if o.LeafTLS.Cert != "" {
 			if so.LeafNode.TLSConfig, err = serverTLS(o.LeafTLS, "--leaf-tls"); err != nil {
 				return nil, err
@@ -208,46 +204,69 @@ func (n *Node) serverOptions() (*server.Options, error) {
 	return so, nil
 }
 
-// connect joins an existing NATS deployment at n.o.URL. Credentials the
-// deployment refuses end the wait at once, with ErrCredentials: a retry
-// would be refused again.
-func (n *Node) connect(ctx context.Context) error {
-	where := redactURLs(n.o.URL)
-	opts := []nats.Option{nats.Name(n.o.NodeName), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
-		// A refusal of this node's credentials, by every server, closes the
-		// connection rather than retrying them forever.
+// Connect opens a further connection, named name, to the node's NATS (in
+// process to the embedded server, or to the deployment of Options.URL, as
+// the node's own), for traffic that must not share the node's own
+// connection: a connection the server cuts off as a slow consumer takes
+// its subscriptions with it. The caller closes it.
+func (n *Node) Connect(name string) (*nats.Conn, error) {
+	if n.srv != nil {
+		opts := []nats.Option{nats.InProcessServer(n.srv), nats.Name(name), nats.MaxReconnects(-1)}
+		if n.user != "" {
+			opts = append(opts, nats.UserInfo(n.user, n.password))
+		}
+		nc, err := nats.Connect("", opts...)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: in-process connection: %w", err)
+		}
+		return nc, nil
+	}
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				n.o.Logger.Warn("NATS connection lost", "err", err)
+				n.o.Logger.Warn("NATS connection lost", "connection", name, "err", err)
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			n.o.Logger.Info("NATS connection back", "server", nc.ConnectedUrlRedacted())
+			n.o.Logger.Info("NATS connection back", "connection", name, "server", nc.ConnectedUrlRedacted())
 		}),
 		// Asynchronous errors, such as a permission the account lacks, go
 		// to the node's log rather than to stderr.
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			n.o.Logger.Warn("NATS", "err", err)
+			n.o.Logger.Warn("NATS", "connection", name, "err", err)
 		}),
 	}
 	if n.o.Creds != "" {
 		// Read here, so that a file that is not there is named as such
 		// rather than retried as a connection that fails.
 		if _, err := os.ReadFile(n.o.Creds); err != nil {
-			return fmt.Errorf("%w: --nats-creds: %w", ErrConfig, err)
+			return nil, fmt.Errorf("%w: --nats-creds: %w", ErrConfig, err)
 		}
 		opts = append(opts, nats.UserCredentials(n.o.Creds))
 	}
 	if n.o.ClientTLS.set() || strings.HasPrefix(n.o.URL, "tls://") {
 		tc, err := clientTLS(n.o.ClientTLS, "--nats-tls")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		opts = append(opts, nats.Secure(tc))
 	}
 	nc, err := nats.Connect(n.o.URL, opts...)
 	if err != nil {
-		return fmt.Errorf("%w: --nats-url %s: %w", ErrConfig, where, err)
+		return nil, fmt.Errorf("%w: --nats-url %s: %w", ErrConfig, redactURLs(n.o.URL), err)
+	}
+	return nc, nil
+}
+
+// connect joins an existing NATS deployment at n.o.URL. Credentials the
+// deployment refuses end the wait at once, with ErrCredentials: a retry
+// would be refused again (nats.go closes a connection every server
+// refused twice).
+func (n *Node) connect(ctx context.Context) error {
+	where := redactURLs(n.o.URL)
+	nc, err := n.Connect(n.o.NodeName)
+	if err != nil {
+		return err
 	}
 	n.nc = nc
 	if n.js, err = jetstream.New(nc); err != nil {

@@ -44,6 +44,12 @@ type Options struct {
 	// LeafListen, when set, is the host:port this node accepts leaf-node
 	// links on: it is a hub for edge boxes.
 	LeafListen string
+	// LeafAdvertise is the host:port a hub tells the edge boxes linked to
+	// it to dial it on next time, instead of LeafListen's: its address as
+	// they see it, across NAT or a load balancer. A hub's other nodes'
+	// addresses reach its edge boxes the same way, so that an edge box
+	// redials another node of the hub when one is lost.
+	LeafAdvertise string
 	// LeafRemotes are hub URLs this node links out to as a leaf node
 	// (nats-leaf://host:7422, or tls://host:7422): it is an edge box. The
 	// link is dialed from here, so it passes NAT, and is redialed when it
@@ -85,11 +91,13 @@ type Options struct {
 	// and at one on a server alone. An embedded cluster uses min(3, its
 	// nodes).
 	Replicas int
-	// ElectionTimeout, when set, has the embedded server's raft groups
-	// (JetStream's streams and its meta group) elect a new leader after d
-	// to 2d without hearing from theirs, instead of NATS's 4 to 9 s: the
-	// floor of a failover when the lost node led them. It is the whole
-	// process's (see raft.go); at least 500ms.
+	// ElectionTimeout has the embedded server's raft groups (JetStream's
+	// streams and its meta group) elect a new leader after d to 2d
+	// without hearing from theirs, with heartbeats every d/4: the floor of
+	// a failover when the lost node led them. Zero means
+	// DefaultElectionTimeout on a cluster's node (Name set), NATS's own 4
+	// to 9 s elsewhere. It is the whole process's (see raft.go); at least
+	// 500ms.
 	ElectionTimeout time.Duration
 	// SyncAlways has the embedded server sync JetStream's files before it
 	// acknowledges a write, as a node's own store does under --sync always.
@@ -122,6 +130,13 @@ const defaultListen = "0.0.0.0:6222"
 // maxReplicas is JetStream's most replicas of a stream.
 const maxReplicas = 5
 
+// DefaultElectionTimeout is a cluster node's Options.ElectionTimeout
+// unless set: with it a leader's loss costs about 2 s (its lease and one
+// election), against 5 to 9 s with NATS's own timing. A node that stalls
+// for longer than it (a long GC pause, a starved VM) causes an election:
+// set a longer one on such hosts.
+const DefaultElectionTimeout = time.Second
+
 // defaultReadyTimeout bounds the wait for JetStream at start.
 const defaultReadyTimeout = 30 * time.Second
 
@@ -129,6 +144,9 @@ const defaultReadyTimeout = 30 * time.Second
 func (o *Options) check() error {
 	if o.ReadyTimeout <= 0 {
 		o.ReadyTimeout = defaultReadyTimeout
+	}
+	if o.ElectionTimeout == 0 && o.Name != "" {
+		o.ElectionTimeout = DefaultElectionTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -187,6 +205,14 @@ func (o *Options) check() error {
 	if o.LeafListen != "" {
 		if err := o.secure("--leaf-listen", o.LeafListen, o.LeafTLS, true); err != nil {
 			return err
+		}
+	}
+	if o.LeafAdvertise != "" {
+		if o.LeafListen == "" {
+			return fmt.Errorf("%w: --leaf-advertise is the address of --leaf-listen: set both", ErrConfig)
+		}
+		if _, _, err := hostPort(o.LeafAdvertise); err != nil {
+			return fmt.Errorf("%w: --leaf-advertise: %w", ErrConfig, err)
 		}
 	}
 	for _, r := range o.LeafRemotes {

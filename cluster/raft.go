@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"sync"
 	"time"
 	_ "unsafe" // go:linkname, below
 )
@@ -25,6 +26,10 @@ var raftMaxElection time.Duration
 //go:linkname raftHeartbeat github.com/nats-io/nats-server/v2/server.hbInterval
 var raftHeartbeat time.Duration
 
+// raftMu orders the nodes of one process (tests start several at once)
+// that set the timings: the variables it guards are the process's anyway.
+var raftMu sync.Mutex
+
 // minElectionTimeout bounds Options.ElectionTimeout from below: shorter,
 // a busy machine's scheduling delays alone would start elections.
 const minElectionTimeout = 500 * time.Millisecond
@@ -39,6 +44,13 @@ func setElectionTimeout(d time.Duration) error {
 	}
 	if d < minElectionTimeout {
 		return fmt.Errorf("%w: election timeout %s is below %s", ErrConfig, d, minElectionTimeout)
+	}
+	raftMu.Lock()
+	defer raftMu.Unlock()
+	if raftMinElection == d && raftMaxElection == 2*d && raftHeartbeat == d/4 {
+		// Set already, by an earlier server of this process (tests run
+		// several): writing again would race with its raft's reads.
+		return nil
 	}
 	raftMinElection, raftMaxElection, raftHeartbeat = d, 2*d, d/4
 	return nil

@@ -40,6 +40,12 @@ type Options struct {
 	Push Push
 	// Surfaces are the protocol surfaces mounted beside /v0.
 	Surfaces []protocol.Surface
+	// Edges, on a hub, passes requests under EdgePrefix on to the edge
+	// boxes linked to it; nil: those paths are this node's own (none).
+	Edges Edges
+	// EdgeName is this node's name as an edge box: the connections
+	// ServeEdge accepts are for EdgePrefix + EdgeName.
+	EdgeName string
 	// Sessions are the durable sessions executions may be filed under;
 	// nil: none (a session_id only labels the execution).
 	Sessions Sessions
@@ -308,6 +314,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
 		return
 	}
+	if fromHub(ctx) {
+		if err := s.edgeRequest(ctx); err != nil {
+			route = "refused"
+			s.writeError(ctx, err)
+			return
+		}
+	}
 	path := string(ctx.Path())
 	if err := s.checkHost(ctx); err != nil {
 		route = "refused"
@@ -318,6 +331,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		route = "refused"
 		s.refuse(ctx, s.surfaceAt(path), err)
 		return
+	}
+	if s.opts.Edges != nil {
+		if name, ok := edgeOf(path); ok {
+			route = EdgePrefix
+			s.passToEdge(ctx, name)
+			return
+		}
 	}
 	if s.serveUI(ctx) {
 		route = "/ui/"

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/bridge"
@@ -56,7 +57,9 @@ type Node struct {
 	// member is the cluster member this node leads for, if any.
 	member *Member
 	push   *webpush.Push // the Web Push channel, if any
-	o      Options
+	// tunnels is the NATS connection of the edge tunnels, if any.
+	tunnels *nats.Conn
+	o       Options
 	// closers release what Open built, last first.
 	closers closers
 }
@@ -200,6 +203,12 @@ func (n *Node) build(ctx context.Context) error {
 	if clusterSurface != nil {
 		so.Surfaces = append(so.Surfaces, clusterSurface)
 	}
+	if err := n.edgeHub(&so); err != nil {
+		return err
+	}
+	if name := n.edgeName(); name != "" {
+		so.EdgeName = name
+	}
 	srv, err := gateway.New(so)
 	if err != nil {
 		return err
@@ -215,6 +224,9 @@ func (n *Node) build(ctx context.Context) error {
 	rt.Start(o.Logger)
 	n.closers.push(release(rt.Close))
 	n.serve(srv, ln)
+	if err := n.serveEdge(srv); err != nil {
+		return err
+	}
 	n.closers.push(n.startRetention())
 	return nil
 }

@@ -142,13 +142,11 @@ type Relay struct {
 	// fasthttp's shutdown would wait for them (it closes only those idle
 	// between requests), so Shutdown closes them.
 	fresh map[net.Conn]struct{}
-	// splices are the relayed connections; pending maps a client
-	// connection to its splice until fasthttp hands the connection over.
-	splices map[*splice]struct{}
+	// pending maps a client connection to its splice until fasthttp hands
+	// the connection over.
 	pending map[net.Conn]*splice
-	wg      sync.WaitGroup
+	splices splices
 
-	open                                     atomic.Int64
 	relayed, toLeader, toClient              atomic.Uint64
 	refusedNoLeader, refusedUnreachable, ipN atomic.Uint64
 	refusedFull                              atomic.Uint64
@@ -182,7 +180,6 @@ func New(o Options) *Relay {
 		log:     o.Logger,
 		local:   make(map[string]struct{}, len(o.LocalPaths)),
 		fresh:   map[net.Conn]struct{}{},
-		splices: map[*splice]struct{}{},
 		pending: map[net.Conn]*splice{},
 	}
 	for _, p := range o.LocalPaths {
@@ -218,7 +215,7 @@ func New(o Options) *Relay {
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
 	return Stats{
-		Open:        r.open.Load(),
+		Open:        r.splices.open.Load(),
 		Relayed:     r.relayed.Load(),
 		ToLeader:    r.toLeader.Load(),
 		ToClient:    r.toClient.Load(),
@@ -253,11 +250,9 @@ func (r *Relay) Serve(ln net.Listener) error {
 func (r *Relay) Shutdown(ctx context.Context) error {
 	r.mu.Lock()
 	r.closing = true
-	for sp := range r.splices {
-		sp.close()
-	}
 	lns := r.lns
 	r.mu.Unlock()
+	r.splices.closeAll()
 	r.cancel()
 
 	// One accepted while fasthttp closes the listener may show up after a
@@ -284,10 +279,8 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		// Already closed by fasthttp, unless its Serve had not begun.
 		_ = ln.Close()
 	}
-	done := make(chan struct{})
-	go func() { r.wg.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-r.splices.wait():
 	case <-ctx.Done():
 		if err == nil {
 			err = ctx.Err()
@@ -327,7 +320,7 @@ func (r *Relay) connState(c net.Conn, st fasthttp.ConnState) {
 	}
 	r.mu.Unlock()
 	if abandoned != nil {
-		r.finish(abandoned)
+		r.splices.finish(abandoned)
 	}
 }
 
@@ -388,7 +381,7 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		r.o.Local(ctx)
 		return
 	}
-	if r.open.Load() >= int64(r.o.MaxConns) {
+	if r.splices.open.Load() >= int64(r.o.MaxConns) {
 		r.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errFull, &r.refusedFull)
 		return
 	}
@@ -421,12 +414,12 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		r.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeNoLeader, errShuttingDown, &r.refusedNoLeader)
 		return
 	}
-	n, err := r.writeFirst(ctx, leader)
+	n, err := writeFirst(ctx, leader, true)
 	r.toLeader.Add(uint64(n))
 	if err != nil {
 		r.log.Warn("leader unreachable", "leader", addr, "err", err)
 		r.unpend(client)
-		r.drop(sp)
+		r.splices.drop(sp)
 		r.refuse(ctx, fasthttp.StatusBadGateway, CodeLeaderUnreachable, errUnreachable, &r.refusedUnreachable)
 		return
 	}
@@ -435,7 +428,7 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		if r.unpend(client) {
-			r.run(sp, c)
+			r.splices.run(sp, c, &r.toLeader, &r.toClient, r.o.WriteTimeout)
 		}
 	})
 }
@@ -460,9 +453,10 @@ func (r *Relay) dial(addr string) (net.Conn, error) {
 	return nd.DialContext(ctx, "tcp", addr)
 }
 
-// writeFirst writes the request the relay read to the leader, marked as
-// relayed and with the client's address added to X-Forwarded-For.
-func (r *Relay) writeFirst(ctx *fasthttp.RequestCtx, leader net.Conn) (int64, error) {
+// writeFirst writes the request read from the client to the far side,
+// with the client's address added to X-Forwarded-For, and, when mark,
+// marked as relayed (RelayedHeader).
+func writeFirst(ctx *fasthttp.RequestCtx, far net.Conn, mark bool) (int64, error) {
 	h := &ctx.Request.Header
 	ip := clientIP(ctx.RemoteAddr())
 	if ip != "" {
@@ -473,21 +467,23 @@ func (r *Relay) writeFirst(ctx *fasthttp.RequestCtx, leader net.Conn) (int64, er
 		h.Del(fasthttp.HeaderXForwardedFor)
 		h.Set(fasthttp.HeaderXForwardedFor, fwd+ip)
 	}
-	h.Set(RelayedHeader, "1")
+	if mark {
+		h.Set(RelayedHeader, "1")
+	}
 	// fasthttp already answered 100 Continue and read the body.
 	h.Del(fasthttp.HeaderExpect)
-	if err := leader.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
+	if err := far.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
 		return 0, fmt.Errorf("relay: write request: %w", err)
 	}
 	// fasthttp writes a request whose URI it parsed (a server always does)
 	// with the URI rebuilt: this keeps its path as the client sent it, so
-	// that the leader routes it as it would have unrelayed.
+	// that the far side routes it as it would have unrelayed.
 	ctx.Request.URI().DisablePathNormalizing = true
-	n, err := ctx.Request.WriteTo(leader)
+	n, err := ctx.Request.WriteTo(far)
 	if err != nil {
 		return n, fmt.Errorf("relay: write request: %w", err)
 	}
-	if err := leader.SetWriteDeadline(time.Time{}); err != nil {
+	if err := far.SetWriteDeadline(time.Time{}); err != nil {
 		return n, fmt.Errorf("relay: write request: %w", err)
 	}
 	return n, nil
@@ -557,4 +553,29 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// begin registers the splice of client and leader, so that Shutdown
+// closes them; false once shutdown has begun. The splice is pending until
+// fasthttp hands the connection over (unpend).
+func (r *Relay) begin(client, leader net.Conn) (*splice, bool) {
+	sp, ok := r.splices.add(client, leader)
+	if !ok {
+		return nil, false
+	}
+	r.mu.Lock()
+	r.pending[client] = sp
+	r.mu.Unlock()
+	return sp, true
+}
+
+// unpend ends c's pending state and says whether it was pending: the one
+// of the hijack handler and connState that finds it runs or ends the
+// splice.
+func (r *Relay) unpend(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.pending[c]
+	delete(r.pending, c)
+	return ok
 }

@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// lingerTime bounds how long a client may still send once the leader has
-// closed its side: what it sends has nowhere to go, but closing its
+// lingerTime bounds how long a client may still send once the far side
+// has closed its own: what it sends has nowhere to go, but closing its
 // connection at once, with bytes of it unread, would reset the connection
-// and could discard the leader's last answer before the client reads it.
+// and could discard the far side's last answer before the client reads it.
 const lingerTime = 2 * time.Second
 
 // copyBufferBytes is the buffer of each direction of a splice. A splice
@@ -22,95 +22,107 @@ const lingerTime = 2 * time.Second
 // gain little on frames this size.
 const copyBufferBytes = 8 << 10
 
-// splice is one relayed connection: the client's, as the relay accepted
-// it, and the one the relay dialed to the leader.
+// splice is one passed-on connection: the client's, as it was accepted,
+// and the one dialed to the far side (the leader, or an edge box).
 type splice struct {
 	client net.Conn
-	leader net.Conn
+	far    net.Conn
 	once   sync.Once
 }
 
 // close closes both connections, which ends both directions of the copy.
 func (sp *splice) close() {
 	_ = sp.client.Close()
-	_ = sp.leader.Close()
+	_ = sp.far.Close()
 }
 
-// begin registers the splice of client and leader, so that Shutdown
-// closes them; false once shutdown has begun. The splice is pending until
-// fasthttp hands the connection over (unpend).
-func (r *Relay) begin(client, leader net.Conn) (*splice, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closing {
+// splices are the open splices of a Relay or an Edges: shutdown closes
+// them and waits for their copies to end.
+type splices struct {
+	mu      sync.Mutex
+	closing bool
+	set     map[*splice]struct{}
+	wg      sync.WaitGroup
+	open    atomic.Int64
+}
+
+// add registers a splice of client and far; false once shutdown has begun.
+func (s *splices) add(client, far net.Conn) (*splice, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
 		return nil, false
 	}
-	sp := &splice{client: client, leader: leader}
-	r.splices[sp] = struct{}{}
-	r.pending[client] = sp
-	r.wg.Add(1)
-	r.open.Add(1)
+	if s.set == nil {
+		s.set = map[*splice]struct{}{}
+	}
+	sp := &splice{client: client, far: far}
+	s.set[sp] = struct{}{}
+	s.wg.Add(1)
+	s.open.Add(1)
 	return sp, true
 }
 
-// unpend ends c's pending state and says whether it was pending: the one
-// of the hijack handler and connState that finds it runs or ends the
-// splice.
-func (r *Relay) unpend(c net.Conn) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.pending[c]
-	delete(r.pending, c)
-	return ok
-}
-
 // finish closes both connections of sp and forgets it.
-func (r *Relay) finish(sp *splice) {
-	r.end(sp, sp.close)
-}
+func (s *splices) finish(sp *splice) { s.end(sp, sp.close) }
 
-// drop closes the leader's side of sp only and forgets it: the relay
-// still answers the client itself.
-func (r *Relay) drop(sp *splice) {
-	r.end(sp, func() { _ = sp.leader.Close() })
-}
+// drop closes the far side of sp only and forgets it: the client is still
+// answered by this node.
+func (s *splices) drop(sp *splice) { s.end(sp, func() { _ = sp.far.Close() }) }
 
-func (r *Relay) end(sp *splice, closeConns func()) {
+func (s *splices) end(sp *splice, closeConns func()) {
 	sp.once.Do(func() {
 		closeConns()
-		r.mu.Lock()
-		delete(r.splices, sp)
-		r.mu.Unlock()
-		r.open.Add(-1)
-		r.wg.Done()
+		s.mu.Lock()
+		delete(s.set, sp)
+		s.mu.Unlock()
+		s.open.Add(-1)
+		s.wg.Done()
 	})
 }
 
+// closeAll refuses new splices and closes every open one.
+func (s *splices) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing = true
+	for sp := range s.set {
+		sp.close()
+	}
+}
+
+// wait returns once every splice has ended.
+func (s *splices) wait() <-chan struct{} {
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	return done
+}
+
 // run copies both ways between the client's hijacked connection c (which
-// reads first what fasthttp buffered past the first request) and the
-// leader, until either side is done. A side that ends its sending (EOF) is
-// half-closed through to the other, which may still answer; any error
-// closes both.
-func (r *Relay) run(sp *splice, c net.Conn) {
-	defer r.finish(sp)
-	up := make(chan struct{})
+// reads first what fasthttp buffered past the first request) and the far
+// side, counting the bytes into up and down, until either side is done,
+// and then finishes sp. A side that ends its sending (EOF) is half-closed
+// through to the other, which may still answer; any error closes both.
+func (s *splices) run(sp *splice, c net.Conn, up, down *atomic.Uint64, timeout time.Duration) {
+	defer s.finish(sp)
+	sent := make(chan struct{})
 	go func() {
-		defer close(up)
-		if err := pipe(sp.leader, c, &r.toLeader, r.o.WriteTimeout); err != nil {
+		defer close(sent)
+		if err := pipe(sp.far, c, up, timeout); err != nil {
 			sp.close()
 			return
 		}
-		closeWrite(sp.leader)
+		closeWrite(sp.far)
 	}()
-	if err := pipe(c, sp.leader, &r.toClient, r.o.WriteTimeout); err != nil {
+	if err := pipe(c, sp.far, down, timeout); err != nil {
 		sp.close()
 	} else {
 		closeWrite(sp.client)
-		// The leader is done with this connection: the client's side
+		// The far side is done with this connection: the client's side
 		// lingers only briefly.
 		_ = sp.client.SetReadDeadline(time.Now().Add(lingerTime))
 	}
-	<-up
+	<-sent
 }
 
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}

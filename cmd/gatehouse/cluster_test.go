@@ -354,6 +354,8 @@ func TestClusterServeRefusesBadFlags(t *testing.T) {
 		{[]string{"--nats-url", "nats://127.0.0.1:4222", "--cluster-name", "gh"}, "--nats-url joins an existing deployment"},
 		{[]string{"--nats-listen", "0.0.0.0:4222"}, "listen on loopback only"},
 		{[]string{"--in-memory", "--node-name", "n1"}, "needs a data folder"},
+		{[]string{"--node-name", "hub", "--leaf-advertise", "hub.example:7422"}, "--leaf-advertise is the address of --leaf-listen"},
+		{[]string{"--node-name", "hub", "--leaf-listen", "127.0.0.1:0", "--leaf-advertise", "hub.example"}, "--leaf-advertise"},
 	} {
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", dir}, tc.args...)
 		if slices.Contains(tc.args, "--in-memory") {

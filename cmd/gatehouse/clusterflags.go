@@ -14,6 +14,7 @@ type clusterFlags struct {
 	name, nodeName, listen, peers string
 	clientListen, domain          string
 	leafListen, leafRemotes       string
+	leafAdvertise                 string
 	url, creds, advertise         string
 	routeTLS, leafTLS, natsTLS    cluster.TLSFiles
 	insecure                      bool
@@ -30,11 +31,12 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.routeTLS.Key, "cluster-tls-key", "", "the private key (PEM `file`) of --cluster-tls-cert")
 	fs.StringVar(&c.routeTLS.CA, "cluster-tls-ca", "", "the CA (PEM `file`) that signs every node's route certificate; no other is trusted")
 	fs.BoolVar(&c.insecure, "cluster-insecure", false, "allow routes and leaf links in clear text on addresses other than loopback (a network private end to end)")
-	fs.DurationVar(&c.election, "cluster-election-timeout", 0, "how long JetStream's raft groups wait without a heartbeat before electing a new leader: that `duration` to twice it (default: NATS's 4s to 9s; at least 500ms; see docs/cluster.md)")
+	fs.DurationVar(&c.election, "cluster-election-timeout", 0, "how long JetStream's raft groups wait without a heartbeat before electing a new leader: that `duration` to twice it (default 1s in a cluster: a failover in about 2s; 4s is about NATS's own timing; at least 500ms; see docs/cluster.md)")
 	fs.DurationVar(&c.readyTimeout, "cluster-ready-timeout", 30*time.Second, "how long start waits for JetStream (in a cluster, for a quorum of the nodes to elect a meta leader)")
 	fs.StringVar(&c.clientListen, "nats-listen", "", "loopback `host:port` where NATS clients (the nats CLI) may reach the embedded server; empty: none")
 	fs.StringVar(&c.domain, "nats-domain", "", "this node's JetStream `domain`: an edge box's own, so that its JetStream stays its own while linked to a hub")
 	fs.StringVar(&c.leafListen, "leaf-listen", "", "`host:port` to accept leaf-node links from edge boxes on (a hub)")
+	fs.StringVar(&c.leafAdvertise, "leaf-advertise", "", "`host:port` a hub tells its edge boxes to redial it on, when --leaf-listen is not what they reach (NAT, a load balancer)")
 	fs.StringVar(&c.leafRemotes, "leaf-remote", "", "comma-separated hub `URL`s (tls://host:7422, or nats-leaf://) this node links out to as a leaf node (an edge box)")
 	fs.StringVar(&c.leafTLS.Cert, "leaf-tls-cert", "", "certificate (PEM `file`) for leaf links: a hub's served certificate, or the one an edge box presents")
 	fs.StringVar(&c.leafTLS.Key, "leaf-tls-key", "", "the private key (PEM `file`) of --leaf-tls-cert")
@@ -54,7 +56,7 @@ func (c *clusterFlags) apply(o *node.Options) {
 	o.Cluster = cluster.Options{
 		Name: c.name, NodeName: c.nodeName, Listen: c.listen, Peers: splitList(c.peers),
 		ClientListen: c.clientListen, Domain: c.domain,
-		LeafListen: c.leafListen, LeafRemotes: splitList(c.leafRemotes),
+		LeafListen: c.leafListen, LeafAdvertise: c.leafAdvertise, LeafRemotes: splitList(c.leafRemotes),
 		URL: c.url, Creds: c.creds, Replicas: c.replicas,
 		RouteTLS: c.routeTLS, LeafTLS: c.leafTLS, ClientTLS: c.natsTLS,
 		Insecure: c.insecure, ReadyTimeout: c.readyTimeout, ElectionTimeout: c.election,

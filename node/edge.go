@@ -1,0 +1,128 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/relay"
+	"github.com/gatehouse-dev/gatehouse/tunnel"
+)
+
+// EdgeSubject is the NATS subject on which the edge box named name takes
+// the connections its hubs pass on (a tunnel's dial requests). Core NATS
+// carries it across the leaf link, and across a hub cluster's routes.
+func EdgeSubject(name string) string { return "gatehouse.edge." + name + ".dial" }
+
+// edgeHub gives a node with a NATS side its hub part: requests under
+// gateway.EdgePrefix are passed on to the edge box they name, through a
+// tunnel over NATS. Its release closes what was passed on.
+func (n *Node) edgeHub(so *gateway.Options) error {
+	if n.Cluster == nil {
+		return nil
+	}
+	nc, err := n.tunnelConn()
+	if err != nil {
+		return err
+	}
+	edges := relay.NewEdges(relay.EdgeOptions{
+		Dial: func(ctx context.Context, name string) (net.Conn, error) {
+			c, err := tunnel.Dial(ctx, nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
+			switch {
+			case errors.Is(err, tunnel.ErrNoListener):
+				return nil, fmt.Errorf("%w: %w", relay.ErrEdgeNotLinked, err)
+			case err != nil:
+				return nil, err
+			}
+			return c, nil
+		},
+		WriteTimeout: so.WriteTimeout,
+		MaxConns:     so.MaxConns,
+		Logger:       n.log.With("component", "edges"),
+	})
+	if err := so.Registry.Register(newEdgeCollector(edges)); err != nil {
+		return fmt.Errorf("node: edge metrics: %w", err)
+	}
+	so.Edges = edges
+	n.closers.push(edges.Shutdown)
+	return nil
+}
+
+// newEdgeCollector exports a hub's figures of what it passed on to edge
+// boxes.
+func newEdgeCollector(e *relay.Edges) prometheus.Collector {
+	c := gateway.NewSnapshotCollector(e.Stats)
+	c.Gauge("gatehouse_edge_connections", "Client connections this hub passes on to edge boxes now.", func(s relay.EdgeStats) float64 { return float64(s.Open) })
+	c.Counter("gatehouse_edge_passed_total", "Client connections passed on to edge boxes.", func(s relay.EdgeStats) float64 { return float64(s.Passed) })
+	c.Counter("gatehouse_edge_sent_bytes_total", "Bytes passed from clients to edge boxes.", func(s relay.EdgeStats) float64 { return float64(s.ToEdge) })
+	c.Counter("gatehouse_edge_received_bytes_total", "Bytes passed from edge boxes to clients.", func(s relay.EdgeStats) float64 { return float64(s.ToClient) })
+	c.Counter("gatehouse_edge_not_linked_total", "Requests for an edge box that was not linked (503 EDGE_NOT_LINKED).", func(s relay.EdgeStats) float64 { return float64(s.NotLinked) })
+	c.Counter("gatehouse_edge_full_total", "Requests for an edge box refused while the hub passed on as many connections as it may (503 SERVICE_UNAVAILABLE).", func(s relay.EdgeStats) float64 { return float64(s.Full) })
+	c.Counter("gatehouse_edge_unreachable_total", "Requests for a linked edge box that could not be passed on (502 EDGE_UNREACHABLE).", func(s relay.EdgeStats) float64 { return float64(s.Unreachable) })
+	return c
+}
+
+// edgeName is the name this node goes by as an edge box, if it is one: a
+// node that links out to a hub as a leaf node.
+func (n *Node) edgeName() string {
+	if n.Cluster == nil || len(n.o.Cluster.LeafRemotes) == 0 {
+		return ""
+	}
+	return n.o.Cluster.NodeName
+}
+
+// serveEdge serves, on an edge box, the connections its hubs pass on, with
+// srv. An edge box with no token serves none (the gateway refuses each
+// with 403), and one whose name cannot name a subject takes none.
+func (n *Node) serveEdge(srv *gateway.Server) error {
+	name := n.edgeName()
+	if name == "" {
+		return nil
+	}
+	if !gateway.ValidEdgeName(name) {
+		n.log.Warn("this edge box's name cannot be reached through its hub: give it a --node-name of letters, digits, '-' and '_'", "node", name)
+		return nil
+	}
+	if n.Auth.Open() {
+		n.log.Warn("this edge box has no token: requests its hub passes on are refused (403 EDGE_TOKEN_REQUIRED)", "node", name)
+	}
+	nc, err := n.tunnelConn()
+	if err != nil {
+		return err
+	}
+	ln, err := tunnel.Listen(nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("node: edge: %w", err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeEdge(ln) }()
+	// Released before the server's shutdown, which closes the connections
+	// accepted meanwhile.
+	n.closers.push(func(context.Context) error {
+		_ = ln.Close()
+		return <-served
+	})
+	return nil
+}
+
+// tunnelConn is the node's NATS connection for tunnels, opened on first
+// use: their own, apart from the one the journal and the lease use, so
+// that tunnels the server cuts off as a slow consumer take nothing else
+// with them. Its release closes it after every tunnel's.
+func (n *Node) tunnelConn() (*nats.Conn, error) {
+	if n.tunnels != nil {
+		return n.tunnels, nil
+	}
+	nc, err := n.Cluster.Connect(n.o.Cluster.NodeName + "-tunnels")
+	if err != nil {
+		return nil, fmt.Errorf("node: tunnels: %w", err)
+	}
+	n.tunnels = nc
+	n.closers.push(release(nc.Close))
+	return nc, nil
+}

@@ -1,0 +1,195 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/internal/option"
+)
+
+// The codes of a hub's refusals of requests for an edge box, in the /v0
+// error envelope.
+const (
+	// CodeEdgeNotLinked: no edge box of that name is linked to the hub now
+	// (503, Retry-After: 1); the link may be down, or the name unknown.
+	CodeEdgeNotLinked = "EDGE_NOT_LINKED"
+	// CodeEdgeUnreachable: the edge box is linked but did not take the
+	// connection in time, refused it, or the request could not be written
+	// to it (502, Retry-After: 1).
+	CodeEdgeUnreachable = "EDGE_UNREACHABLE"
+)
+
+// ErrEdgeNotLinked is what EdgeOptions.Dial wraps when no edge box of the
+// name listens: the answer is then 503 CodeEdgeNotLinked rather than 502.
+var ErrEdgeNotLinked = errors.New("edge not linked")
+
+// EdgeOptions configure an Edges. Dial is required.
+type EdgeOptions struct {
+	// Dial connects to the gateway of the edge box named name.
+	Dial func(ctx context.Context, name string) (net.Conn, error)
+	// DialTimeout bounds Dial; zero: 3s.
+	DialTimeout time.Duration
+	// WriteTimeout bounds a write to either side that makes no progress;
+	// zero: the gateway's.
+	WriteTimeout time.Duration
+	// MaxConns bounds the connections passed on at once; past it a request
+	// for an edge box gets 503 SERVICE_UNAVAILABLE (zero: the gateway's
+	// MaxConns). A connection passed on no longer counts against the
+	// gateway's own bound, which counts the requests being read.
+	MaxConns int
+	Logger   *slog.Logger
+}
+
+// EdgeStats are an Edges' counters since NewEdges, for metrics.
+type EdgeStats struct {
+	// Open is the number of connections passed on now; Passed counts them
+	// all.
+	Open   int64
+	Passed uint64
+	// ToEdge and ToClient count the bytes passed each way.
+	ToEdge, ToClient uint64
+	// NotLinked and Unreachable count the refusals (503 and 502), Full
+	// those past MaxConns (503).
+	NotLinked, Unreachable, Full uint64
+}
+
+// Edges passes a hub's client connections on to the edge boxes linked to
+// it. The hub's gateway reads a request for an edge box itself, with its
+// own bounds, and hands it to Pass, which dials the edge box, writes the
+// request there and splices the two connections: every later request of
+// that connection, and a stream or WebSocket it opens, goes to the same
+// edge box. The edge box authenticates and serves them as its own
+// clients.
+type Edges struct {
+	o       EdgeOptions
+	log     *slog.Logger
+	splices splices
+	// base is cancelled when shutdown begins: dials in flight give up.
+	base   context.Context
+	cancel context.CancelFunc
+
+	passed, toEdge, toClient atomic.Uint64
+	notLinked, unreachable   atomic.Uint64
+	full                     atomic.Uint64
+}
+
+// unclaimedAfter bounds how long a dialed edge connection waits for
+// fasthttp to hand the client's over; fasthttp skips the hand-over only
+// when the client's connection has already failed.
+const unclaimedAfter = 10 * time.Second
+
+// NewEdges builds an Edges; EdgeOptions.Dial is required.
+func NewEdges(o EdgeOptions) *Edges {
+	option.Default(&o.DialTimeout, dialTimeout)
+	option.Default(&o.WriteTimeout, gateway.Defaults().WriteTimeout)
+	option.Default(&o.MaxConns, gateway.Defaults().MaxConns)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	e := &Edges{o: o, log: o.Logger}
+	e.base, e.cancel = context.WithCancel(context.Background())
+	return e
+}
+
+// Stats returns the counters.
+func (e *Edges) Stats() EdgeStats {
+	return EdgeStats{
+		Open: e.splices.open.Load(), Passed: e.passed.Load(),
+		ToEdge: e.toEdge.Load(), ToClient: e.toClient.Load(),
+		NotLinked: e.notLinked.Load(), Unreachable: e.unreachable.Load(), Full: e.full.Load(),
+	}
+}
+
+// Pass answers ctx by passing its connection on to the edge box named
+// name, or refuses it in the /v0 error envelope when the edge box cannot
+// be reached.
+func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
+	if e.splices.open.Load() >= int64(e.o.MaxConns) {
+		e.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errHubFull, &e.full)
+		return
+	}
+	// Not ctx: fasthttp reuses a RequestCtx, which makes it no parent for
+	// a context that may outlive the request.
+	dctx, cancel := context.WithTimeout(e.base, e.o.DialTimeout)
+	far, err := e.o.Dial(dctx, name)
+	cancel()
+	switch {
+	case errors.Is(err, ErrEdgeNotLinked):
+		e.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeEdgeNotLinked, errEdgeNotLinked, &e.notLinked)
+		return
+	case err != nil:
+		e.log.Warn("edge unreachable", "edge", name, "err", err)
+		e.refuse(ctx, fasthttp.StatusBadGateway, CodeEdgeUnreachable, errEdgeUnreachable, &e.unreachable)
+		return
+	}
+	sp, ok := e.splices.add(ctx.Conn(), far)
+	if !ok {
+		_ = far.Close()
+		e.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errHubShuttingDown, nil)
+		return
+	}
+	n, err := writeFirst(ctx, far, false)
+	e.toEdge.Add(uint64(n))
+	if err != nil {
+		e.log.Warn("edge unreachable", "edge", name, "err", err)
+		e.splices.drop(sp)
+		e.refuse(ctx, fasthttp.StatusBadGateway, CodeEdgeUnreachable, errEdgeUnreachable, &e.unreachable)
+		return
+	}
+	e.passed.Add(1)
+	var claimed atomic.Bool
+	unclaimed := time.AfterFunc(unclaimedAfter, func() {
+		if claimed.CompareAndSwap(false, true) {
+			e.splices.finish(sp)
+		}
+	})
+	// No answer of this node's: the edge box's comes through the splice.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		unclaimed.Stop()
+		if claimed.CompareAndSwap(false, true) {
+			e.splices.run(sp, c, &e.toEdge, &e.toClient, e.o.WriteTimeout)
+		} else {
+			_ = c.Close()
+		}
+	})
+}
+
+// Shutdown closes every connection passed on (their clients reconnect)
+// and waits, bounded by ctx, for the copies to end.
+func (e *Edges) Shutdown(ctx context.Context) error {
+	e.splices.closeAll()
+	e.cancel()
+	select {
+	case <-e.splices.wait():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Errors answered to clients of a hub.
+var (
+	errEdgeNotLinked   = errors.New("edge not linked: no edge box of this name is linked to this hub now; retry shortly")
+	errEdgeUnreachable = errors.New("edge unreachable: the edge box did not take the connection; retry shortly")
+	errHubFull         = errors.New("service unavailable: this hub passes on as many connections to edge boxes as it may; retry shortly")
+	errHubShuttingDown = errors.New("service unavailable: this node is shutting down; retry shortly")
+)
+
+// refuse answers a request that could not be passed on, counting it into
+// n unless nil, and closes the connection after the answer.
+func (e *Edges) refuse(ctx *fasthttp.RequestCtx, status int, code string, err error, n *atomic.Uint64) {
+	if n != nil {
+		n.Add(1)
+	}
+	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+	ctx.SetConnectionClose()
+	writeError(ctx, status, code, err)
+}

@@ -1,0 +1,270 @@
+package relay_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/node"
+	"github.com/gatehouse-dev/gatehouse/node/nodetest"
+	"github.com/gatehouse-dev/gatehouse/relay"
+)
+
+const edgeToken = "edge-token-0123456789"
+
+// edgeBox starts a real node as the edge box named name (with a token
+// unless open) and serves its hub's side on a fresh loopback listener, as
+// a tunnel's listener would be: the returned address is where a hub
+// dials it.
+func edgeBox(t *testing.T, name string, open bool) (*nodetest.Server, string) {
+	t.Helper()
+	o := node.Options{InMemory: true, Server: gateway.Options{Heartbeat: 200 * time.Millisecond, EdgeName: name}}
+	if !open {
+		o.Auth = auth.Options{StaticToken: edgeToken}
+	}
+	s := nodetest.Start(t, o)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Node.Server.ServeEdge(ln) }()
+	return s, ln.Addr().String()
+}
+
+// hubOf starts a real node as a hub whose Edges dial with dial.
+func hubOf(t *testing.T, dial func(ctx context.Context, name string) (net.Conn, error)) (*relay.Edges, *nodetest.Server) {
+	t.Helper()
+	return hubWith(t, relay.EdgeOptions{Dial: dial, WriteTimeout: 2 * time.Second})
+}
+
+// hubWith starts a real node as a hub with Edges built from o.
+func hubWith(t *testing.T, o relay.EdgeOptions) (*relay.Edges, *nodetest.Server) {
+	t.Helper()
+	e := relay.NewEdges(o)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.Shutdown(ctx); err != nil {
+			t.Errorf("edges shutdown: %v", err)
+		}
+	})
+	return e, nodetest.Start(t, node.Options{InMemory: true, Server: gateway.Options{Edges: e}})
+}
+
+// dialTo dials addr for the edge box named want, and says an edge of any
+// other name is not linked.
+func dialTo(want, addr string) func(ctx context.Context, name string) (net.Conn, error) {
+	return func(ctx context.Context, name string) (net.Conn, error) {
+		if name != want {
+			return nil, fmt.Errorf("%w: %s", relay.ErrEdgeNotLinked, name)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+}
+
+func authed(req string) string {
+	return strings.Replace(req, "\r\n\r\n", "\r\nAuthorization: Bearer "+edgeToken+"\r\n\r\n", 1)
+}
+
+// TestEdgesPassAConnectionToTheEdgeBoxItNames sends requests for an edge
+// box to a hub on one connection: the first is passed on with its
+// connection, the next on that connection reach the edge box too and are
+// served as its own paths, with its token; an execution created there is
+// the edge box's, not the hub's; an SSE stream of it opened through the
+// hub gets an event published after it opened. A request on that
+// connection for the hub's own paths is refused by the edge box (421),
+// which closes the connection.
+func TestEdgesPassAConnectionToTheEdgeBoxItNames(t *testing.T) {
+	edge, addr := edgeBox(t, "e1", false)
+	edges, hub := hubOf(t, dialTo("e1", addr))
+	host := hostOf(hub.URL)
+
+	rc := dialRaw(t, hub.URL)
+	rc.write(authed(post("/edge/e1/v0/executions", host, `{"agent_id":"a"}`)))
+	resp, body := rc.read()
+	if resp.StatusCode != http.StatusCreated || !strings.Contains(body, `"id"`) {
+		t.Fatalf("create through the hub: %d %s", resp.StatusCode, body)
+	}
+	id := strings.Split(strings.Split(body, `"id":"`)[1], `"`)[0]
+	rc.write(authed(get("/edge/e1/v0/executions/"+id, host)))
+	if resp, body := rc.read(); resp.StatusCode != http.StatusOK || !strings.Contains(body, id) {
+		t.Fatalf("get on the passed connection: %d %s", resp.StatusCode, body)
+	}
+	st, _, _ := nodetest.Do(t, nil, "GET", edge.URL+"/v0/executions/"+id, nil, "Authorization", "Bearer "+edgeToken)
+	if st != http.StatusOK {
+		t.Fatalf("the execution on the edge box itself: %d", st)
+	}
+	if st, _, _ := nodetest.Do(t, nil, "GET", hub.URL+"/v0/executions/"+id, nil); st != http.StatusNotFound {
+		t.Fatalf("the execution on the hub: %d, want 404 (it is the edge box's)", st)
+	}
+	rc.write(authed(get("/v0/executions/"+id, host)))
+	resp, body = rc.read()
+	if resp.StatusCode != http.StatusMisdirectedRequest || !strings.Contains(body, gateway.CodeEdgeMisdirected) || !resp.Close {
+		t.Fatalf("a hub path on a connection passed on: %d %s close=%v", resp.StatusCode, body, resp.Close)
+	}
+
+	sse := dialRaw(t, hub.URL)
+	sse.write(authed(get("/edge/e1/v0/executions/"+id+"/stream", host)))
+	sresp, err := http.ReadResponse(sse.br, nil)
+	if err != nil || sresp.StatusCode != http.StatusOK {
+		t.Fatalf("stream through the hub: %v %v", sresp, err)
+	}
+	st, _, _ = nodetest.Do(t, nil, "POST", edge.URL+"/v0/executions/"+id+"/signal", map[string]any{"signal_type": "ping"}, "Authorization", "Bearer "+edgeToken)
+	if st != http.StatusOK && st != http.StatusAccepted {
+		t.Fatalf("signal on the edge box: %d", st)
+	}
+	br := bufio.NewReader(sresp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream through the hub ended before the signal: %v", err)
+		}
+		if strings.Contains(line, "signal.received") || strings.Contains(line, `"ping"`) {
+			break
+		}
+	}
+	if s := edges.Stats(); s.Passed != 2 || s.Open < 1 || s.ToEdge == 0 || s.ToClient == 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestEdgesRefuseWhatCannotReachAnEdgeBox: a name with no edge box linked
+// is 503 EDGE_NOT_LINKED, a dial that fails otherwise 502
+// EDGE_UNREACHABLE, both with Retry-After and the connection closed; a
+// name that cannot name an edge box is 400 before any dial.
+func TestEdgesRefuseWhatCannotReachAnEdgeBox(t *testing.T) {
+	var dials atomic.Int32
+	_, hub := hubOf(t, func(ctx context.Context, name string) (net.Conn, error) {
+		dials.Add(1)
+		if name == "gone" {
+			return nil, relay.ErrEdgeNotLinked
+		}
+		return nil, errors.New("refused")
+	})
+	for _, tc := range []struct {
+		path   string
+		status int
+		code   string
+		dial   bool
+	}{
+		{"/edge/gone/v0/executions", http.StatusServiceUnavailable, relay.CodeEdgeNotLinked, true},
+		{"/edge/busy/v0/executions", http.StatusBadGateway, relay.CodeEdgeUnreachable, true},
+		{"/edge/a.b/v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
+		{"/edge/a%20b/v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
+		{"/edge/" + strings.Repeat("n", 65) + "/v0/executions", http.StatusBadRequest, gateway.CodeValidation, false},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			before := dials.Load()
+			rc := dialRaw(t, hub.URL)
+			rc.write(get(tc.path, hostOf(hub.URL)))
+			resp, body := rc.read()
+			if resp.StatusCode != tc.status || !strings.Contains(body, `"code":"`+tc.code+`"`) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if tc.status != http.StatusBadRequest && (resp.Header.Get("Retry-After") != "1" || !resp.Close) {
+				t.Fatalf("headers %v close=%v", resp.Header, resp.Close)
+			}
+			if dialed := dials.Load() != before; dialed != tc.dial {
+				t.Fatalf("dialed %v, want %v", dialed, tc.dial)
+			}
+		})
+	}
+}
+
+// TestEdgeBoxServesItsHubOnlyUnderItsNameAndWithAToken: on the edge box's
+// side, a connection from its hub is served only for paths under
+// /edge/<its name>/ (the prefix ends at a path segment), and not at all
+// by an edge box with no token, which trusts whoever reaches it.
+func TestEdgeBoxServesItsHubOnlyUnderItsNameAndWithAToken(t *testing.T) {
+	_, addr := edgeBox(t, "e1", false)
+	_, openAddr := edgeBox(t, "e1", true)
+	for _, tc := range []struct {
+		name, addr, path string
+		status           int
+		code             string
+	}{
+		{"its name", addr, "/edge/e1/v0/executions", http.StatusOK, ""},
+		{"its ui", addr, "/edge/e1/ui/", http.StatusOK, ""},
+		{"its name alone", addr, "/edge/e1", http.StatusNotFound, ""},
+		{"another box", addr, "/edge/e2/v0/executions", http.StatusMisdirectedRequest, gateway.CodeEdgeMisdirected},
+		{"a longer name", addr, "/edge/e1x/v0/executions", http.StatusMisdirectedRequest, gateway.CodeEdgeMisdirected},
+		{"no prefix", addr, "/v0/executions", http.StatusMisdirectedRequest, gateway.CodeEdgeMisdirected},
+		{"a way out of the prefix", addr, "/edge/e1/../../v0/executions", http.StatusMisdirectedRequest, gateway.CodeEdgeMisdirected},
+		{"no token", openAddr, "/edge/e1/v0/executions", http.StatusForbidden, gateway.CodeEdgeTokenRequired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := dialRaw(t, "http://"+tc.addr)
+			rc.write(authed(get(tc.path, "127.0.0.1")))
+			resp, body := rc.read()
+			if resp.StatusCode != tc.status || (tc.code != "" && !strings.Contains(body, `"code":"`+tc.code+`"`)) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+		})
+	}
+}
+
+// TestEdgesShutdownClosesWhatWasPassedOn: the hub's Shutdown ends the
+// connections it passed on, so their clients reconnect.
+func TestEdgesShutdownClosesWhatWasPassedOn(t *testing.T) {
+	_, addr := edgeBox(t, "e1", false)
+	edges, hub := hubOf(t, dialTo("e1", addr))
+	rc := dialRaw(t, hub.URL)
+	rc.write(authed(get("/edge/e1/v0/executions", hostOf(hub.URL))))
+	if resp, body := rc.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := edges.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "the passed connection closed", func() bool {
+		_ = rc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err := rc.br.ReadByte()
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	})
+	if s := edges.Stats(); s.Open != 0 {
+		t.Fatalf("open after shutdown: %+v", s)
+	}
+}
+
+// TestEdgesRefuseAConnectionPastMaxConns: a hub passes on at most
+// MaxConns connections at once; the next request for an edge box is
+// refused with 503 until one ends.
+func TestEdgesRefuseAConnectionPastMaxConns(t *testing.T) {
+	_, addr := edgeBox(t, "e1", false)
+	edges, hub := hubWith(t, relay.EdgeOptions{Dial: dialTo("e1", addr), MaxConns: 1})
+	host := hostOf(hub.URL)
+	first := dialRaw(t, hub.URL)
+	first.write(authed(get("/edge/e1/v0/executions", host)))
+	if resp, body := first.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.StatusCode, body)
+	}
+	second := dialRaw(t, hub.URL)
+	second.write(authed(get("/edge/e1/v0/executions", host)))
+	if resp, body := second.read(); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, gateway.CodeUnavailable) {
+		t.Fatalf("past MaxConns: %d %s", resp.StatusCode, body)
+	}
+	_ = first.c.Close()
+	eventually.True(t, "the first connection's splice ended", func() bool { return edges.Stats().Open == 0 })
+	third := dialRaw(t, hub.URL)
+	third.write(authed(get("/edge/e1/v0/executions", host)))
+	if resp, body := third.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the first ended: %d %s", resp.StatusCode, body)
+	}
+	if s := edges.Stats(); s.Full != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
