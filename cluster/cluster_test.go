@@ -106,9 +106,13 @@ func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 		t.Fatalf("create R3 stream: %v", err)
 	}
 	for i := range 3 {
-		if _, err := nodes[0].JetStream().Publish(ctx, "r3.x", fmt.Appendf(nil, "m%d", i)); err != nil {
-			t.Fatalf("publish: %v", err)
-		}
+		// A new stream answers once its replicas have elected a leader,
+		// which a loaded machine may take longer for than the client's
+		// own retries; the message id keeps a retried publish stored once.
+		eventually.Check(t, func() error {
+			_, err := nodes[0].JetStream().Publish(ctx, "r3.x", fmt.Appendf(nil, "m%d", i), jetstream.WithMsgID(fmt.Sprint("m", i)))
+			return err
+		})
 	}
 	s, err := nodes[2].JetStream().Stream(ctx, "R3")
 	if err != nil {
