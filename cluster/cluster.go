@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -30,6 +31,11 @@ import (
 // within Options.ReadyTimeout: in a cluster, no quorum of the nodes was up
 // to elect a meta leader.
 var ErrNotReady = errors.New("cluster: JetStream not ready")
+
+// ErrCredentials is returned by Start when the NATS deployment of
+// Options.URL refuses the node's credentials: the user and password (or
+// token) in the URL, or the Options.Creds file.
+var ErrCredentials = errors.New("cluster: the NATS deployment refused this node's credentials (the user in --nats-url, or --nats-creds)")
 
 // StoreFolder is the folder of the data folder the embedded server keeps
 // JetStream in.
@@ -217,13 +223,25 @@ func (n *Node) Connect(name string) (*nats.Conn, error) {
 	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			n.o.Logger.Warn("NATS connection lost", "connection", name, "err", err)
+			if err != nil {
+				n.o.Logger.Warn("NATS connection lost", "connection", name, "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			n.o.Logger.Info("NATS connection back", "connection", name, "server", nc.ConnectedUrlRedacted())
 		}),
+		// Asynchronous errors, such as a permission the account lacks, go
+		// to the node's log rather than to stderr.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			n.o.Logger.Warn("NATS", "connection", name, "err", err)
+		}),
 	}
 	if n.o.Creds != "" {
+		// Read here, so that a file that is not there is named as such
+		// rather than retried as a connection that fails.
+		if _, err := os.ReadFile(n.o.Creds); err != nil {
+			return nil, fmt.Errorf("%w: --nats-creds: %w", ErrConfig, err)
+		}
 		opts = append(opts, nats.UserCredentials(n.o.Creds))
 	}
 	if n.o.ClientTLS.set() || strings.HasPrefix(n.o.URL, "tls://") {
@@ -235,13 +253,17 @@ func (n *Node) Connect(name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(n.o.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: connect to %s: %w", n.o.URL, err)
+		return nil, fmt.Errorf("%w: --nats-url %s: %w", ErrConfig, redactURLs(n.o.URL), err)
 	}
 	return nc, nil
 }
 
-// connect joins an existing NATS deployment at n.o.URL.
+// connect joins an existing NATS deployment at n.o.URL. Credentials the
+// deployment refuses end the wait at once, with ErrCredentials: a retry
+// would be refused again (nats.go closes a connection every server
+// refused twice).
 func (n *Node) connect(ctx context.Context) error {
+	where := redactURLs(n.o.URL)
 	nc, err := n.Connect(n.o.NodeName)
 	if err != nil {
 		return err
@@ -252,13 +274,58 @@ func (n *Node) connect(ctx context.Context) error {
 	}
 	return n.waitReady(ctx, func() error {
 		if !nc.IsConnected() {
-			return fmt.Errorf("not connected to %s", n.o.URL)
+			// A server that refused the credentials does not stop the
+			// wait while another has taken them.
+			if last := nc.LastError(); authError(last) {
+				return fmt.Errorf("%w: --nats-url %s: %w", ErrCredentials, where, last)
+			}
+			if nc.IsClosed() {
+				return fmt.Errorf("%w: --nats-url %s: connection closed: %w", ErrNotReady, where, nc.LastError())
+			}
+			return fmt.Errorf("not connected to --nats-url %s", where)
 		}
 		actx, cancel := context.WithTimeout(ctx, statusTimeout)
 		defer cancel()
 		_, err := n.js.AccountInfo(actx)
 		return err
 	})
+}
+
+// authError reports whether err is a NATS server's refusal of a client's
+// credentials.
+func authError(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+}
+
+// redactURLs is a comma-separated list of NATS URLs fit for a log or an
+// error: a password is replaced, and so is a user that stands alone (a
+// token).
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err != nil:
+			parts[i] = "(a URL that does not parse)"
+			continue
+		case u.User == nil:
+		case hasPassword(u.User):
+			u.User = url.UserPassword(u.User.Username(), redacted)
+		default:
+			u.User = url.User(redacted)
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// redacted stands for a secret in a redacted URL.
+const redacted = "xxxxx"
+
+func hasPassword(u *url.Userinfo) bool {
+	_, ok := u.Password()
+	return ok
 }
 
 // waitReady polls ready until it passes, ctx ends or ReadyTimeout passes.
@@ -271,6 +338,9 @@ func (n *Node) waitReady(ctx context.Context, ready func() error) error {
 		if err == nil {
 			n.o.Logger.Info("JetStream ready", "node", n.o.NodeName, "cluster", n.o.Name)
 			return nil
+		}
+		if errors.Is(err, ErrCredentials) || errors.Is(err, ErrNotReady) {
+			return err
 		}
 		if time.Now().After(deadline) {
 			hint := ""

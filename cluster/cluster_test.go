@@ -106,9 +106,13 @@ func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 		t.Fatalf("create R3 stream: %v", err)
 	}
 	for i := range 3 {
-		if _, err := nodes[0].JetStream().Publish(ctx, "r3.x", fmt.Appendf(nil, "m%d", i)); err != nil {
-			t.Fatalf("publish: %v", err)
-		}
+		// A new stream answers once its replicas have elected a leader,
+		// which a loaded machine may take longer for than the client's
+		// own retries; the message id keeps a retried publish stored once.
+		eventually.Check(t, func() error {
+			_, err := nodes[0].JetStream().Publish(ctx, "r3.x", fmt.Appendf(nil, "m%d", i), jetstream.WithMsgID(fmt.Sprint("m", i)))
+			return err
+		})
 	}
 	s, err := nodes[2].JetStream().Stream(ctx, "R3")
 	if err != nil {
@@ -214,6 +218,9 @@ func TestStartRefusesBadOptions(t *testing.T) {
 		{"a node name with a dot", cluster.Options{NodeName: "n.1", Dir: dir}},
 		{"a domain with a space", cluster.Options{NodeName: "n1", Domain: "my edge", Dir: dir}},
 		{"credentials without --nats-url", cluster.Options{NodeName: "n1", Creds: "x.creds", Dir: dir}},
+		{"replicas without --nats-url", cluster.Options{NodeName: "n1", Replicas: 3, Dir: dir}},
+		{"more replicas than JetStream has", cluster.Options{NodeName: "n1", URL: "nats://127.0.0.1:4222", Replicas: 7}},
+		{"negative replicas", cluster.Options{NodeName: "n1", URL: "nats://127.0.0.1:4222", Replicas: -1}},
 		{"route TLS files that are not there", cluster.Options{Name: "gh", NodeName: "n1", Listen: "127.0.0.1:0", Dir: dir,
 			RouteTLS: cluster.TLSFiles{Cert: "/nonexistent/c.pem", Key: "/nonexistent/k.pem", CA: "/nonexistent/ca.pem"}}},
 	} {

@@ -70,7 +70,7 @@ type Entry struct {
 }
 
 // Journal opens the journal's stream, creating it when the cluster has
-// none, replicated on min(3, nodes) nodes.
+// none, replicated as replicas says.
 func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 	if max := n.nc.MaxPayload(); max < MaxGroupBytes+4096 {
 		return nil, fmt.Errorf("%w: the NATS servers allow messages of %d bytes; the journal needs %d (max_payload)", ErrConfig, max, MaxGroupBytes+4096)
@@ -80,7 +80,6 @@ func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 		Description: "Gatehouse: the leading node's commit groups, applied by every node",
 		Subjects:    []string{JournalSubject},
 		Storage:     jetstream.FileStorage,
-		Replicas:    n.replicas(),
 		MaxMsgSize:  MaxGroupBytes + 4096,
 		// The leader purges what every node holds (see Purge); the bound
 		// is for a node down so long that it holds the purge back: past
@@ -101,7 +100,9 @@ func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 	// to create it: retried, each try bounded, within ReadyTimeout.
 	for {
 		actx, acancel := context.WithTimeout(ctx, journalTimeout)
-		s, err = n.js.CreateOrUpdateStream(actx, cfg)
+		if cfg.Replicas, err = n.replicas(actx, JournalStream); err == nil {
+			s, err = n.js.CreateOrUpdateStream(actx, cfg)
+		}
 		acancel()
 		if err == nil {
 			return &Journal{js: n.js, stream: s}, nil
@@ -114,24 +115,48 @@ func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 	}
 }
 
-// replicas is the replica count of the cluster's streams: three in a
-// cluster of three or more nodes, every node in a smaller one. The
-// cluster's size is the one configured (the peer list, this node's own
-// route among them or not), not the meta group's at the time, which may
-// not have heard of every node yet: a journal created on two replicas of
-// three nodes would stall for good when one of its two is lost.
-func (n *Node) replicas() int {
-	if n.srv == nil {
-		if n.o.Replicas > 0 {
-			return n.o.Replicas
+// replicas is the replica count of the cluster's stream named stream.
+//
+// An embedded cluster's is three in a cluster of three or more nodes,
+// every node in a smaller one. The cluster's size is the one configured
+// (the peer list, this node's route among them or not), not the meta
+// group's at the time, which may not have heard of every node yet: a
+// journal created on two replicas of three nodes would stall for good
+// when one of its two is lost.
+//
+// On a deployment joined with URL it is Options.Replicas when set;
+// otherwise an existing stream keeps its own (the operator's choice, or
+// the first member's, so that members do not scale it back and forth),
+// and a new one gets three on a clustered deployment and one on a server
+// alone, which refuses more.
+func (n *Node) replicas(ctx context.Context, stream string) (int, error) {
+	if n.srv != nil {
+		meta := 0
+		if js, err := n.srv.Jsz(nil); err == nil && js.Meta != nil {
+			meta = js.Meta.Size
 		}
-		return 3
+		return replicasOf(n.o, meta), nil
 	}
-	meta := 0
-	if js, err := n.srv.Jsz(nil); err == nil && js.Meta != nil {
-		meta = js.Meta.Size
+	if n.o.Replicas > 0 {
+		return n.o.Replicas, nil
 	}
-	return replicasOf(n.o, meta)
+	s, err := n.js.Stream(ctx, stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return externalReplicas(n.nc.ConnectedClusterName()), nil
+	case err != nil:
+		return 0, fmt.Errorf("cluster: stream %s: %w", stream, err)
+	}
+	return s.CachedInfo().Config.Replicas, nil
+}
+
+// externalReplicas is the replica count of a new stream on a deployment
+// whose server names cluster as its own: none on a server alone.
+func externalReplicas(cluster string) int {
+	if cluster == "" {
+		return 1
+	}
+	return 3
 }
 
 // replicasOf is replicas for a node configured with o, whose meta group

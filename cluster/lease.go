@@ -47,7 +47,6 @@ func (n *Node) Leases(ctx context.Context) (*Leases, error) {
 		TTL:         LeaseTTL,
 		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    n.replicas(),
 	})
 	if err != nil {
 		return nil, err
@@ -58,13 +57,20 @@ func (n *Node) Leases(ctx context.Context) (*Leases, error) {
 // keyValue opens the bucket cfg describes, creating it when the cluster
 // has none. Right after the meta leader is elected, creation may fail for
 // want of peers, or its answer be lost while the nodes race to create it:
-// it is retried, each try bounded, within ReadyTimeout.
+// it is retried, each try bounded, within ReadyTimeout. Its replicas are
+// the bucket's stream's (see replicas).
 func (n *Node) keyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.o.ReadyTimeout)
 	defer cancel()
 	for {
 		actx, acancel := context.WithTimeout(ctx, journalTimeout)
-		kv, err := n.js.CreateOrUpdateKeyValue(actx, cfg)
+		var (
+			kv  jetstream.KeyValue
+			err error
+		)
+		if cfg.Replicas, err = n.replicas(actx, "KV_"+cfg.Bucket); err == nil {
+			kv, err = n.js.CreateOrUpdateKeyValue(actx, cfg)
+		}
 		acancel()
 		if err == nil {
 			return kv, nil

@@ -85,8 +85,11 @@ type Options struct {
 	// cluster, for a meta leader, which takes a quorum of the nodes up.
 	// Zero means 30s.
 	ReadyTimeout time.Duration
-	// Replicas is the journal's replica count on a deployment joined with
-	// URL; zero means 3. An embedded cluster uses min(3, its nodes).
+	// Replicas is the replica count of the journal and the buckets on a
+	// deployment joined with URL, at most 5. Zero keeps the streams'
+	// existing count, and creates them at three on a clustered deployment
+	// and at one on a server alone. An embedded cluster uses min(3, its
+	// nodes).
 	Replicas int
 	// ElectionTimeout has the embedded server's raft groups (JetStream's
 	// streams and its meta group) elect a new leader after d to 2d
@@ -124,6 +127,9 @@ func (o *Options) embedded() bool {
 // defaultListen is the route listener of a cluster's node, NATS's usual.
 const defaultListen = "0.0.0.0:6222"
 
+// maxReplicas is JetStream's most replicas of a stream.
+const maxReplicas = 5
+
 // DefaultElectionTimeout is a cluster node's Options.ElectionTimeout
 // unless set: with it a leader's loss costs about 2 s (its lease and one
 // election), against 5 to 9 s with NATS's own timing. A node that stalls
@@ -159,10 +165,13 @@ func (o *Options) check() error {
 		if o.embedded() {
 			return fmt.Errorf("%w: --nats-url joins an existing deployment; the embedded server's options (--cluster-*, --leaf-*, --nats-listen, --nats-domain) do not apply", ErrConfig)
 		}
+		if o.Replicas < 0 || o.Replicas > maxReplicas {
+			return fmt.Errorf("%w: --nats-replicas %d: want 1 to %d, or 0 for the streams' own", ErrConfig, o.Replicas, maxReplicas)
+		}
 		return nil
 	}
-	if o.Creds != "" || o.ClientTLS.set() {
-		return fmt.Errorf("%w: --nats-creds and --nats-tls-* are for --nats-url", ErrConfig)
+	if o.Creds != "" || o.ClientTLS.set() || o.Replicas != 0 {
+		return fmt.Errorf("%w: --nats-creds, --nats-tls-* and --nats-replicas are for --nats-url", ErrConfig)
 	}
 	if o.Dir == "" {
 		return fmt.Errorf("%w: the embedded NATS server needs a data folder (not --in-memory)", ErrConfig)

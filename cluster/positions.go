@@ -26,7 +26,6 @@ func (n *Node) Positions(ctx context.Context) (*Positions, error) {
 		Description: "Gatehouse: the journal position each node's store holds",
 		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    n.replicas(),
 	})
 	if err != nil {
 		return nil, err

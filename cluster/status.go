@@ -134,7 +134,7 @@ func (n *Node) Status(ctx context.Context) Status {
 func (n *Node) externalStatus(ctx context.Context) Status {
 	st := Status{Mode: ModeExternal, Node: n.o.NodeName, Routes: []Route{}, Leafs: []Leaf{}}
 	if !n.nc.IsConnected() {
-		st.Problem = "not connected to " + n.o.URL
+		st.Problem = "not connected to " + redactURLs(n.o.URL)
 		return st
 	}
 	st.Server, st.Cluster = n.nc.ConnectedUrlRedacted(), n.nc.ConnectedClusterName()

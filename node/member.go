@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -618,9 +620,9 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Every node reports its journal position every positionEvery; the
-// leader drops, every purgeEvery, the groups every node of the meta group
-// has reported holding.
+// Every node reports its journal position on start and every
+// positionEvery; the leader drops, every purgeEvery, the groups every node
+// (see purgeBelow) has reported holding.
 const (
 	positionEvery = 5 * time.Second
 	purgeEvery    = 30 * time.Second
@@ -634,16 +636,15 @@ func (m *Member) keepPositions(ctx context.Context) {
 	defer report.Stop()
 	purge := time.NewTicker(purgeEvery)
 	defer purge.Stop()
+	// At once on start too: on a deployment joined by URL a node that has
+	// not reported does not hold the purge back (see purgeBelow).
+	m.reportPosition(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-report.C:
-			rctx, cancel := context.WithTimeout(ctx, time.Second)
-			if err := m.positions.Report(rctx, m.name, m.store.DurableReplicated()); err != nil && ctx.Err() == nil {
-				m.log.Debug("journal position not reported", "err", err)
-			}
-			cancel()
+			m.reportPosition(ctx)
 		case <-purge.C:
 			if m.serving.Load() != nil {
 				m.purge(ctx)
@@ -652,9 +653,17 @@ func (m *Member) keepPositions(ctx context.Context) {
 	}
 }
 
-// purge drops the journal's groups that every node of the meta group
-// holds. A node that has not reported holds everything back: a node down
-// for long keeps the journal growing, up to the stream's bound.
+// reportPosition records the journal position the store holds durably.
+func (m *Member) reportPosition(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := m.positions.Report(rctx, m.name, m.store.DurableReplicated()); err != nil && ctx.Err() == nil {
+		m.log.Debug("journal position not reported", "err", err)
+	}
+}
+
+// purge drops the journal's groups that every node holds (see
+// purgeBelow).
 func (m *Member) purge(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -663,16 +672,7 @@ func (m *Member) purge(ctx context.Context) {
 		m.log.Debug("journal positions", "err", err)
 		return
 	}
-	var low uint64
-	for i, peer := range m.nats.Peers() {
-		pos, ok := all[peer]
-		if !ok {
-			return
-		}
-		if i == 0 || pos < low {
-			low = pos
-		}
-	}
+	low := purgeBelow(m.nats.Peers(), all)
 	if low == 0 {
 		return
 	}
@@ -681,4 +681,28 @@ func (m *Member) purge(ctx context.Context) {
 		return
 	}
 	m.log.Debug("journal purged", "below", low+1)
+}
+
+// purgeBelow is the journal position every node holds, by the positions
+// reported (all), zero when none may be dropped. The nodes are peers, the
+// JetStream meta group's members: one that has not reported holds
+// everything back, so a node down for long keeps the journal growing, up
+// to the stream's bound. On a deployment joined by URL the members are no
+// JetStream peers (peers is nil), and the nodes are those that have
+// reported, which they do from their start on.
+func purgeBelow(peers []string, all map[string]uint64) uint64 {
+	if peers == nil {
+		peers = slices.Collect(maps.Keys(all))
+	}
+	var low uint64
+	for i, peer := range peers {
+		pos, ok := all[peer]
+		if !ok {
+			return 0
+		}
+		if i == 0 || pos < low {
+			low = pos
+		}
+	}
+	return low
 }

@@ -19,6 +19,7 @@ type clusterFlags struct {
 	routeTLS, leafTLS, natsTLS    cluster.TLSFiles
 	insecure                      bool
 	readyTimeout, election        time.Duration
+	replicas                      int
 }
 
 func (c *clusterFlags) flags(fs *flag.FlagSet) {
@@ -42,6 +43,7 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.leafTLS.CA, "leaf-tls-ca", "", "CA (PEM `file`): on a hub, edge boxes must present a certificate it signed; on an edge box, it verifies the hub")
 	fs.StringVar(&c.url, "nats-url", "", "join an existing NATS deployment (comma-separated server `URL`s) instead of embedding a server")
 	fs.StringVar(&c.creds, "nats-creds", "", "NATS credentials `file` for --nats-url")
+	fs.IntVar(&c.replicas, "nats-replicas", 0, "`replicas` of the journal and the buckets Gatehouse creates on --nats-url, 1 to 5 (default: an existing stream's own; 3 on a clustered deployment, 1 on a server alone)")
 	fs.StringVar(&c.natsTLS.Cert, "nats-tls-cert", "", "client certificate (PEM `file`) for --nats-url")
 	fs.StringVar(&c.natsTLS.Key, "nats-tls-key", "", "the private key (PEM `file`) of --nats-tls-cert")
 	fs.StringVar(&c.advertise, "cluster-advertise", "", "`host:port` the other nodes relay this node's clients to while it leads (default: --addr, which must then name a host)")
@@ -55,7 +57,7 @@ func (c *clusterFlags) apply(o *node.Options) {
 		Name: c.name, NodeName: c.nodeName, Listen: c.listen, Peers: splitList(c.peers),
 		ClientListen: c.clientListen, Domain: c.domain,
 		LeafListen: c.leafListen, LeafAdvertise: c.leafAdvertise, LeafRemotes: splitList(c.leafRemotes),
-		URL: c.url, Creds: c.creds,
+		URL: c.url, Creds: c.creds, Replicas: c.replicas,
 		RouteTLS: c.routeTLS, LeafTLS: c.leafTLS, ClientTLS: c.natsTLS,
 		Insecure: c.insecure, ReadyTimeout: c.readyTimeout, ElectionTimeout: c.election,
 	}
