@@ -119,20 +119,27 @@ const (
 // refusal: it then sees a broken connection instead of the error code.
 func (c *perIPConn) lingerOnClose() { c.linger.Store(true) }
 
-// drain ends the sending side, so the client reads the answer to its end,
-// then reads and drops what it still sends, within lingerTime and
-// lingerBytes.
-func (c *perIPConn) drain() {
+// drain lingers on the connection before it is closed.
+func (c *perIPConn) drain() { Linger(c.Conn, lingerBytes) }
+
+// Linger ends c's sending side, so that its peer reads the answer to its
+// end, then reads and drops what the peer still sends, within a second and
+// max bytes; the caller closes c after it. A refusal sent while a client is
+// still writing its request (a body or headers over the limit) reaches the
+// client this way, where closing a socket with unread bytes has the kernel
+// send a reset that can overtake it. The follower relay refuses with it as
+// the gateway does.
+func Linger(c net.Conn, max int64) {
 	type closeWriter interface{ CloseWrite() error }
-	if cw, ok := c.Conn.(closeWriter); ok {
+	if cw, ok := c.(closeWriter); ok {
 		if err := cw.CloseWrite(); err != nil {
 			return
 		}
 	}
-	if c.Conn.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
+	if c.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
 		return
 	}
-	_, _ = io.CopyN(io.Discard, c.Conn, lingerBytes)
+	_, _ = io.CopyN(io.Discard, c, max)
 }
 
 // perIPTLSConn is a perIPConn over TLS.

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/internal/addrlimit"
 )
 
@@ -30,6 +31,7 @@ type conn struct {
 	release func()
 
 	started atomic.Bool
+	linger  atomic.Int64 // bytes to linger for on Close; 0: none
 	mu      sync.Mutex
 	held    time.Duration // the deadline set before the first byte, as a duration; 0: none
 }
@@ -81,7 +83,15 @@ func (c *conn) CloseWrite() error {
 	return nil
 }
 
+// lingerOnClose has Close linger first (gateway.Linger), reading up to
+// max bytes: the relay's own refusal of a request still being sent
+// reaches its client.
+func (c *conn) lingerOnClose(max int64) { c.linger.Store(max) }
+
 func (c *conn) Close() error {
+	if max := c.linger.Load(); max > 0 {
+		gateway.Linger(c.Conn, max)
+	}
 	err := c.Conn.Close()
 	c.release()
 	return err

@@ -99,6 +99,11 @@ type Options struct {
 	Logger        *slog.Logger
 }
 
+// lingerBytes bounds what a refused connection may still send and have
+// read and dropped before it is closed, past the body limit when its body
+// was over it (see gateway.Linger).
+const lingerBytes = 256 << 10
+
 // defaultWait is the zero Options.Wait.
 const defaultWait = 5 * time.Second
 
@@ -522,11 +527,18 @@ func (r *Relay) refuse(ctx *fasthttp.RequestCtx, status int, code string, err er
 
 // serveError answers a request fasthttp could not read, as the gateway does.
 func (r *Relay) serveError(ctx *fasthttp.RequestCtx, err error) {
+	// A client still sending its request must get to read the refusal; one
+	// that timed out is not sending. fasthttp refuses a body over the limit
+	// by its announced length, before reading it: the client may still
+	// have all of it to send.
+	linger := int64(lingerBytes)
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		linger += int64(r.o.MaxBodyBytes)
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, gateway.CodeTooLarge, errors.New("payload too large: the request body is over the limit"))
 	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
 		writeError(ctx, fasthttp.StatusRequestTimeout, gateway.CodeTimeout, errors.New("request timeout: the request was not read in time"))
+		linger = 0
 	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
 		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, gateway.CodeHeadersTooLarge, fmt.Errorf("request header fields too large: at most %d bytes of request line and headers", r.o.MaxHeaderBytes))
 	default:
@@ -534,6 +546,9 @@ func (r *Relay) serveError(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusBadRequest, gateway.CodeValidation, errors.New("validation error: malformed request"))
 	}
 	ctx.SetConnectionClose()
+	if c, ok := ctx.Conn().(interface{ lingerOnClose(int64) }); ok && linger > 0 {
+		c.lingerOnClose(linger)
+	}
 }
 
 func isTimeout(err error) bool {

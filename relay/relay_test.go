@@ -596,3 +596,30 @@ func TestRelayRefusesAConnectionPastMaxConns(t *testing.T) {
 		t.Fatalf("stats %+v: want one refused as full, one open", st)
 	}
 }
+
+// TestRelayRefusesABodyOverTheLimitWithItsAnswerNotAReset sends a body
+// just over the relay's limit (as the conformance suite's api/body-limit
+// does) without waiting: the relay refuses it with 413 before reading it,
+// and the client, still writing, reads that answer instead of a connection
+// reset (which closing a socket with unread bytes would send), as it does
+// from the leader's gateway, which every other round goes to.
+func TestRelayRefusesABodyOverTheLimitWithItsAnswerNotAReset(t *testing.T) {
+	leader := leaderNode(t)
+	_, base := startRelay(t, relay.Options{Leader: fixedLeader(hostOf(leader.URL)), MaxBodyBytes: 1 << 20})
+	for i := range 10 {
+		target := base
+		if i%2 == 1 {
+			target = leader.URL
+		}
+		resp, err := http.Post(target+"/v0/executions", "application/json", strings.NewReader(`{"input":"`+strings.Repeat("x", 1<<20+16<<10)+`"}`))
+		if err != nil {
+			t.Errorf("round %d (%s): %v", i, target, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), gateway.CodeTooLarge) {
+			t.Fatalf("round %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+}
