@@ -7,6 +7,11 @@
 #                                 leader (kill -9) and starts it again,
 #                                 so the suite's state must survive a
 #                                 failover
+#   .ci/conformance.sh edge       the same through a hub: the suite's URL is
+#                                 the hub's /edge/edge/, which passes every
+#                                 connection on to an edge box linked to it
+#                                 as a NATS leaf node; a restart kills the
+#                                 edge box (kill -9) and starts it again
 #   .ci/conformance.sh restart    (used by the suite) restart the server
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,14 +23,23 @@ secret=conformance-secret-0123456789abcdef
 
 mode=${GATEHOUSE_CONFORMANCE_MODE:-single}
 [ "${1:-}" = cluster ] && mode=cluster
+[ "${1:-}" = edge ] && mode=edge
 export GATEHOUSE_CONFORMANCE_MODE=$mode
 port=${GATEHOUSE_CONFORMANCE_PORT:-18765}
 routes="127.0.0.1:$((port + 11)),127.0.0.1:$((port + 12)),127.0.0.1:$((port + 13))"
 
-# serve starts node $1 (0: the single node) in the background.
+leaf=127.0.0.1:$((port + 20))
+
+# serve starts node $1 (0: the single node, or the edge box; 4: the hub)
+# in the background.
 serve() {
   local flags=() at=$addr data=$state/data
-  if [ "$1" != 0 ]; then
+  if [ "$mode" = edge ] && [ "$1" = 0 ]; then
+    flags=(--node-name edge --nats-domain edge --leaf-remote "nats-leaf://$leaf")
+  elif [ "$1" = 4 ]; then
+    at=127.0.0.1:$((port + 4)) data=$state/hub
+    flags=(--node-name hub --leaf-listen "$leaf")
+  elif [ "$1" != 0 ]; then
     at=127.0.0.1:$((port + $1)) data=$state/n$1
     flags=(--cluster-name conformance --node-name "n$1" --cluster-listen "127.0.0.1:$((port + 10 + $1))"
       --cluster-peers "$routes" --cluster-election-timeout 1s)
@@ -64,6 +78,14 @@ start() {
     ready "http://$addr"
     return
   fi
+  if [ "$mode" = edge ]; then
+    [ -f "$state/pid4" ] || { serve 4; ready "http://127.0.0.1:$((port + 4))"; }
+    serve 0
+    ready "http://$addr"
+    # Through the hub, once the box has linked to it.
+    ready "http://127.0.0.1:$((port + 4))/edge/edge"
+    return
+  fi
   for i in 1 2 3; do [ -f "$state/pid$i" ] || serve "$i"; done
   for i in 1 2 3; do ready "http://127.0.0.1:$((port + i))"; done
 }
@@ -79,7 +101,7 @@ stop_node() {
 }
 
 stop_server() {
-  for i in 0 1 2 3; do stop_node "$i" TERM; done
+  for i in 0 1 2 3 4; do stop_node "$i" TERM; done
 }
 
 stop() {
@@ -94,11 +116,11 @@ if [ "${1:-}" = restart ]; then
   # Only the server restarts; the example agent reconnects by itself. In
   # a cluster the leader is killed and started again: another node takes
   # over, and the suite reaches it through the same follower.
-  if [ "$mode" = single ]; then
-    stop_server
-  else
-    stop_node "$(leader)" KILL
-  fi
+  case $mode in
+  single) stop_server ;;
+  edge) stop_node 0 KILL ;;
+  *) stop_node "$(leader)" KILL ;;
+  esac
   start
   exit 0
 fi
@@ -106,16 +128,21 @@ fi
 go build -o "$bin" ./cmd/gatehouse
 trap 'stop; rm -rf "$state"' EXIT
 start
+base=http://$addr
 if [ "$mode" = cluster ]; then
   # The suite talks to a follower: every request crosses the relay.
   for _ in $(seq 1 200); do l=$(leader) && break; sleep 0.1; done
-  addr=127.0.0.1:$((port + l % 3 + 1))
+  base=http://127.0.0.1:$((port + l % 3 + 1))
+fi
+if [ "$mode" = edge ]; then
+  # The suite talks to the hub: every connection crosses the leaf link.
+  base=http://127.0.0.1:$((port + 4))/edge/edge
 fi
 # The example AAP agent, for the suite's --aap-agent check.
-"$bin" agent --url "http://$addr" --token admin-token --name example --log-level warn >>"$state/agent.log" 2>&1 &
+"$bin" agent --url "$base" --token admin-token --name example --log-level warn >>"$state/agent.log" 2>&1 &
 echo $! >"$state/agent.pid"
 token() { "$bin" token --secret "$secret" --iss ci --aud gatehouse --sub "$1" --role "$2" "${@:3}"; }
-"$bin" conformance --url "http://$addr" --token admin-token \
+"$bin" conformance --url "$base" --token admin-token \
   --restart-cmd "$0 restart" --approval-tool conformance.approve \
   --runner-token "$(token ci-runner runner --runners ci-runner)" --runner-token-id ci-runner \
   --agent-token "$(token ci-agent agent --agents ci-agent)" --agent-token-id ci-agent \

@@ -346,7 +346,9 @@ func (t *tc) openRaw(path, cursor string) *rawStream {
 		conn = tls.Client(conn, cfg)
 	}
 	t.cleanup(func(context.Context) { conn.Close() })
-	req := "GET " + path + " HTTP/1.1\r\nHost: " + u.Host + "\r\nAccept: text/event-stream\r\n"
+	// Under the base URL's path, as every other request: a gateway may be
+	// served below a prefix (a hub's /edge/<box>/, a proxy's).
+	req := "GET " + strings.TrimSuffix(u.Path, "/") + path + " HTTP/1.1\r\nHost: " + u.Host + "\r\nAccept: text/event-stream\r\n"
 	if t.o.Token != "" {
 		req += "Authorization: Bearer " + t.o.Token + "\r\n"
 	}
