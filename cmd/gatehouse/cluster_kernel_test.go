@@ -105,6 +105,28 @@ func urls(nodes []*natsNode, first int) []string {
 	return out
 }
 
+// rejoin starts the killed node lead again on its data folder and waits
+// until it follows next, the leader since, holding the journal as far as
+// next does.
+func rejoin(t *testing.T, nodes []*natsNode, lead, next int) {
+	t.Helper()
+	nodes[lead].start(t)
+	eventually.Check(t, func() error {
+		back, err := nodes[lead].member()
+		if err != nil {
+			return err
+		}
+		now, err := nodes[next].member()
+		if err != nil {
+			return err
+		}
+		if back.Role != "follower" || back.Leader != nodes[next].name || back.Journal < now.Journal {
+			return fmt.Errorf("restarted node %+v, leader %+v", back, now)
+		}
+		return nil
+	})
+}
+
 // TestClusterOneKernelServesClientsOfEveryNodeAndMovesOnLeaderKill runs
 // three members. The agent is connected to one follower, the runner to
 // the other, and an AAP client asks through the leader: the turn's tool
@@ -223,21 +245,7 @@ func TestClusterOneKernelServesClientsOfEveryNodeAndMovesOnLeaderKill(t *testing
 	}
 	mu.Unlock()
 
-	nodes[lead].start(t)
-	eventually.Check(t, func() error {
-		back, err := nodes[lead].member()
-		if err != nil {
-			return err
-		}
-		now, err := nodes[next].member()
-		if err != nil {
-			return err
-		}
-		if back.Role != "follower" || back.Leader != nodes[next].name || back.Journal < now.Journal {
-			return fmt.Errorf("restarted node %+v, leader %+v", back, now)
-		}
-		return nil
-	})
+	rejoin(t, nodes, lead, next)
 }
 
 // TestClusterPausedLeaderStepsDownAndFollowsTheNewOne stops the leader

@@ -265,21 +265,7 @@ func membersOnADeployment(t *testing.T, size, replicas int) {
 	t.Logf("new work flows %s after the kill", time.Since(killed).Round(time.Millisecond))
 	acked = append(acked, after.ID)
 
-	nodes[lead].start(t)
-	eventually.Check(t, func() error {
-		back, err := nodes[lead].member()
-		if err != nil {
-			return err
-		}
-		now, err := nodes[next].member()
-		if err != nil {
-			return err
-		}
-		if back.Role != "follower" || back.Leader != nodes[next].name || back.Journal < now.Journal {
-			return fmt.Errorf("restarted node %+v, leader %+v", back, now)
-		}
-		return nil
-	})
+	rejoin(t, nodes, lead, next)
 	if got := leaderOf(t, nodes); got != next {
 		t.Fatalf("%s leads once the killed node is back, want %s", nodes[got].name, nodes[next].name)
 	}
