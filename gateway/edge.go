@@ -63,6 +63,13 @@ func (s *Server) passToEdge(ctx *fasthttp.RequestCtx, name string) {
 		s.writeError(ctx, &guardError{fasthttp.StatusBadRequest, CodeValidation, errEdgeName})
 		return
 	}
+	// The body is read here, under this gateway's bounds and read timeout,
+	// before anything is dialed: passed on as a stream, a slow client's
+	// upload would be bounded by the write to the edge box instead.
+	if err := readBody(ctx, s.opts.MaxBodyBytes); err != nil {
+		s.writeError(ctx, err)
+		return
+	}
 	s.opts.Edges.Pass(ctx, name)
 }
 

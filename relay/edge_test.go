@@ -268,3 +268,23 @@ func TestEdgesRefuseAConnectionPastMaxConns(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// TestEdgesReadTheBodyUnderTheHubsBounds: the hub reads a request's body
+// itself, under its own limit, before it dials the edge box: a body over
+// it is refused there (413) and nothing is dialed.
+func TestEdgesReadTheBodyUnderTheHubsBounds(t *testing.T) {
+	var dials atomic.Int32
+	_, hub := hubOf(t, func(ctx context.Context, name string) (net.Conn, error) {
+		dials.Add(1)
+		return nil, relay.ErrEdgeNotLinked
+	})
+	rc := dialRaw(t, hub.URL)
+	rc.write(post("/edge/e1/v0/executions", hostOf(hub.URL), `{"input":"`+strings.Repeat("x", 1<<20)+`"}`))
+	resp, body := rc.read()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, gateway.CodeTooLarge) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if n := dials.Load(); n != 0 {
+		t.Fatalf("%d dials for a body over the hub's limit", n)
+	}
+}
