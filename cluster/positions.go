@@ -65,15 +65,6 @@ func (p *Positions) All(ctx context.Context) (map[string]uint64, error) {
 	return out, nil
 }
 
-// Forget removes node's position: a node removed from the cluster no
-// longer holds the journal back.
-func (p *Positions) Forget(ctx context.Context, node string) error {
-	if err := p.kv.Purge(ctx, node); err != nil {
-		return fmt.Errorf("cluster: forget %s: %w", node, err)
-	}
-	return nil
-}
-
 // Peers returns the names of the JetStream meta group's members, this
 // node's among them; none when this node runs no server (a deployment
 // joined by URL).
