@@ -125,7 +125,9 @@ func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
 		e.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeEdgeNotLinked, errEdgeNotLinked, &e.notLinked)
 		return
 	case err != nil:
-		e.log.Warn("edge unreachable", "edge", name, "err", err)
+		// At debug level: clients set the pace of these, and
+		// gatehouse_edge_unreachable_total counts them for the operator.
+		e.log.Debug("edge unreachable", "edge", name, "err", err)
 		e.refuse(ctx, fasthttp.StatusBadGateway, CodeEdgeUnreachable, errEdgeUnreachable, &e.unreachable)
 		return
 	}
@@ -138,7 +140,7 @@ func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
 	n, err := writeFirst(ctx, far, false)
 	e.toEdge.Add(uint64(n))
 	if err != nil {
-		e.log.Warn("edge unreachable", "edge", name, "err", err)
+		e.log.Debug("edge unreachable", "edge", name, "err", err)
 		e.splices.drop(sp)
 		e.refuse(ctx, fasthttp.StatusBadGateway, CodeEdgeUnreachable, errEdgeUnreachable, &e.unreachable)
 		return
