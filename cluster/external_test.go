@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/url"
-	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,62 +12,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gatehouse-dev/gatehouse/cluster"
+	"github.com/gatehouse-dev/gatehouse/cluster/natstest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
-// deployment runs three NATS servers with JetStream, routed on loopback,
-// as an operator's deployment that Gatehouse joins by URL. Its users are
-// "full", with every right, and "limited", who may not ask a stream's
-// leader to step down. It returns the servers' client URLs.
+// deployment runs three NATS servers as an operator's deployment that
+// Gatehouse joins by URL. Its users are "full", with every right, and
+// "limited", who may not ask a stream's leader to step down. It returns
+// the servers' client URLs, without credentials.
 func deployment(t *testing.T) []string {
 	t.Helper()
-	const size = 3
-	routeAddrs := make([]string, size)
-	var routes []*url.URL
-	for i := range routeAddrs {
-		routeAddrs[i] = freeAddr(t)
-		routes = append(routes, &url.URL{Scheme: "nats-route", Host: routeAddrs[i]})
-	}
-	servers := make([]*server.Server, size)
-	for i := range servers {
-		_, p, _ := net.SplitHostPort(routeAddrs[i])
-		port, err := strconv.Atoi(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := server.NewServer(&server.Options{
-			ServerName: fmt.Sprintf("s%d", i+1), Host: "127.0.0.1", Port: server.RANDOM_PORT,
-			JetStream: true, StoreDir: t.TempDir(), NoSigs: true, MaxPayload: cluster.MaxGroupBytes + 64<<10,
-			Cluster: server.ClusterOpts{Name: "ops", Host: "127.0.0.1", Port: port}, Routes: routes,
-			Users: []*server.User{
-				{Username: "full", Password: "pw"},
-				{Username: "limited", Password: "pw", Permissions: &server.Permissions{
-					Publish: &server.SubjectPermission{Deny: []string{"$JS.API.STREAM.LEADER.STEPDOWN.>"}}}},
-			},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		servers[i] = s
-		go s.Start()
-		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	}
-	var out []string
-	for _, s := range servers {
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("NATS server %s did not start", s.Name())
-		}
-		out = append(out, s.Addr().String())
-	}
-	for _, s := range servers {
-		eventually.Check(t, func() error {
-			if h := s.Healthz(&server.HealthzOptions{JSMetaOnly: true}); h.Error != "" {
-				return fmt.Errorf("%s: %s", s.Name(), h.Error)
-			}
-			return nil
-		})
-	}
-	return out
+	return natstest.Deployment(t, 3, []*server.User{
+		{Username: "full", Password: "pw"},
+		{Username: "limited", Password: "pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Deny: []string{"$JS.API.STREAM.LEADER.STEPDOWN.>"}}}},
+	})
+}
+
+// withUser is the client URL u with user's credentials in it.
+func withUser(u, user string) string {
+	return strings.Replace(u, "nats://", "nats://"+user+":pw@", 1)
 }
 
 // streamLeader returns the server that leads the stream named name. A
@@ -103,7 +65,7 @@ func TestGatherOnADeploymentMovesGatehousesStreamsToItsServerAndNoOthers(t *test
 	addrs := deployment(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	n, err := start(t, cluster.Options{NodeName: "n1", URL: "nats://full:pw@" + addrs[0], ReadyTimeout: 20 * time.Second})
+	n, err := start(t, cluster.Options{NodeName: "n1", URL: withUser(addrs[0], "full"), ReadyTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +113,7 @@ func TestGatherOnADeploymentMovesGatehousesStreamsToItsServerAndNoOthers(t *test
 		t.Fatalf("the deployment's own stream led by %s (%v), want it left on %s", l, err, elsewhere)
 	}
 
-	limited, err := start(t, cluster.Options{NodeName: "n2", URL: "nats://limited:pw@" + addrs[1], ReadyTimeout: 20 * time.Second})
+	limited, err := start(t, cluster.Options{NodeName: "n2", URL: withUser(addrs[1], "limited"), ReadyTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

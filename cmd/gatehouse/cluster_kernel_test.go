@@ -105,6 +105,25 @@ func urls(nodes []*natsNode, first int) []string {
 	return out
 }
 
+// createThroughEach creates nine executions, three through each node in
+// turn, and returns their ids once each is acknowledged.
+func createThroughEach(ctx context.Context, t *testing.T, nodes []*natsNode) []string {
+	t.Helper()
+	var acked []string
+	for i := range 9 {
+		one, err := client.New(client.Options{BaseURL: nodes[i%len(nodes)].base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex, err := one.CreateExecution(ctx, client.CreateRequest{AgentID: "nobody"})
+		if err != nil {
+			t.Fatalf("create through %s: %v", nodes[i%len(nodes)].name, err)
+		}
+		acked = append(acked, ex.ID)
+	}
+	return acked
+}
+
 // rejoin starts the killed node lead again on its data folder and waits
 // until it follows next, the leader since, holding the journal as far as
 // next does.
@@ -177,18 +196,7 @@ func TestClusterOneKernelServesClientsOfEveryNodeAndMovesOnLeaderKill(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	var acked []string
-	for i := range 9 {
-		one, err := client.New(client.Options{BaseURL: nodes[i%3].base})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ex, err := one.CreateExecution(ctx, client.CreateRequest{AgentID: "nobody"})
-		if err != nil {
-			t.Fatalf("create through %s: %v", nodes[i%3].name, err)
-		}
-		acked = append(acked, ex.ID)
-	}
+	acked := createThroughEach(ctx, t, nodes)
 	followed := acked[0]
 	var (
 		mu   sync.Mutex

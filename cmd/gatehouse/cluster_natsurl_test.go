@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +17,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/cluster"
+	"github.com/gatehouse-dev/gatehouse/cluster/natstest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 )
 
@@ -38,70 +36,14 @@ var gatehouseRights = &server.Permissions{
 	Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 }
 
-// natsDeployment runs size NATS servers with JetStream in the test
-// process, as an operator's deployment that Gatehouse does not run: each
-// stores in its own folder, listens for clients on a free loopback port,
-// requires deploymentUser's password, grants it gatehouseRights and, when
-// size > 1, is routed to the
-// others on loopback, so that streams of three replicas can be placed.
-// It returns the servers' client URLs, without credentials, once
-// JetStream serves on each.
+// natsDeployment runs size NATS servers as an operator's deployment that
+// Gatehouse does not run (natstest.Deployment), whose one user is
+// deploymentUser, with gatehouseRights. It returns the servers' client
+// URLs, without credentials.
 func natsDeployment(t *testing.T, size int) []string {
 	t.Helper()
-	var routes []*url.URL
-	routeAddrs := make([]string, size)
-	for i := range routeAddrs {
-		routeAddrs[i] = freeAddr(t)
-		routes = append(routes, &url.URL{Scheme: "nats-route", Host: routeAddrs[i]})
-	}
-	servers := make([]*server.Server, size)
-	for i := range servers {
-		o := &server.Options{
-			ServerName: fmt.Sprintf("s%d", i+1),
-			Host:       "127.0.0.1",
-			Port:       server.RANDOM_PORT,
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			NoSigs:     true,
-			// The journal's groups: an operator of a deployment Gatehouse
-			// joins raises max_payload to this (docs/cluster.md).
-			MaxPayload: cluster.MaxGroupBytes + 64<<10,
-			Users: []*server.User{{Username: deploymentUser, Password: deploymentPassword,
-				Permissions: gatehouseRights}},
-		}
-		if size > 1 {
-			_, port, _ := net.SplitHostPort(routeAddrs[i])
-			p, err := strconv.Atoi(port)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o.Cluster = server.ClusterOpts{Name: "ops", Host: "127.0.0.1", Port: p}
-			o.Routes = routes
-		}
-		s, err := server.NewServer(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		servers[i] = s
-		go s.Start()
-		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	}
-	var out []string
-	for _, s := range servers {
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("NATS server %s did not start", s.Name())
-		}
-		out = append(out, "nats://"+s.Addr().String())
-	}
-	for _, s := range servers {
-		eventually.Check(t, func() error {
-			if h := s.Healthz(&server.HealthzOptions{JSMetaOnly: true}); h.Error != "" {
-				return fmt.Errorf("%s: %s", s.Name(), h.Error)
-			}
-			return nil
-		})
-	}
-	return out
+	return natstest.Deployment(t, size, []*server.User{{Username: deploymentUser, Password: deploymentPassword,
+		Permissions: gatehouseRights}})
 }
 
 // withUser puts deploymentUser's credentials, or others, in each URL.
@@ -204,18 +146,7 @@ func membersOnADeployment(t *testing.T, size, replicas int) {
 		}
 	}
 
-	var acked []string
-	for i := range 9 {
-		one, err := client.New(client.Options{BaseURL: nodes[i%3].base})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ex, err := one.CreateExecution(ctx, client.CreateRequest{AgentID: "nobody"})
-		if err != nil {
-			t.Fatalf("create through %s: %v", nodes[i%3].name, err)
-		}
-		acked = append(acked, ex.ID)
-	}
+	acked := createThroughEach(ctx, t, nodes)
 	listedOnce := func(n *natsNode, ids []string) error {
 		via, err := client.New(client.Options{BaseURL: n.base})
 		if err != nil {
