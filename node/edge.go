@@ -76,38 +76,32 @@ func (n *Node) edgeName() string {
 	return n.o.Cluster.NodeName
 }
 
-// serveEdge serves, on an edge box, the connections its hubs pass on, with
-// srv. An edge box with no token serves none (the gateway refuses each
-// with 403), and one whose name cannot name a subject takes none.
-func (n *Node) serveEdge(srv *gateway.Server) error {
+// edgeListener is, on an edge box, the listener of the connections its
+// hubs pass on, which the node's server serves beside its own (nil when
+// the node is no edge box). An edge box with no token serves none of them
+// (the gateway refuses each with 403), and one whose name cannot name a
+// subject takes none.
+func (n *Node) edgeListener() (net.Listener, error) {
 	name := n.edgeName()
 	if name == "" {
-		return nil
+		return nil, nil
 	}
 	if !gateway.ValidEdgeName(name) {
 		n.log.Warn("this edge box's name cannot be reached through its hub: give it a --node-name of letters, digits, '-' and '_'", "node", name)
-		return nil
+		return nil, nil
 	}
 	if n.Auth.Open() {
 		n.log.Warn("this edge box has no token: requests its hub passes on are refused (403 EDGE_TOKEN_REQUIRED)", "node", name)
 	}
 	nc, err := n.tunnelConn()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ln, err := tunnel.Listen(nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
 	if err != nil {
-		return fmt.Errorf("node: edge: %w", err)
+		return nil, fmt.Errorf("node: edge: %w", err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.ServeEdge(ln) }()
-	// Released before the server's shutdown, which closes the connections
-	// accepted meanwhile.
-	n.closers.push(func(context.Context) error {
-		_ = ln.Close()
-		return <-served
-	})
-	return nil
+	return ln, nil
 }
 
 // tunnelConn is the node's NATS connection for tunnels, opened on first

@@ -223,10 +223,11 @@ func (n *Node) build(ctx context.Context) error {
 	}
 	rt.Start(o.Logger)
 	n.closers.push(release(rt.Close))
-	n.serve(srv, ln)
-	if err := n.serveEdge(srv); err != nil {
+	edgeLn, err := n.edgeListener()
+	if err != nil {
 		return err
 	}
+	n.serve(srv, ln, edgeLn)
 	n.closers.push(n.startRetention())
 	return nil
 }
@@ -306,15 +307,24 @@ func requireLoopback(ctx context.Context, addr string) error {
 	return nil
 }
 
-// serve serves ln on its own goroutine; the release it pushes shuts the
-// server down and waits for that goroutine.
-func (n *Node) serve(srv *gateway.Server, ln net.Listener) {
-	served := make(chan error, 1)
+// serve serves ln, and edge when not nil (an edge box's listener of what
+// its hubs pass on), on goroutines of their own; the release it pushes
+// shuts the server down, which closes both listeners, and waits for those
+// goroutines.
+func (n *Node) serve(srv *gateway.Server, ln, edge net.Listener) {
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
+	serving := 1
+	if edge != nil {
+		go func() { served <- srv.ServeEdge(edge) }()
+		serving++
+	}
 	n.closers.push(func(ctx context.Context) error {
 		err := srv.Shutdown(ctx)
-		if serr := <-served; err == nil {
-			err = serr
+		for range serving {
+			if serr := <-served; err == nil {
+				err = serr
+			}
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			n.log.Warn("shutdown timed out; remaining connections were closed", "err", err)
