@@ -67,8 +67,7 @@ func appendOptional(b []byte, key, v string) []byte {
 // names take the fast path; anything else goes through encoding/json.
 func AppendJSONString(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {
+		if !jsonPlain[s[i]] {
 			q, _ := json.Marshal(s)
 			return append(b, q...)
 		}
@@ -77,3 +76,16 @@ func AppendJSONString(b []byte, s string) []byte {
 	b = append(b, s...)
 	return append(b, '"')
 }
+
+// jsonPlain marks the bytes encoding/json writes as they are in a string:
+// printable ASCII but the quote, the backslash and the HTML-escaped <, >
+// and &. One lookup a byte is what keeps a replay's rendering cheap.
+var jsonPlain = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = true
+	}
+	for _, c := range `"\<>&` {
+		t[c] = false
+	}
+	return t
+}()

@@ -55,6 +55,22 @@ var storedTypes = [...]string{
 	AgentOutput,
 }
 
+// knownTypes finds the kernel's event types by name.
+var knownTypes = func() map[string]string {
+	m := make(map[string]string, len(storedTypes))
+	for _, t := range storedTypes {
+		m[t] = t
+	}
+	return m
+}()
+
+// Known returns the kernel's event type named name, without allocating,
+// and whether there is one: a replay names every event it sends.
+func Known(name []byte) (string, bool) {
+	t, ok := knownTypes[string(name)]
+	return t, ok
+}
+
 // AppendStored appends the event's stored form to b: a compact binary
 // encoding, about a third of the JSON form's size, that an event log keeps.
 // It leaves out ExecutionID, which the log's key already holds, so
