@@ -8,6 +8,7 @@
 #   REBUNO=/path/to/rebuno bench/compare.sh            # default cases, 3 pairs each
 #   REPS=5 CASES="remote_k1_c32" bench/compare.sh
 #   REBUNO= bench/compare.sh                           # Gatehouse alone
+#   CASES=replay bench/compare.sh                      # catch-up rate (bench/replay)
 #
 # Build the reference as bench/kbench/REFERENCE.md says. Every
 # server listens on 127.0.0.1 only; every run is bounded by kbench's
@@ -28,11 +29,13 @@ CASE_LIST=(
   "remote_k1_c32|-agents 4 -runners 4 -executions 3000 -concurrency 32 -remote -tools 1"
   "local_k3_c32|-agents 4 -runners 4 -executions 2000 -concurrency 32 -tools 3"
   "remote_k1_c1|-agents 4 -runners 4 -executions 500 -concurrency 1 -remote -tools 1"
+  # not kbench: bench/replay, a resuming client's catch-up from sequence 0
+  "replay|-executions 20 -readers 1 -rounds 5"
 )
 CASES=${CASES:-remote_k1_c32 remote_k1_c1}
 
 mkdir -p "$OUT"
-(cd "$ROOT" && go build -o "$WORK/gatehouse" ./cmd/gatehouse && go build -o "$WORK/kbench" ./bench/kbench)
+(cd "$ROOT" && go build -o "$WORK/gatehouse" ./cmd/gatehouse && go build -o "$WORK/kbench" ./bench/kbench && go build -o "$WORK/replay" ./bench/replay)
 
 PID=""
 stop() {
@@ -83,9 +86,11 @@ for name in $CASES; do
     if [ $((rep % 2)) = 0 ] && [ ${#servers[@]} = 2 ]; then order=(reference gatehouse); fi
     for s in "${order[@]}"; do
       start "$s"
+      tool=("$WORK/kbench" -warmup 100)
+      [ "$name" = replay ] && tool=("$WORK/replay")
       # shellcheck disable=SC2086
-      "$WORK/kbench" -url "$URL" $args -warmup 100 -timeout 300s -server-pid "$PID" \
-        >>"$OUT/${s}_${name}.jsonl" 2>>"$WORK/kbench.log" || echo "$s $name rep $rep: kbench failed (see $WORK/kbench.log)" >&2
+      "${tool[@]}" -url "$URL" $args -timeout 300s -server-pid "$PID" \
+        >>"$OUT/${s}_${name}.jsonl" 2>>"$WORK/kbench.log" || echo "$s $name rep $rep: ${tool[0]##*/} failed (see $WORK/kbench.log)" >&2
       stop
     done
   done

@@ -21,6 +21,8 @@ FIGURES = [  # key, label, unit
     ("p99_ms", "p99", " ms"),
     ("max_ms", "max", " ms"),
     ("cpu_ms_per_exec", "server CPU per execution", " ms"),
+    ("replay_events_per_s", "catch-up rate (bench/replay)", " events/s"),
+    ("replay_us_per_event", "server CPU per event replayed", " µs"),
 ]
 
 

@@ -90,7 +90,11 @@ var jsonStrings = []string{
 // TestAppendJSONStringMatchesMarshal: the string writer writes what
 // encoding/json writes, byte for byte.
 func TestAppendJSONStringMatchesMarshal(t *testing.T) {
-	for _, s := range jsonStrings {
+	every := make([]string, 0, 256)
+	for c := range 256 {
+		every = append(every, "id-"+string([]byte{byte(c)})+"-x")
+	}
+	for _, s := range append(every, jsonStrings...) {
 		want, _ := json.Marshal(s)
 		if got := AppendJSONString([]byte("x"), s); string(got) != "x"+string(want) {
 			t.Errorf("AppendJSONString(%q) = %s, want x%s", s, got, want)

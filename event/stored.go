@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,6 +39,24 @@ const (
 	fieldWithExec = 9
 )
 
+// The string fields of the stored form, in the order AppendStored writes
+// them; a field may refer to one before it.
+const (
+	sfID = iota
+	sfEventID
+	sfType
+	sfStep
+	sfToolCall
+	sfRun
+	sfCause
+	sfCorrelation
+	sfSession
+	sfAction
+	sfTrace
+	sfIdempotency
+	nStored
+)
+
 // minExecRef is the shortest execution id that fieldWithExec refers to:
 // with a shorter one the reference saves next to nothing.
 const minExecRef = 8
@@ -53,6 +72,22 @@ var storedTypes = [...]string{
 	StepRetried, StepTimedOut, StepCancelled, StepApprovalRequired,
 	SignalReceived, AgentTimeout, PermissionRequested, PermissionResolved,
 	AgentOutput,
+}
+
+// knownTypes finds the kernel's event types by name.
+var knownTypes = func() map[string]string {
+	m := make(map[string]string, len(storedTypes))
+	for _, t := range storedTypes {
+		m[t] = t
+	}
+	return m
+}()
+
+// Known returns the kernel's event type named name, without allocating,
+// and whether there is one: a replay names every event it sends.
+func Known(name []byte) (string, bool) {
+	t, ok := knownTypes[string(name)]
+	return t, ok
 }
 
 // AppendStored appends the event's stored form to b: a compact binary
@@ -179,49 +214,139 @@ func DecodeStored(data []byte, executionID string) (Event, error) {
 		}
 		return e, nil
 	}
-	if len(data) == 0 || data[0] != storedFormat {
-		return Event{}, fmt.Errorf("%w: unknown format", ErrCorrupt)
+	var scratch [storedScratch]byte
+	st, buf, err := decodeStored(data, executionID, scratch[:0])
+	if err != nil {
+		return Event{}, err
 	}
-	d := decoder{data: data[1:], exec: executionID}
-	e := Event{ExecutionID: executionID}
-	// The order of AppendStored; a field may refer to those before it.
-	for _, f := range [...]*string{&e.ID, &e.EventID, &e.Type, &e.StepID, &e.ToolCallID, &e.RunID,
-		&e.CausationID, &e.CorrelationID, &e.SessionID, &e.ActionID, &e.TraceID, &e.IdempotencyKey} {
-		*f = d.field(&e)
-	}
-	if refs := d.field(&e); refs != "" && d.err == nil {
-		if err := json.Unmarshal([]byte(refs), &e.Refs); err != nil {
-			d.fail("refs")
+	// One string holds every field, each a part of it: one allocation.
+	all := string(buf)
+	var fs [nStored]string
+	for i := range nStored {
+		from := 0
+		if i > 0 {
+			from = st.end[i-1]
 		}
+		fs[i] = all[from:st.end[i]]
 	}
-	e.SchemaVersion = int(d.uvarint())
-	e.Sequence = d.uvarint()
-	sec := d.varint()
-	nsec := d.uvarint()
-	if d.err != nil {
-		return Event{}, d.err
+	if t, ok := Known(st.field(buf, sfType)); ok {
+		fs[sfType] = t
 	}
-	if nsec >= uint64(time.Second) {
-		return Event{}, fmt.Errorf("%w: timestamp", ErrCorrupt)
-	}
-	e.Timestamp = time.Unix(sec, int64(nsec)).UTC()
-	if len(d.data) > 0 {
-		e.Payload = d.data
+	e := Event{ID: fs[sfID], EventID: fs[sfEventID], Type: fs[sfType], StepID: fs[sfStep],
+		ToolCallID: fs[sfToolCall], RunID: fs[sfRun], CausationID: fs[sfCause],
+		CorrelationID: fs[sfCorrelation], SessionID: fs[sfSession], ActionID: fs[sfAction],
+		TraceID: fs[sfTrace], IdempotencyKey: fs[sfIdempotency], ExecutionID: executionID,
+		SchemaVersion: int(st.schema), Sequence: st.seq, Timestamp: st.ts, Payload: st.payload}
+	if len(st.refs) > 0 {
+		// Copies, so that what json.Unmarshal is given (which escapes)
+		// keeps neither st's bytes nor e off the stack.
+		var refs []Ref
+		if err := json.Unmarshal(slices.Clone(st.refs), &refs); err != nil {
+			return Event{}, fmt.Errorf("%w: refs", ErrCorrupt)
+		}
+		e.Refs = refs
 	}
 	return e, nil
 }
 
 // AppendStoredJSON appends the JSON form of a stored event of the log of
-// execution executionID to b: what clients of the kernel API read.
+// execution executionID to b: what clients of the kernel API read. It
+// copies each field once, from the stored bytes to b, with no Event and
+// no string in between: a replay renders every event it sends.
 func AppendStoredJSON(b, data []byte, executionID string) ([]byte, error) {
 	if len(data) > 0 && data[0] == '{' {
 		return append(b, data...), nil
 	}
-	e, err := DecodeStored(data, executionID)
+	var scratch [storedScratch]byte
+	st, buf, err := decodeStored(data, executionID, scratch[:0])
 	if err != nil {
 		return b, err
 	}
-	return e.AppendJSON(b), nil
+	if len(st.refs) > 0 {
+		// Rare (large values kept elsewhere): the refs are checked and
+		// written as Event's JSON writes them.
+		e, err := DecodeStored(data, executionID)
+		if err != nil {
+			return b, err
+		}
+		return e.AppendJSON(b), nil
+	}
+	// The execution id joins the fields in buf, as bytes like them.
+	at := len(buf)
+	buf = append(buf, executionID...)
+	v := envelope[[]byte]{exec: buf[at:], schema: st.schema, seq: st.seq, ts: st.ts, payload: st.payload}
+	for i := range nStored {
+		v.fields[i] = st.field(buf, i)
+	}
+	return appendJSON(b, &v), nil
+}
+
+// stored is an event's stored form decoded with no string made: its
+// string fields are held one after another in a buffer apart (see field),
+// so that the buffer, on the caller's stack, does not follow the payload
+// and the timestamp wherever they go.
+type stored struct {
+	end     [nStored]int
+	n       int // fields decoded
+	refs    []byte
+	schema  uint64
+	seq     uint64
+	ts      time.Time
+	payload []byte
+}
+
+// storedScratch is the room a stored event's fields take on the stack:
+// with it, an event whose fields fit (any of the kernel's) decodes with no
+// allocation.
+const storedScratch = 512
+
+// field is string field i in buf, the fields' buffer: the bytes from
+// end[i-1] to end[i]; nothing when it has not been decoded (a reference to
+// a later field, which AppendStored never writes).
+func (st *stored) field(buf []byte, i int) []byte {
+	if i >= st.n {
+		return nil
+	}
+	start := 0
+	if i > 0 {
+		start = st.end[i-1]
+	}
+	return buf[start:st.end[i]:st.end[i]]
+}
+
+// decodeStored decodes the stored form in data, its string fields
+// appended to buf, which it returns. (A function returning values, not a
+// method filling a struct, keeps buf where the caller has it: on its
+// stack.)
+func decodeStored(data []byte, exec string, buf []byte) (stored, []byte, error) {
+	if len(data) == 0 || data[0] != storedFormat {
+		return stored{}, buf, fmt.Errorf("%w: unknown format", ErrCorrupt)
+	}
+	d := decoder{data: data[1:], exec: exec}
+	var st stored
+	for i := range nStored {
+		buf = d.field(&st, buf, buf)
+		st.end[i] = len(buf)
+		st.n = i + 1
+	}
+	// The refs, stored as a string field after the others, are JSON and
+	// usually empty: they are kept as bytes of their own.
+	st.refs = d.field(&st, buf, nil)
+	st.schema = d.uvarint()
+	st.seq = d.uvarint()
+	sec := d.varint()
+	nsec := d.uvarint()
+	if d.err != nil {
+		return stored{}, buf, d.err
+	}
+	if nsec >= uint64(time.Second) {
+		return stored{}, buf, fmt.Errorf("%w: timestamp", ErrCorrupt)
+	}
+	st.ts = time.Unix(sec, int64(nsec)).UTC()
+	if len(d.data) > 0 {
+		st.payload = d.data
+	}
+	return st, buf, nil
 }
 
 // decoder reads the stored form; the first error sticks and makes every
@@ -278,49 +403,63 @@ func (d *decoder) bytes() []byte {
 	return d.take(int(n))
 }
 
-// field reads one string field; e holds the fields decoded so far, which
-// the references point back to.
-func (d *decoder) field(e *Event) string {
+// field reads one string field and appends its bytes to b; st and buf
+// hold the fields decoded so far, which the references point back to.
+func (d *decoder) field(st *stored, buf, b []byte) []byte {
 	tag := d.take(1)
 	if tag == nil {
-		return ""
+		return b
 	}
 	switch tag[0] {
 	case fieldEmpty:
-		return ""
 	case fieldSameID:
-		return e.ID
+		b = append(b, st.field(buf, sfID)...)
 	case fieldSameStep:
-		return e.StepID
+		b = append(b, st.field(buf, sfStep)...)
 	case fieldSameCause:
-		return e.CausationID
+		b = append(b, st.field(buf, sfCause)...)
 	case fieldSameExec:
-		return d.exec
+		b = append(b, d.exec...)
 	case fieldUUID:
 		if p := d.take(16); p != nil {
-			return uuid.UUID(p).String()
+			b = appendUUID(b, p)
 		}
 	case fieldHex16:
 		if p := d.take(16); p != nil {
-			return hex.EncodeToString(p)
+			b = hex.AppendEncode(b, p)
 		}
 	case fieldType:
 		if p := d.take(1); p != nil {
 			if int(p[0]) < len(storedTypes) {
-				return storedTypes[p[0]]
+				b = append(b, storedTypes[p[0]]...)
+			} else {
+				d.fail("type index")
 			}
-			d.fail("type index")
 		}
 	case fieldString:
-		return string(d.bytes())
+		b = append(b, d.bytes()...)
 	case fieldWithExec:
 		before := d.bytes()
 		after := d.bytes()
 		if d.err == nil {
-			return string(before) + d.exec + string(after)
+			b = append(append(append(b, before...), d.exec...), after...)
 		}
 	default:
 		d.fail("field tag")
 	}
-	return ""
+	return b
+}
+
+// appendUUID appends the 16 bytes of u as a canonical lowercase UUID,
+// as uuid.UUID's String writes it.
+func appendUUID(b, u []byte) []byte {
+	b = hex.AppendEncode(b, u[0:4])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, u[4:6])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, u[6:8])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, u[8:10])
+	b = append(b, '-')
+	return hex.AppendEncode(b, u[10:16])
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 )
@@ -31,6 +32,8 @@ func TestStoredRoundTrip(t *testing.T) {
 		"run id differs from execution": {ID: "a", ExecutionID: "x", RunID: "other", StepID: "a", ToolCallID: "a", Type: "t"},
 		"strings holding the execution id": {ID: "a", ExecutionID: "exec-0001", Type: "t", SessionID: "sess-exec-0001",
 			IdempotencyKey: "exec-0001:tool:exec-0001", TraceID: "pre-exec-0001", ActionID: "exec-000"},
+		"fields past the decoder's stack room": {ID: "a", ExecutionID: "x", Type: "t",
+			IdempotencyKey: strings.Repeat("k", storedScratch), SessionID: strings.Repeat("s", 300)},
 		"short execution id is not referred to": {ID: "a", ExecutionID: "x", Type: "t", SessionID: "sess-x"},
 		"correlation is the cause": {ID: "a", ExecutionID: "x", Type: "t", CausationID: "c", CorrelationID: "c",
 			SessionID: "c", IdempotencyKey: "c"},
@@ -189,5 +192,32 @@ func BenchmarkAppendStored(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = ev.AppendStored(buf[:0])
+	}
+}
+
+// BenchmarkAppendStoredJSON is the rendering a replay does per event: the
+// stored form back to the JSON clients read.
+func BenchmarkAppendStoredJSON(b *testing.B) {
+	ev := kernelEvent()
+	stored := ev.AppendStored(nil)
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if buf, err = AppendStoredJSON(buf[:0], stored, ev.ExecutionID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecodeStored is the kernel's read of a stored event.
+func BenchmarkDecodeStored(b *testing.B) {
+	ev := kernelEvent()
+	stored := ev.AppendStored(nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeStored(stored, ev.ExecutionID); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -39,8 +39,8 @@ const (
 )
 
 // maxHeld bounds what a connection holds back: past it, the held bytes
-// leave at once, and holding goes on. A stream's last flush is one SSE
-// buffer (sseBufferSize) unless a single frame is larger.
+// leave at once, and holding goes on. A stream's last flush is what its
+// transport buffered: at most 64 KiB past one frame (stream.SSE).
 const maxHeld = 64 << 10
 
 // setFlags recomputes flags; the caller holds w.mu.

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"strconv"
@@ -70,7 +69,7 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 	}
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
-	ctx.Response.SetBodyStream(&sseBody{conn: ac, run: func(w *bufio.Writer) {
+	ctx.Response.SetBodyStream(&sseBody{conn: ac, run: func(w io.Writer) {
 		src, ended := open(&o)
 		if ended != nil {
 			defer ended()
@@ -101,24 +100,19 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 
 // sseBody runs an SSE stream on the connection's own goroutine: fasthttp
 // hands WriteTo its chunked writer (see fasthttp.BodyWriterTo), so that
-// each flush of the stream is one chunk on the socket. SetBodyStreamWriter
+// each flush of the stream is one chunk on the socket (the transport
+// buffers the frames in between). SetBodyStreamWriter
 // would put a pipe and a second goroutine between them, a hand-over per
 // flush. done runs once, when fasthttp closes the body, also if it never
 // ran it (a response that is not sent). Closing the body also tells conn
 // that the response has ended: the last frames it holds back leave with
 // fasthttp's next write, the end of the chunked body.
 type sseBody struct {
-	run  func(w *bufio.Writer)
+	run  func(w io.Writer)
 	done func()
 	conn answerConn // nil for a connection Serve did not accept
 	once sync.Once
 }
-
-// sseBufferSize is the stream's write buffer: an event is flushed as one
-// chunk when the stream has written what is ready.
-const sseBufferSize = 4 << 10
-
-var sseBuffers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, sseBufferSize) }}
 
 // SupportsBodyWriteTo lets fasthttp call WriteTo rather than Read.
 func (b *sseBody) SupportsBodyWriteTo() bool { return true }
@@ -126,13 +120,8 @@ func (b *sseBody) SupportsBodyWriteTo() bool { return true }
 // WriteTo runs the stream into w, fasthttp's chunked writer.
 func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
-	bw := sseBuffers.Get().(*bufio.Writer)
-	bw.Reset(cw)
-	b.run(bw)
-	err := bw.Flush()
-	bw.Reset(nil)
-	sseBuffers.Put(bw)
-	return cw.n, err
+	b.run(cw)
+	return cw.n, nil
 }
 
 // Read is never called: fasthttp writes a stream that supports WriteTo

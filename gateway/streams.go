@@ -108,6 +108,9 @@ func eventType(data []byte) string {
 	if j < 0 {
 		return "message"
 	}
+	if t, ok := event.Known(rest[:j]); ok {
+		return t
+	}
 	return string(rest[:j])
 }
 

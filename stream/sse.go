@@ -1,12 +1,13 @@
 package stream
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -31,29 +32,57 @@ type SSEOptions struct {
 // SSE is a Transport that writes Server-Sent Events to a response body: an
 // "id:" line when the frame has an ID, an "event:" line, a "data:" line per
 // line of data, and a blank line.
+//
+// Frames are rendered into a buffer taken from a pool when the first one
+// is written and given back when it is flushed, so an idle stream holds
+// none, and what a stream has ready at once (a resuming client's catch-up)
+// leaves in writes of up to sseSpill bytes rather than one per small
+// buffer.
 type SSE struct {
-	w     *bufio.Writer
+	w     io.Writer
 	conn  net.Conn
 	o     SSEOptions
+	buf   *[]byte // nil while nothing is buffered
 	begun bool
 }
 
-// NewSSE returns a transport writing to w, whose flushes reach conn (the
-// deadline is set on conn; nil sets none).
-func NewSSE(w *bufio.Writer, conn net.Conn, o SSEOptions) *SSE {
+// sseSpill is how much a stream buffers before it writes without waiting
+// for the flush: one write of this size carries a catch-up's events.
+const sseSpill = 64 << 10
+
+// sseBufferKeep is the largest buffer given back to the pool: one grown by
+// a larger frame is left to the collector.
+const sseBufferKeep = 4 * sseSpill
+
+var sseBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
+
+// NewSSE returns a transport writing to w, whose writes reach conn (the
+// deadline is set on conn; nil sets none). Each flush is one Write to w,
+// followed by w's own Flush when it has one (a *bufio.Writer).
+func NewSSE(w io.Writer, conn net.Conn, o SSEOptions) *SSE {
 	return &SSE{w: w, conn: conn, o: o}
 }
 
-func (s *SSE) begin() {
+// buffer returns the buffer frames are appended to, taking one from the
+// pool when the stream holds none.
+func (s *SSE) buffer() []byte {
+	if s.buf == nil {
+		s.buf = sseBuffers.Get().(*[]byte)
+	}
+	return *s.buf
+}
+
+func (s *SSE) begin(b []byte) []byte {
 	if s.begun {
-		return
+		return b
 	}
 	s.begun = true
 	if s.o.Retry > 0 {
-		s.w.WriteString("retry: ")
-		s.w.WriteString(strconv.FormatInt(s.o.Retry.Milliseconds(), 10))
-		s.w.WriteString("\n\n")
+		b = append(b, "retry: "...)
+		b = strconv.AppendInt(b, s.o.Retry.Milliseconds(), 10)
+		b = append(b, "\n\n"...)
 	}
+	return b
 }
 
 // Open writes what precedes the first frame (the retry advice, else an
@@ -62,60 +91,78 @@ func (s *SSE) begin() {
 // they leave with the frames ready at once in one write, or alone when
 // none is; either way the client sees the stream open before it waits.
 func (s *SSE) Open() {
+	b := s.buffer()
 	if s.o.Retry <= 0 && !s.begun {
-		s.w.WriteString(":\n\n")
+		b = append(b, ":\n\n"...)
 	}
-	s.begin()
+	*s.buf = s.begin(b)
 }
 
-// Write buffers one frame. A frame larger than what the buffer holds is
-// written through, within the write timeout like a flush.
+// Write buffers one frame. Once sseSpill bytes are buffered they are
+// written at once, within the write timeout like a flush.
 func (s *SSE) Write(f *Frame) error {
-	deadline := s.arm()
-	s.begin()
+	b := s.begin(s.buffer())
 	if len(f.ID) > 0 {
-		s.w.WriteString("id: ")
-		writeLine(s.w, f.ID)
-		s.w.WriteByte('\n')
+		b = append(b, "id: "...)
+		b = appendLine(b, f.ID)
+		b = append(b, '\n')
 	}
 	if f.Event != "" {
-		s.w.WriteString("event: ")
-		writeLine(s.w, []byte(f.Event))
-		s.w.WriteByte('\n')
+		b = append(b, "event: "...)
+		b = appendLine(b, []byte(f.Event))
+		b = append(b, '\n')
 	}
 	data := f.Data
 	for {
-		i := bytes.IndexAny(data, "\r\n")
-		s.w.WriteString("data: ")
+		b = append(b, "data: "...)
+		i := lineBreak(data)
 		if i < 0 {
-			s.w.Write(data)
-			s.w.WriteByte('\n')
+			b = append(b, data...)
+			b = append(b, '\n')
 			break
 		}
-		s.w.Write(data[:i])
-		s.w.WriteByte('\n')
+		b = append(b, data[:i]...)
+		b = append(b, '\n')
 		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
 			i++
 		}
 		data = data[i+1:]
 	}
-	_, err := s.w.WriteString("\n")
-	return s.classify(err, deadline)
+	b = append(b, '\n')
+	*s.buf = b
+	if len(b) < sseSpill {
+		return nil
+	}
+	return s.Flush()
 }
 
-// writeLine writes b with any line break replaced by a space: an id or an
-// event name must stay on its line.
-func writeLine(w *bufio.Writer, b []byte) {
+// lineBreak is the index of the first CR or LF in b, or -1. Two scans for
+// one byte each beat one scan for a set: event data is JSON, which seldom
+// holds either, so both run to the end at the speed of IndexByte.
+func lineBreak(b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return bytes.IndexByte(b, '\r')
+	}
+	if j := bytes.IndexByte(b[:i], '\r'); j >= 0 {
+		return j
+	}
+	return i
+}
+
+// appendLine appends b with any line break replaced by a space: an id or
+// an event name must stay on its line.
+func appendLine(dst, b []byte) []byte {
 	for len(b) > 0 {
-		i := bytes.IndexAny(b, "\r\n")
+		i := lineBreak(b)
 		if i < 0 {
-			w.Write(b)
-			return
+			return append(dst, b...)
 		}
-		w.Write(b[:i])
-		w.WriteByte(' ')
+		dst = append(dst, b[:i]...)
+		dst = append(dst, ' ')
 		b = b[i+1:]
 	}
+	return dst
 }
 
 // Flush writes what is buffered within the write timeout: a client that
@@ -127,8 +174,24 @@ func writeLine(w *bufio.Writer, b []byte) {
 // deadline fails with whatever error the copy left, and is classified by
 // the clock.
 func (s *SSE) Flush() error {
+	if s.buf == nil {
+		return nil
+	}
 	deadline := s.arm()
-	return s.classify(s.w.Flush(), deadline)
+	return s.classify(s.writeOut(), deadline)
+}
+
+// writeOut writes the buffer to w and gives it back to the pool.
+func (s *SSE) writeOut() error {
+	defer s.release()
+	var err error
+	if b := *s.buf; len(b) > 0 {
+		_, err = s.w.Write(b)
+	}
+	if f, ok := s.w.(interface{ Flush() error }); ok && err == nil {
+		err = f.Flush()
+	}
+	return err
 }
 
 // FlushLast is Flush for the last frames of the stream, which Last may
@@ -138,7 +201,10 @@ func (s *SSE) FlushLast() error {
 	if s.o.Last != nil {
 		s.o.Last()
 	}
-	return s.classify(s.w.Flush(), deadline)
+	if s.buf == nil {
+		return nil
+	}
+	return s.classify(s.writeOut(), deadline)
 }
 
 // arm sets the connection's write deadline for what is written next.
@@ -161,14 +227,14 @@ func (s *SSE) classify(err error, deadline time.Time) error {
 
 // Heartbeat writes a comment line, which every SSE client ignores.
 func (s *SSE) Heartbeat() error {
-	s.begin()
-	_, err := s.w.WriteString(":heartbeat\n\n")
-	return err
+	*s.buf = append(s.begin(s.buffer()), ":heartbeat\n\n"...)
+	return nil
 }
 
 // Close sends the options' notice for reason, if any. The response ends
 // when the body writer returns.
 func (s *SSE) Close(reason Reason, err error) {
+	defer s.release()
 	if reason == Gone || reason == SlowConsumer || s.o.Notice == nil {
 		return
 	}
@@ -176,6 +242,15 @@ func (s *SSE) Close(reason Reason, err error) {
 	if s.o.Notice(&f, reason, err) && s.Write(&f) == nil {
 		_ = s.FlushLast()
 	}
+}
+
+// release gives back a buffer that a stream cut short never wrote.
+func (s *SSE) release() {
+	if s.buf != nil && cap(*s.buf) <= sseBufferKeep {
+		*s.buf = (*s.buf)[:0]
+		sseBuffers.Put(s.buf)
+	}
+	s.buf = nil
 }
 
 // ClientGone reads conn until it fails, and closes the returned channel
