@@ -73,16 +73,22 @@ func CertEdgeName(cert *x509.Certificate) (string, error) {
 	}
 }
 
-// edgePermissions are what the edge box named name may do on its hub. NATS
-// reads them from the leaf's side of the link (leafnode.go
-// processLeafNodeConnect swaps a hub's accepted leaf's publish and
-// subscribe permissions, and sendPermsAndAccountInfo hands them to the box
-// unswapped): Publish is what the box may send into the hub, Subscribe is
-// what it may receive. Both are its own subjects: its dial subject, and its
-// tunnels' inboxes, under the prefix its hubs dial it with. The box's
-// server applies them itself (sendLeafNodeSubUpdate sends the hub no
-// interest in another subject, so nothing else reaches it), and the hub
-// again, closing a link that breaks them (leafPermViolation).
+// edgePermissions are what the edge box named name may do on its hub:
+// its own subjects both ways, its dial subject and its tunnels' inboxes
+// (under the prefix its hubs dial it with), nothing else.
+//
+// The rule, in nats-server v2.15.2: a hub's leaf user's permissions are
+// read from the leaf's side of the link. Publish is what the box may send
+// into the hub, Subscribe what it may receive from it. The hub keeps them
+// as the link's Export and Import (client.go:1234) and hands them to the
+// box, which applies Export as its publish and Import as its subscribe
+// permissions (leafnode.go:1804) and so sends the hub no interest in
+// another subject (sendLeafNodeSubUpdate, leafnode.go:2903). On the hub,
+// processLeafNodeConnect swaps the link's live permissions, data flowing
+// the other way there (leafnode.go:2410): the box's interest must pass
+// the swapped publish side, which is Subscribe (processLeafSub,
+// leafnode.go:3094), and what the box sends must pass Export, which is
+// Publish (leafMsgAllowed, leafnode.go:3412); a breach closes the link.
 func edgePermissions(name string) *server.Permissions {
 	own := []string{edgeSubjects(name)}
 	return &server.Permissions{
