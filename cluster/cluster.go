@@ -91,10 +91,10 @@ func (n *Node) embed(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: NATS server: %w", ErrConfig, err)
 	}
+	n.srv = srv
 	if err := n.auth.bind(srv); err != nil {
 		return err
 	}
-	n.srv = srv
 	warnCertName(&n.o)
 	srv.SetLoggerV2(newLogger(n.o.Logger), n.o.Logger.Enabled(ctx, slog.LevelDebug), false, false)
 	srv.Start()
