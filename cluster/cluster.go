@@ -11,8 +11,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,9 +39,6 @@ var ErrCredentials = errors.New("cluster: the NATS deployment refused this node'
 // JetStream in.
 const StoreFolder = "nats"
 
-// inProcessUser is the embedded server's one client user.
-const inProcessUser = "gatehouse"
-
 // readyPoll spaces the checks of the wait for JetStream at start.
 const readyPoll = 50 * time.Millisecond
 
@@ -52,13 +47,11 @@ const statusTimeout = 2 * time.Second
 
 // Node is a running NATS side. Its methods are safe for concurrent use.
 type Node struct {
-	o Options
-	// user and password are the embedded server's one client account,
-	// when its client listener is not one the operator asked for.
-	user, password string
-	srv            *server.Server // nil when connected to an existing deployment
-	nc             *nats.Conn
-	js             jetstream.JetStream
+	o    Options
+	auth *authenticator // nil when connected to an existing deployment
+	srv  *server.Server // nil when connected to an existing deployment
+	nc   *nats.Conn
+	js   jetstream.JetStream
 }
 
 // Start starts the embedded server (or connects to o.URL) and returns once
@@ -99,6 +92,10 @@ func (n *Node) embed(ctx context.Context) error {
 		return fmt.Errorf("%w: NATS server: %w", ErrConfig, err)
 	}
 	n.srv = srv
+	if err := n.auth.bind(srv); err != nil {
+		return err
+	}
+	warnCertName(&n.o)
 	srv.SetLoggerV2(newLogger(n.o.Logger), n.o.Logger.Enabled(ctx, slog.LevelDebug), false, false)
 	srv.Start()
 	if !srv.ReadyForConnections(n.o.ReadyTimeout) {
@@ -133,6 +130,19 @@ func (n *Node) serverOptions() (*server.Options, error) {
 		MaxPayload: MaxGroupBytes + 64<<10,
 		SyncAlways: o.SyncAlways,
 	}
+	var err error
+	if so.Accounts, err = accounts(); err != nil {
+		return nil, err
+	}
+	// Every client and leaf link is admitted by the authenticator: the
+	// node's own connections with a password only this process knows
+	// (a clustered node's client listener, on a free loopback port, would
+	// otherwise let another local process append to the journal or purge
+	// it), edge boxes into EdgesAccount only.
+	if n.auth, err = newAuthenticator(&n.o); err != nil {
+		return nil, err
+	}
+	so.CustomClientAuthentication = n.auth
 	switch {
 	case o.ClientListen != "":
 		h, p, err := hostPort(o.ClientListen)
@@ -143,16 +153,7 @@ func (n *Node) serverOptions() (*server.Options, error) {
 	case o.Name != "":
 		// NATS opens its route listener only once its client listener is
 		// open: a clustered node needs one, and takes a free loopback port.
-		// The journal is reachable through it, so it takes a password only
-		// this process knows: another local process could otherwise
-		// append to the cluster's journal or purge it.
 		so.Host, so.Port = "127.0.0.1", server.RANDOM_PORT
-		var secret [24]byte
-		if _, err := rand.Read(secret[:]); err != nil {
-			return nil, fmt.Errorf("cluster: client password: %w", err)
-		}
-		so.Username, so.Password = inProcessUser, hex.EncodeToString(secret[:])
-		n.user, n.password = so.Username, so.Password
 	}
 	if o.Name != "" {
 		h, p, err := hostPort(o.Listen)
@@ -192,7 +193,10 @@ func (n *Node) serverOptions() (*server.Options, error) {
 		if err != nil {
 			return nil, err
 		}
-		ro := &server.RemoteLeafOpts{URLs: []*url.URL{u}}
+		// The box's side of the link is its EdgesAccount too: its hubs
+		// reach its tunnels' listener, and nothing of its own journal or
+		// JetStream.
+		ro := &server.RemoteLeafOpts{URLs: []*url.URL{u}, LocalAccount: EdgesAccount}
 		if u.Scheme == "tls" || o.LeafTLS.set() {
 			if ro.TLSConfig, err = clientTLS(o.LeafTLS, "--leaf-tls"); err != nil {
 				return nil, err
@@ -211,15 +215,7 @@ func (n *Node) serverOptions() (*server.Options, error) {
 // its subscriptions with it. The caller closes it.
 func (n *Node) Connect(name string) (*nats.Conn, error) {
 	if n.srv != nil {
-		opts := []nats.Option{nats.InProcessServer(n.srv), nats.Name(name), nats.MaxReconnects(-1)}
-		if n.user != "" {
-			opts = append(opts, nats.UserInfo(n.user, n.password))
-		}
-		nc, err := nats.Connect("", opts...)
-		if err != nil {
-			return nil, fmt.Errorf("cluster: in-process connection: %w", err)
-		}
-		return nc, nil
+		return n.connectAs(name, n.auth.global)
 	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -254,6 +250,28 @@ func (n *Node) Connect(name string) (*nats.Conn, error) {
 	nc, err := nats.Connect(n.o.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --nats-url %s: %w", ErrConfig, redactURLs(n.o.URL), err)
+	}
+	return nc, nil
+}
+
+// ConnectEdges opens a connection for tunnels to and from edge boxes, as
+// Connect does: on the embedded server, into EdgesAccount, where edge
+// boxes' leaf links are bound and nothing else runs; on a deployment of
+// Options.URL, into the node's account there, as Connect's. The caller
+// closes it.
+func (n *Node) ConnectEdges(name string) (*nats.Conn, error) {
+	if n.srv != nil {
+		return n.connectAs(name, n.auth.tunnels)
+	}
+	return n.Connect(name)
+}
+
+// connectAs opens an in-process connection to the embedded server as the
+// user of cr.
+func (n *Node) connectAs(name string, cr credential) (*nats.Conn, error) {
+	nc, err := nats.Connect("", nats.InProcessServer(n.srv), nats.Name(name), nats.MaxReconnects(-1), nats.UserInfo(cr.user, cr.password))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: in-process connection: %w", err)
 	}
 	return nc, nil
 }

@@ -145,8 +145,9 @@ func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 
 // TestEdgeLinksToHubOverTLS links an edge server, with its own JetStream
 // domain, to a hub as a leaf node over mutual TLS: each reports the link,
-// a message published on the edge reaches a subscriber on the hub, and the
-// edge's JetStream answers in its own domain.
+// a message the edge publishes on its own subjects reaches a subscriber of
+// the hub's in EdgesAccount, and the edge's JetStream answers in its own
+// domain.
 func TestEdgeLinksToHubOverTLS(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
 	caPath := caFile(t, ca)
@@ -155,8 +156,9 @@ func TestEdgeLinksToHubOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cert, key := ca.WriteEdgePair(t, 11, "edge", "127.0.0.1")
 	edge, err := start(t, cluster.Options{NodeName: "edge", Domain: "edge", LeafRemotes: []string{"tls://" + leaf},
-		Dir: t.TempDir(), LeafTLS: nodeTLS(t, ca, 11, caPath)})
+		Dir: t.TempDir(), LeafTLS: cluster.TLSFiles{Cert: cert, Key: key, CA: caPath}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,16 +169,15 @@ func TestEdgeLinksToHubOverTLS(t *testing.T) {
 		}
 		return nil
 	})
-	sub, err := hub.Conn().SubscribeSync("greet")
+	greet := cluster.EdgeInboxPrefix("edge") + ".greet"
+	sub, err := edgesConn(t, hub, "hub").SubscribeSync(greet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := hub.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
+	fromEdge := edgesConn(t, edge, "edge")
 	// Interest crosses the link a moment after the subscription.
 	eventually.Check(t, func() error {
-		if err := edge.Conn().Publish("greet", []byte("hello")); err != nil {
+		if err := fromEdge.Publish(greet, []byte("hello")); err != nil {
 			return err
 		}
 		msg, err := sub.NextMsg(100 * time.Millisecond)

@@ -158,7 +158,7 @@ func (o *Options) check() error {
 		}
 		o.NodeName = host
 	}
-	if err := ident.Check("node name", o.NodeName); err != nil || strings.ContainsAny(o.NodeName, " \t.*>") {
+	if !validName(o.NodeName) {
 		return fmt.Errorf("%w: node name %q: want a name without spaces, '.', '*' or '>'", ErrConfig, o.NodeName)
 	}
 	if o.URL != "" {
@@ -180,7 +180,7 @@ func (o *Options) check() error {
 		return fmt.Errorf("%w: --cluster-listen, --cluster-peers and --cluster-tls-* need --cluster-name", ErrConfig)
 	}
 	if o.Name != "" {
-		if strings.ContainsAny(o.Name, " \t.*>") || ident.Check("cluster name", o.Name) != nil {
+		if !validName(o.Name) {
 			return fmt.Errorf("%w: cluster name %q: want a name without spaces, '.', '*' or '>'", ErrConfig, o.Name)
 		}
 		if o.Listen == "" {
@@ -226,10 +226,18 @@ func (o *Options) check() error {
 			}
 		}
 	}
-	if o.Domain != "" && (strings.ContainsAny(o.Domain, " \t.*>") || ident.Check("domain", o.Domain) != nil) {
+	if o.Domain != "" && !validName(o.Domain) {
 		return fmt.Errorf("%w: JetStream domain %q: want a name without spaces, '.', '*' or '>'", ErrConfig, o.Domain)
 	}
 	return nil
+}
+
+// validName reports whether name can name a node, a cluster or a
+// JetStream domain: an id (package ident) that is also one NATS subject
+// token, since NATS puts these in subjects (and an edge box's name in its
+// tunnels').
+func validName(name string) bool {
+	return ident.Check("name", name) == nil && !strings.ContainsAny(name, " \t.*>")
 }
 
 // secure refuses a link in clear text on an address other than loopback,

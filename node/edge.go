@@ -4,20 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/relay"
 	"github.com/gatehouse-dev/gatehouse/tunnel"
 )
-
-// EdgeSubject is the NATS subject on which the edge box named name takes
-// the connections its hubs pass on (a tunnel's dial requests). Core NATS
-// carries it across the leaf link, and across a hub cluster's routes.
-func EdgeSubject(name string) string { return "gatehouse.edge." + name + ".dial" }
 
 // edgeHub gives a node with a NATS side its hub part: requests under
 // gateway.EdgePrefix are passed on to the edge box they name, through a
@@ -32,7 +29,7 @@ func (n *Node) edgeHub(so *gateway.Options) error {
 	}
 	edges := relay.NewEdges(relay.EdgeOptions{
 		Dial: func(ctx context.Context, name string) (net.Conn, error) {
-			c, err := tunnel.Dial(ctx, nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
+			c, err := tunnel.Dial(ctx, nc, cluster.EdgeDialSubject(name), edgeTunnel(name, n.log))
 			switch {
 			case errors.Is(err, tunnel.ErrNoListener):
 				return nil, fmt.Errorf("%w: %w", relay.ErrEdgeNotLinked, err)
@@ -97,22 +94,31 @@ func (n *Node) edgeListener() (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := tunnel.Listen(nc, EdgeSubject(name), tunnel.Options{Logger: n.log})
+	ln, err := tunnel.Listen(nc, cluster.EdgeDialSubject(name), edgeTunnel(name, n.log))
 	if err != nil {
 		return nil, fmt.Errorf("node: edge: %w", err)
 	}
 	return ln, nil
 }
 
+// edgeTunnel are the tunnel options of the edge box named name's tunnels,
+// on the hub's end and the box's: their inboxes under the box's own
+// subjects, which are all its hubs let it reach (cluster.EdgesAccount).
+func edgeTunnel(name string, log *slog.Logger) tunnel.Options {
+	return tunnel.Options{InboxPrefix: cluster.EdgeInboxPrefix(name), Logger: log}
+}
+
 // tunnelConn is the node's NATS connection for tunnels, opened on first
 // use: their own, apart from the one the journal and the lease use, so
 // that tunnels the server cuts off as a slow consumer take nothing else
-// with them. Its release closes it after every tunnel's.
+// with them, and in the account of edge boxes' leaf links
+// (cluster.EdgesAccount), where nothing of the journal's runs. Its release
+// closes it after every tunnel's.
 func (n *Node) tunnelConn() (*nats.Conn, error) {
 	if n.tunnels != nil {
 		return n.tunnels, nil
 	}
-	nc, err := n.Cluster.Connect(n.o.Cluster.NodeName + "-tunnels")
+	nc, err := n.Cluster.ConnectEdges(n.o.Cluster.NodeName + "-tunnels")
 	if err != nil {
 		return nil, fmt.Errorf("node: tunnels: %w", err)
 	}

@@ -125,10 +125,10 @@ func (c *Conn) connect(h hello) error {
 	c.pingAfter = max(min(c.keepAlive, h.deadAfter/3), min(c.keepAlive, minPing))
 	c.tickEvery = max(min(c.pingAfter/2, c.deadAfter/4), time.Millisecond)
 	if c.released {
-		if c.err != nil {
-			return c.err
-		}
-		return fmt.Errorf("%w: the conn ended during the handshake", ErrReset)
+		// The peer may have written and closed before the dial took its
+		// answer, which comes on another subscription than the frames:
+		// what it sent stays to be read, and only a reset fails the dial.
+		return c.err
 	}
 	c.timer = time.AfterFunc(c.tickEvery, c.tick)
 	return nil

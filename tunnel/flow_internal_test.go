@@ -227,6 +227,43 @@ func TestAPeersDeadAfterQuickensPingsDownToMinPing(t *testing.T) {
 	}
 }
 
+// TestAPeerThatWritesAndClosesBeforeTheDialTakesItsAnswerIsRead: the
+// listener's accept and its first frames come on different subscriptions,
+// so a listener that writes and closes at once may have its frames taken
+// before the dial takes the accept; the dial still succeeds and the data
+// reads back, then io.EOF.
+func TestAPeerThatWritesAndClosesBeforeTheDialTakesItsAnswerIsRead(t *testing.T) {
+	s := startServer(t, nil)
+	nc, peer := connect(t, s), connect(t, s)
+	o, err := Options{}.withDefaults(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newConn(nc, o, nc.NewInbox(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil { // the server has the conn's subscription
+		t.Fatal(err)
+	}
+	for _, f := range [][]byte{appendFrame(nil, kindData, 1, []byte("hello")), appendFrame(nil, kindClose, 2, nil)} {
+		if err := peer.Publish(c.local.Subject, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually.True(t, "the peer's close ends the conn", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.released
+	})
+	if err := c.connect(hello{window: minWindow, deadAfter: time.Second, inbox: peer.NewInbox()}); err != nil {
+		t.Fatalf("the dial's answer after the peer's close: %v", err)
+	}
+	if got, err := io.ReadAll(c); err != nil || string(got) != "hello" {
+		t.Fatalf("read %q, %v; want hello", got, err)
+	}
+}
+
 // FuzzParseFrame: no input panics the frame parser, and what it accepts
 // encodes back to the same bytes.
 func FuzzParseFrame(f *testing.F) {

@@ -105,7 +105,7 @@ func (l *Listener) onDial(m *nats.Msg) {
 		return
 	}
 	l.open.Add(1)
-	c, err := newConn(l.nc, l.o, l.nc.NewInbox(), l.ended)
+	c, err := newConn(l.nc, l.o, l.o.newInbox(l.nc), l.ended)
 	if err != nil {
 		l.open.Add(-1)
 		l.o.Logger.Warn("tunnel: open a conn", "subject", l.addr.Subject, "err", err)
@@ -201,11 +201,11 @@ func Dial(ctx context.Context, nc *nats.Conn, subject string, o Options) (*Conn,
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "nats", Addr: Addr{subject}, Err: err} }
 	ctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 	defer cancel()
-	c, err := newConn(nc, o, nc.NewInbox(), nil)
+	c, err := newConn(nc, o, o.newInbox(nc), nil)
 	if err != nil {
 		return nil, opErr(err)
 	}
-	msg, err := nc.RequestWithContext(ctx, subject, appendHello(nil, kindOpen, hello{window: o.Window, deadAfter: o.DeadAfter, inbox: c.local.Subject}))
+	msg, err := request(ctx, nc, subject, o.newInbox(nc), appendHello(nil, kindOpen, hello{window: o.Window, deadAfter: o.DeadAfter, inbox: c.local.Subject}))
 	if err != nil {
 		c.release(false)
 		switch {
@@ -237,6 +237,30 @@ func Dial(ctx context.Context, nc *nats.Conn, subject string, o Options) (*Conn,
 		return nil, opErr(err)
 	}
 	return c, nil
+}
+
+// request sends data to subject with reply as its reply subject, and
+// waits for the one answer. It is nats.Conn.Request with a reply of the
+// caller's choosing, where nats.go's shares one wildcard inbox of the
+// connection's between every request: a party whose permissions allow it
+// only the subjects under its prefix must get the answer there. The
+// reply's subscription goes to the server ahead of the request, on the
+// same connection, so its interest is known wherever the request goes
+// before the answer can be sent; "no responders" arrives on it as on a
+// Request's.
+func request(ctx context.Context, nc *nats.Conn, subject, reply string, data []byte) (*nats.Msg, error) {
+	sub, err := nc.SubscribeSync(reply)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := sub.AutoUnsubscribe(1); err != nil {
+		return nil, err
+	}
+	if err := nc.PublishRequest(subject, reply, data); err != nil {
+		return nil, err
+	}
+	return sub.NextMsgWithContext(ctx)
 }
 
 // dialTimeout is a dial that ran out of time: a net.Error whose Timeout is

@@ -16,6 +16,11 @@
 // responders" (ErrNoListener). Listeners on one subject form a queue group,
 // so a dial opens exactly one conn.
 //
+// Each side makes its inboxes (the dialer's reply subject and conn inbox,
+// the listener's conn inbox) under Options.InboxPrefix when it is set, so
+// that NATS permissions on that prefix can confine a party to its own
+// tunnels; otherwise under the connection's own inbox prefix.
+//
 // From then on each side publishes frames to the other's inbox. A frame is
 // a 10-byte header, version (1), kind, and the frame's sequence number in
 // its direction (uint64, big endian, from 1), followed by the kind's body:
@@ -57,6 +62,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -100,6 +106,14 @@ type Options struct {
 	// MaxConns is how many conns of a Listener may be open at once; a dial
 	// past it is refused: 4096.
 	MaxConns int
+	// InboxPrefix is the subject under which a Listener or a Dial makes
+	// the inboxes it subscribes: a dial's reply, and each conn's inbox
+	// for frames, are InboxPrefix.<unique token>. With one prefix per
+	// party, NATS permissions can confine a party to its own tunnels
+	// (a hub's edge boxes each to gatehouse.edge.<name>.>). It must be a
+	// literal subject of at most 200 bytes. Empty: the connection's own
+	// inboxes (nats.Conn.NewInbox, _INBOX.<token> by default).
+	InboxPrefix string
 	// Logger receives resets and refusals at debug level (Stats counts
 	// them) and failures to subscribe or answer a dial at warn; nil
 	// discards them.
@@ -117,6 +131,9 @@ const (
 	defaultMaxConns    = 4096
 	// maxDeadAfter fits the handshake's uint32 of milliseconds.
 	maxDeadAfter = time.Duration(1<<32-1) * time.Millisecond
+	// maxInboxPrefix leaves room in an inbox of maxInbox bytes for the
+	// dot and the unique token (22 bytes) after the prefix.
+	maxInboxPrefix = 200
 )
 
 // withDefaults fills the unset fields (option.Default: zero or negative)
@@ -138,10 +155,21 @@ func (o Options) withDefaults(nc *nats.Conn) (Options, error) {
 	option.Default(&o.DialTimeout, defaultDialTimeout)
 	option.Default(&o.Backlog, defaultBacklog)
 	option.Default(&o.MaxConns, defaultMaxConns)
+	if o.InboxPrefix != "" && (len(o.InboxPrefix) > maxInboxPrefix || !literalSubject(o.InboxPrefix)) {
+		return o, fmt.Errorf("tunnel: Options.InboxPrefix %q is not a literal subject of at most %d bytes", o.InboxPrefix, maxInboxPrefix)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return o, nil
+}
+
+// newInbox is a fresh inbox under o.InboxPrefix, or nc's own when unset.
+func (o Options) newInbox(nc *nats.Conn) string {
+	if o.InboxPrefix == "" {
+		return nc.NewInbox()
+	}
+	return o.InboxPrefix + "." + strings.TrimPrefix(nats.NewInbox(), nats.InboxPrefix)
 }
 
 // Addr is the address of a tunnel endpoint: a listener's subject, or a

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/nettest"
 
@@ -206,8 +208,67 @@ func TestDialWithNoListenerFailsWithErrNoListener(t *testing.T) {
 	if !errors.Is(err, ErrNoListener) {
 		t.Fatalf("dial: %v, want ErrNoListener", err)
 	}
-	if nc.NumSubscriptions() != 1 { // nats's shared response subscription
-		t.Errorf("%d subscriptions left after a failed dial, want only nats's response one", nc.NumSubscriptions())
+	if n := nc.NumSubscriptions(); n != 0 {
+		t.Errorf("%d subscriptions left after a failed dial, want none", n)
+	}
+}
+
+// TestDialAndListenKeepEveryInboxUnderTheirPrefix: with InboxPrefix, a
+// dial's reply and both ends' inboxes lie under it, so two clients that the
+// server allows nothing but edge.e1.> (to publish and to subscribe) open a
+// conn, carry bytes both ways and see each other's end named under it; a
+// dial to no listener still fails with ErrNoListener, and leaves no
+// subscription. Without the prefix the same clients' dial is refused a
+// subscription to _INBOX.
+func TestDialAndListenKeepEveryInboxUnderTheirPrefix(t *testing.T) {
+	only := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"edge.e1.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"edge.e1.>"}},
+	}
+	s := startServer(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "hub", Password: "hub", Permissions: only}, {Username: "box", Password: "box", Permissions: only}}
+	})
+	confined := func(user string) *nats.Conn {
+		// Violations are the server's answers the test checks; they are
+		// not to be printed.
+		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(user, user), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	hub, box := confined("hub"), confined("box")
+	o := Options{InboxPrefix: "edge.e1.conns", DialTimeout: eventually.Deadline}
+	if _, err := Dial(context.Background(), hub, "edge.e1.dial", o); !errors.Is(err, ErrNoListener) {
+		t.Fatalf("dial with no listener: %v, want ErrNoListener", err)
+	}
+	if n := hub.NumSubscriptions(); n != 0 {
+		t.Errorf("%d subscriptions left after a failed dial, want none", n)
+	}
+	l, err := Listen(box, "edge.e1.dial", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	dialed, err := Dial(context.Background(), hub, "edge.e1.dial", o)
+	if err != nil {
+		t.Fatalf("dial under the prefix: %v", err)
+	}
+	t.Cleanup(func() { _ = dialed.Close() })
+	accepted := accept(t, l)
+	t.Cleanup(func() { _ = accepted.Close() })
+	roundTrip(t, dialed, accepted, "to the box")
+	roundTrip(t, accepted, dialed, "to the hub")
+	for _, a := range []net.Addr{dialed.LocalAddr(), dialed.RemoteAddr(), accepted.LocalAddr(), accepted.RemoteAddr()} {
+		if !strings.HasPrefix(a.String(), "edge.e1.conns.") {
+			t.Errorf("an end's inbox %q, want it under edge.e1.conns", a)
+		}
+	}
+
+	_, err = Dial(context.Background(), hub, "edge.e1.dial", Options{DialTimeout: 200 * time.Millisecond})
+	if err == nil || errors.Is(err, ErrNoListener) {
+		t.Fatalf("a dial of a confined client with _INBOX inboxes: %v, want it refused", err)
 	}
 }
 
@@ -229,8 +290,8 @@ func TestADialNobodyAnswersTimesOut(t *testing.T) {
 	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("dial: %v, want a net.Error timeout matching os.ErrDeadlineExceeded and context.DeadlineExceeded", err)
 	}
-	if nc.NumSubscriptions() != 1 { // nats's shared response subscription
-		t.Errorf("%d subscriptions left after a failed dial, want only nats's response one", nc.NumSubscriptions())
+	if n := nc.NumSubscriptions(); n != 0 {
+		t.Errorf("%d subscriptions left after a failed dial, want none", n)
 	}
 }
 
@@ -421,6 +482,11 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 		{Options{Window: minWindow - 1}, "Window"},
 		{Options{Window: maxWindow + 1}, "Window"},
 		{Options{DeadAfter: time.Microsecond}, "DeadAfter"},
+		{Options{InboxPrefix: "edge.*"}, "InboxPrefix"},
+		{Options{InboxPrefix: "edge..e1"}, "InboxPrefix"},
+		{Options{InboxPrefix: "edge.e1."}, "InboxPrefix"},
+		{Options{InboxPrefix: "edge e1"}, "InboxPrefix"},
+		{Options{InboxPrefix: strings.Repeat("e", maxInboxPrefix+1)}, "InboxPrefix"},
 	} {
 		_, lerr := Listen(nc, "tunnel.options", tc.o)
 		_, derr := Dial(context.Background(), nc, "tunnel.options", tc.o)

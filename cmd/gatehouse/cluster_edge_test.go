@@ -112,7 +112,7 @@ func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T)
 		t.Fatal(err)
 	}
 	hubCert, hubKey := ca.WriteNodePair(t, 10, "127.0.0.1")
-	edgeCert, edgeKey := ca.WriteNodePair(t, 11, "127.0.0.1")
+	edgeCert, edgeKey := ca.WriteEdgePair(t, 11, "edge", "127.0.0.1")
 	leaf := freeAddr(t)
 	link := cutproxy.Start(t, leaf)
 	// The hub advertises the proxy: an edge box redials what its hub

@@ -254,11 +254,12 @@ func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
 
 // TestClusterEdgeWorksAloneWhileItsHubLinkIsCut links an edge box, with its
 // own JetStream domain, to a hub as a leaf node over mutual TLS. While
-// linked, a message published on the edge reaches a subscriber on the hub.
+// linked, a request through the hub (/edge/edge/...) reaches the edge box,
+// which answers it (403 EDGE_TOKEN_REQUIRED: it runs with no token).
 // The hub is killed: the edge reports the link down and goes on working
 // alone (healthy, executions created, its JetStream written). The hub comes
 // back on its folder and port: the edge links again by itself, and
-// messages cross again.
+// requests cross again.
 func TestClusterEdgeWorksAloneWhileItsHubLinkIsCut(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
 	caPath := filepath.Join(t.TempDir(), "ca.pem")
@@ -266,7 +267,7 @@ func TestClusterEdgeWorksAloneWhileItsHubLinkIsCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	hubCert, hubKey := ca.WriteNodePair(t, 10, "127.0.0.1")
-	edgeCert, edgeKey := ca.WriteNodePair(t, 11, "127.0.0.1")
+	edgeCert, edgeKey := ca.WriteEdgePair(t, 11, "edge", "127.0.0.1")
 	leaf := freeAddr(t)
 	hub := newNATSNode(t, "hub", "--leaf-listen", leaf, "--leaf-tls-cert", hubCert, "--leaf-tls-key", hubKey, "--leaf-tls-ca", caPath)
 	edge := newNATSNode(t, "edge", "--nats-domain", "edge", "--leaf-remote", "tls://"+leaf,
@@ -290,27 +291,13 @@ func TestClusterEdgeWorksAloneWhileItsHubLinkIsCut(t *testing.T) {
 	}
 	crosses := func() {
 		t.Helper()
-		hc, err := nats.Connect(hub.nats, nats.MaxReconnects(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer hc.Close()
-		sub, err := hc.SubscribeSync("edge.hello")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ec, err := nats.Connect(edge.nats, nats.MaxReconnects(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ec.Close()
-		// The subscription's interest reaches the edge a moment later.
+		// The edge box's listener reaches the hub a moment after the link.
 		eventually.Check(t, func() error {
-			if err := ec.Publish("edge.hello", []byte("hi")); err != nil {
-				return err
+			code, body, err := edgeCall(t.Context(), "GET", hub.base+"/edge/edge/v0/health", "", nil)
+			if err != nil || code != http.StatusForbidden || body["code"] != "EDGE_TOKEN_REQUIRED" {
+				return fmt.Errorf("through the hub: %d %v %v, want the edge box's 403 EDGE_TOKEN_REQUIRED", code, body, err)
 			}
-			_, err := sub.NextMsg(100 * time.Millisecond)
-			return err
+			return nil
 		})
 	}
 	eventually.Check(t, linked(true))

@@ -84,7 +84,7 @@ func (ca *CA) WriteFile(tb testing.TB) string {
 // its private key, both PEM-encoded.
 func (ca *CA) Issue(tb testing.TB, serial int64, hosts ...string) (certPEM, keyPEM []byte) {
 	tb.Helper()
-	return ca.issue(tb, serial, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, hosts)
+	return ca.issue(tb, serial, serverName, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, hosts)
 }
 
 // IssueNode returns a certificate as Issue does that also serves as a
@@ -92,7 +92,28 @@ func (ca *CA) Issue(tb testing.TB, serial int64, hosts ...string) (certPEM, keyP
 // routes, leaf links) presents.
 func (ca *CA) IssueNode(tb testing.TB, serial int64, hosts ...string) (certPEM, keyPEM []byte) {
 	tb.Helper()
-	return ca.issue(tb, serial, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, hosts)
+	return ca.issue(tb, serial, serverName, nodeUsages(), hosts)
+}
+
+// WriteEdgePair writes, as WriteNodePair does, a certificate whose
+// subject's common name is name: an edge box's leaf certificate, which
+// names the box to a hub that checks it.
+func (ca *CA) WriteEdgePair(tb testing.TB, serial int64, name string, hosts ...string) (certFile, keyFile string) {
+	tb.Helper()
+	certFile, keyFile = Files(tb)
+	certPEM, keyPEM := ca.issue(tb, serial, name, nodeUsages(), hosts)
+	Replace(tb, keyFile, keyPEM)
+	Replace(tb, certFile, certPEM)
+	return certFile, keyFile
+}
+
+// serverName is the subject's common name of the certificates Issue and
+// IssueNode make.
+const serverName = "gatehouse test server"
+
+// nodeUsages are a node's certificate's: a server's and a client's.
+func nodeUsages() []x509.ExtKeyUsage {
+	return []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 }
 
 // WriteNodePair issues a certificate as IssueNode does and writes it and
@@ -106,12 +127,12 @@ func (ca *CA) WriteNodePair(tb testing.TB, serial int64, hosts ...string) (certF
 	return certFile, keyFile
 }
 
-func (ca *CA) issue(tb testing.TB, serial int64, usages []x509.ExtKeyUsage, hosts []string) (certPEM, keyPEM []byte) {
+func (ca *CA) issue(tb testing.TB, serial int64, commonName string, usages []x509.ExtKeyUsage, hosts []string) (certPEM, keyPEM []byte) {
 	tb.Helper()
 	key := newKey(tb)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: "gatehouse test server"},
+		Subject:      pkix.Name{CommonName: commonName},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
