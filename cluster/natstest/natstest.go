@@ -119,7 +119,38 @@ func deploy(tb testing.TB, size int, configure func(*server.Options)) []string {
 			return nil
 		})
 	}
+	// A meta leader places a stream of three replicas only on the peers
+	// it has heard from: until then, "no suitable peers for placement".
+	eventually.Check(tb, func() error { return metaCurrent(servers) })
 	return out
+}
+
+// metaCurrent reports whether the servers' meta leader counts every other
+// server a current, online peer.
+func metaCurrent(servers []*server.Server) error {
+	if len(servers) == 1 {
+		return nil
+	}
+	for _, s := range servers {
+		if !s.JetStreamIsLeader() {
+			continue
+		}
+		js, err := s.Jsz(nil)
+		if err != nil || js.Meta == nil {
+			return fmt.Errorf("%s: meta group: %v", s.Name(), err)
+		}
+		current := 0
+		for _, p := range js.Meta.Replicas {
+			if p.Current && !p.Offline {
+				current++
+			}
+		}
+		if current != len(servers)-1 {
+			return fmt.Errorf("meta leader %s: %d of %d peers current", s.Name(), current, len(servers)-1)
+		}
+		return nil
+	}
+	return fmt.Errorf("no meta leader")
 }
 
 // Operator is the root of an operator-mode deployment's trust: its key
