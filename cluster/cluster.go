@@ -35,6 +35,14 @@ var ErrNotReady = errors.New("cluster: JetStream not ready")
 // token) in the URL, or the Options.Creds file.
 var ErrCredentials = errors.New("cluster: the NATS deployment refused this node's credentials (the user in --nats-url, or --nats-creds)")
 
+// ErrAccount is returned by Start, Journal, Leases and Positions when
+// the NATS account the node connects as cannot hold what a member needs:
+// JetStream is not enabled for it, its JetStream limits are too small for
+// the journal and the buckets, or its user lacks a right. JetStream would
+// refuse a retry again, so the start fails at once rather than after
+// Options.ReadyTimeout.
+var ErrAccount = errors.New("cluster: the NATS account cannot serve this node (JetStream not enabled for it, its limits too small, or a right its user lacks: see docs/cluster.md, On an existing NATS deployment)")
+
 // StoreFolder is the folder of the data folder the embedded server keeps
 // JetStream in.
 const StoreFolder = "nats"
@@ -233,9 +241,7 @@ func (n *Node) Connect(name string) (*nats.Conn, error) {
 		}),
 	}
 	if n.o.Creds != "" {
-		// Read here, so that a file that is not there is named as such
-		// rather than retried as a connection that fails.
-		if _, err := os.ReadFile(n.o.Creds); err != nil {
+		if err := checkCreds(n.o.Creds); err != nil {
 			return nil, fmt.Errorf("%w: --nats-creds: %w", ErrConfig, err)
 		}
 		opts = append(opts, nats.UserCredentials(n.o.Creds))
@@ -276,6 +282,28 @@ func (n *Node) connectAs(name string, cr credential) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// checkCreds reads the credentials file at path as nats.go does on each
+// connection: a user's JWT, and a seed that signs the server's nonce.
+// Read here, so that a file that is not there, or holds no seed, is named
+// as such rather than retried as a connection that fails until
+// ReadyTimeout. nats.go's errors name the file, never its contents.
+func checkCreds(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	var o nats.Options
+	if err := nats.UserCredentials(path)(&o); err != nil {
+		return err
+	}
+	if _, err := o.UserJWT(); err != nil {
+		return err
+	}
+	_, err = o.SignatureCB([]byte("gatehouse"))
+	return err
+}
+
 // connect joins an existing NATS deployment at n.o.URL. Credentials the
 // deployment refuses end the wait at once, with ErrCredentials: a retry
 // would be refused again (nats.go closes a connection every server
@@ -305,8 +333,40 @@ func (n *Node) connect(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, statusTimeout)
 		defer cancel()
 		_, err := n.js.AccountInfo(actx)
+		if cause := n.accountRefusal(err); cause != nil {
+			return fmt.Errorf("%w: --nats-url %s: %w", ErrAccount, where, cause)
+		}
 		return err
 	})
+}
+
+// accountRefusal returns, for a node on a deployment, the refusal behind
+// err that a retry would meet again: err itself when JetStream refused
+// what the account's configuration decides (JetStream not enabled for
+// it, a limit), or the permissions violation the connection was last told
+// of; otherwise nil. A JetStream that does not answer (no responders, no
+// peers for placement yet, a timeout) may answer a retry.
+func (n *Node) accountRefusal(err error) error {
+	if err == nil || n.srv != nil {
+		return nil
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch server.ErrorIdentifier(api.ErrorCode) {
+		case server.JSNotEnabledForAccountErr, server.JSStorageResourcesExceededErr,
+			server.JSMemoryResourcesExceededErr, server.JSMaximumStreamsLimitErr,
+			server.JSMaximumConsumersLimitErr, server.JSStreamMaxBytesRequired,
+			server.JSStreamMaxStreamBytesExceeded:
+			return err
+		}
+	}
+	// A request whose subject the user may not publish on is dropped by
+	// the server, which tells the connection; the request itself only
+	// times out.
+	if last := n.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
+		return last
+	}
+	return nil
 }
 
 // authError reports whether err is a NATS server's refusal of a client's
@@ -357,7 +417,7 @@ func (n *Node) waitReady(ctx context.Context, ready func() error) error {
 			n.o.Logger.Info("JetStream ready", "node", n.o.NodeName, "cluster", n.o.Name)
 			return nil
 		}
-		if errors.Is(err, ErrCredentials) || errors.Is(err, ErrNotReady) {
+		if errors.Is(err, ErrCredentials) || errors.Is(err, ErrNotReady) || errors.Is(err, ErrAccount) {
 			return err
 		}
 		if time.Now().After(deadline) {

@@ -107,6 +107,9 @@ func (n *Node) Journal(ctx context.Context) (*Journal, error) {
 		if err == nil {
 			return &Journal{js: n.js, stream: s}, nil
 		}
+		if cause := n.accountRefusal(err); cause != nil {
+			return nil, fmt.Errorf("%w: journal stream (%d replicas of at most %d bytes): %w", ErrAccount, cfg.Replicas, JournalMaxBytes, cause)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: journal stream: %w", ErrNotReady, err)

@@ -75,6 +75,9 @@ func (n *Node) keyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jets
 		if err == nil {
 			return kv, nil
 		}
+		if cause := n.accountRefusal(err); cause != nil {
+			return nil, fmt.Errorf("%w: bucket %s: %w", ErrAccount, cfg.Bucket, cause)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: bucket %s: %w", ErrNotReady, cfg.Bucket, err)

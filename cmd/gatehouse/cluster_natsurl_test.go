@@ -28,10 +28,10 @@ const (
 )
 
 // gatehouseRights are the rights docs/cluster.md says a member's NATS user
-// needs: the JetStream API, the journal's subject and the buckets', and
-// the replies to its requests.
+// needs: the JetStream API and its flow control, the journal's subject and
+// the buckets', and the replies to its requests.
 var gatehouseRights = &server.Permissions{
-	Publish: &server.SubjectPermission{Allow: []string{"$JS.API.>", cluster.JournalSubject,
+	Publish: &server.SubjectPermission{Allow: []string{"$JS.API.>", "$JS.FC.>", cluster.JournalSubject,
 		"$KV." + cluster.LeaseBucket + ".>", "$KV." + cluster.PositionsBucket + ".>"}},
 	Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 }
@@ -56,12 +56,13 @@ func withUser(urls []string, user, password string) string {
 }
 
 // newExternalNode prepares a member named name that joins the NATS
-// deployment at natsURL instead of embedding a server.
-func newExternalNode(t *testing.T, name, natsURL string) *natsNode {
+// deployment at natsURL instead of embedding a server, with the further
+// serve flags.
+func newExternalNode(t *testing.T, name, natsURL string, flags ...string) *natsNode {
 	t.Helper()
 	addr := freeAddr(t)
-	args := []string{"serve", "--addr", addr, "--data", t.TempDir(), "--log-level", "warn",
-		"--node-name", name, "--nats-url", natsURL, "--cluster-ready-timeout", "20s"}
+	args := append([]string{"serve", "--addr", addr, "--data", t.TempDir(), "--log-level", "warn",
+		"--node-name", name, "--nats-url", natsURL, "--cluster-ready-timeout", "20s"}, flags...)
 	n := &natsNode{name: name, base: "http://" + addr, args: args}
 	t.Cleanup(n.kill)
 	return n
