@@ -181,7 +181,7 @@ func (l *Log) deleteSegment(seg *segment) error {
 	// Reads that found its entries before it left the list may be
 	// reading its data still.
 	l.files.Lock()
-	_ = seg.f.Close()
+	_ = seg.close()
 	_ = seg.side.close()
 	l.files.Unlock()
 	// The sidecar goes first: a segment without one is read at the next

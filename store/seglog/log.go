@@ -194,12 +194,36 @@ type Log struct {
 
 // segment is one segment file.
 type segment struct {
-	num        uint64
-	f          *os.File
+	num uint64
+	f   *os.File
+	// data maps the file for reading (nil where it is not mapped: reads
+	// then use f). Its length is the file's size when it was mapped: a
+	// segment given back its unused room later is read only below end.
+	data       []byte
 	end        int64 // end of its records
 	maxVersion uint64
 	mem        *memIndex // while written, and until its sidecar is
 	side       *sidecar
+}
+
+// mapData maps the segment's first size bytes for reading. A mapping
+// refused (address space, a file system without mmap) leaves reads on the
+// file: slower, not wrong.
+func (s *segment) mapData(size int64, log *slog.Logger) {
+	data, err := mapFile(s.f, size)
+	if err != nil {
+		log.Warn("seglog: segment not mapped; reading it through the file", "segment", s.f.Name(), "err", err)
+		return
+	}
+	s.data = data
+}
+
+// close unmaps and closes the segment's file. No read may be under way:
+// callers hold Log.files, or the segment holds no entry a read could find.
+func (s *segment) close() error {
+	uerr := unmapFile(s.data)
+	s.data = nil
+	return errors.Join(uerr, s.f.Close())
 }
 
 func (s *segment) index() segmentIndex {
@@ -378,6 +402,7 @@ func (l *Log) loadSegment(num uint64, hasIdx bool) (*segment, error) {
 		_ = f.Close()
 		return nil, err
 	}
+	seg.mapData(seg.end, l.log)
 	return seg, nil
 }
 
@@ -397,7 +422,9 @@ func (l *Log) openSealed(num uint64) (*segment, error) {
 		_ = sc.close()
 		return nil, fmt.Errorf("%w: its segment is shorter than it says", errSidecar)
 	}
-	return &segment{num: num, f: f, end: int64(sc.end), maxVersion: sc.maxVersion, side: sc}, nil
+	seg := &segment{num: num, f: f, end: int64(sc.end), maxVersion: sc.maxVersion, side: sc}
+	seg.mapData(seg.end, l.log)
+	return seg, nil
 }
 
 func (s *sidecar) closeIfOpen() error {
@@ -534,6 +561,7 @@ func zeroFill(f *os.File, size int64) error {
 // use makes p the segment written.
 func (l *Log) use(p prepared) {
 	seg := &segment{num: p.num, f: p.f, mem: newMemIndex()}
+	seg.mapData(p.size, l.log)
 	l.mu.Lock()
 	l.segs = append(l.segs, seg)
 	l.mu.Unlock()
@@ -772,7 +800,7 @@ func (l *Log) rotate(need int64) error {
 		l.mu.Lock()
 		l.segs = slices.DeleteFunc(l.segs, func(s *segment) bool { return s == old })
 		l.mu.Unlock()
-		_ = old.f.Close()
+		_ = old.close()
 		_ = os.Remove(l.segPath(old.num))
 		return nil
 	}
@@ -863,7 +891,7 @@ func (l *Log) Close() error {
 			l.mu.Lock()
 			l.segs = slices.DeleteFunc(l.segs, func(s *segment) bool { return s == w })
 			l.mu.Unlock()
-			_ = w.f.Close()
+			_ = w.close()
 			err = os.Remove(l.segPath(w.num))
 		} else {
 			err = w.f.Truncate(w.end)
@@ -891,7 +919,7 @@ func (l *Log) closeFiles() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, s := range l.segs {
-		_ = s.f.Close()
+		_ = s.close()
 		_ = s.side.closeIfOpen()
 	}
 	l.segs = nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -460,4 +461,38 @@ func TestCompactLooksAgainOnceADropCame(t *testing.T) {
 	if st, err := l.Compact(context.Background(), 0.5); err != nil || st.Segments == 0 || st.Entries != 0 {
 		t.Fatalf("compact once everything is dropped: %+v, %v", st, err)
 	}
+}
+
+// TestReadOfASegmentCutShortUnderneathIsAnError: a sealed segment is read
+// through a mapping; when its file loses its bytes behind the log's back
+// (cut short by hand, or an I/O error under the mapping), a read of them
+// fails with an error instead of killing the process with SIGBUS, and the
+// log goes on serving what it can still read.
+func TestReadOfASegmentCutShortUnderneathIsAnError(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("segments are mapped on Linux only")
+	}
+	dir := t.TempDir()
+	l := openLog(t, dir, Options{})
+	for seq := uint64(1); seq <= 50; seq++ {
+		commit(t, l, func(b *Batch) { b.Append("x/a", seq, data("x/a", seq, 8<<10)) })
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openLog(t, dir, Options{})
+	defer l.Close()
+	wantSeqs(t, readAll(t, l, "x/a"), "x/a", 8<<10, seqRange(1, 50)...)
+	segs, _ := filepath.Glob(filepath.Join(dir, "*"+segExt))
+	if len(segs) < 1 {
+		t.Fatalf("segments %v", segs)
+	}
+	if err := os.Truncate(segs[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Read("x/a", 0, 50, 0); err == nil {
+		t.Fatal("a read of a segment whose bytes are gone succeeded")
+	}
+	commit(t, l, func(b *Batch) { b.Append("x/b", 1, data("x/b", 1, 50)) })
+	wantSeqs(t, readAll(t, l, "x/b"), "x/b", 50, 1)
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"slices"
 	"sync"
 )
@@ -178,10 +179,28 @@ func newestFirst(hits []hit) []hit {
 	return slices.CompactFunc(hits, func(a, b hit) bool { return a.seq == b.seq })
 }
 
-// readData reads the hits' data, with one read for entries close together
-// in a segment, and returns them as entries in the hits' order, their data
-// in one allocation.
-func readData(hits []hit) ([]Entry, error) {
+// readData reads the hits' data, and returns them as entries in the hits'
+// order, their data in one allocation. An entry of a mapped segment is
+// copied from the mapping; the others are read with one read for entries
+// close together in a segment.
+//
+// A fault on the mapping (an I/O error under it, a segment cut short by
+// hand) is turned into an error, not a crash: the runtime then panics
+// instead of killing the process (debug.SetPanicOnFault), and the panic is
+// recovered here.
+func readData(hits []hit) (_ []Entry, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		if fault, ok := r.(interface{ Addr() uintptr }); ok {
+			err = fmt.Errorf("seglog: read a mapped segment: fault at %#x: %v", fault.Addr(), r)
+			return
+		}
+		panic(r)
+	}()
 	out := make([]Entry, len(hits))
 	order := make([]int, len(hits))
 	total := 0
@@ -206,6 +225,11 @@ func readData(hits []hit) ([]Entry, error) {
 	defer spans.Put(sp)
 	for i := 0; i < len(order); {
 		first := hits[order[i]]
+		if data := first.seg.data; int64(first.off)+int64(first.len) <= int64(len(data)) {
+			copy(place(order[i]), data[first.off:])
+			i++
+			continue
+		}
 		if first.len > maxSpan/2 {
 			// Large: read where it goes.
 			if _, err := first.seg.f.ReadAt(place(order[i]), int64(first.off)); err != nil {
