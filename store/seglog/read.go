@@ -23,12 +23,12 @@ const (
 	// maxSpan bounds one read of a segment: entries close together are
 	// read at once, up to this many bytes, gaps between them included.
 	maxSpan = 1 << 20
-	// maxGap is the widest gap between two entries read at once. A read
-	// costs about as much as copying 16 KiB of the page cache on the
-	// machines measured, and the entries of one execution sit a few KiB
-	// apart when tens of executions write at once: a replay then reads
-	// its entries in spans, not one system call each (bench/replay,
-	// whose twenty executions are written in turn; docs/performance.md).
+	// maxGap is the widest gap between two entries read at once from a
+	// segment that is not mapped. A read costs about as much as copying
+	// 16 KiB of the page cache on the machines measured, and the entries
+	// of one execution sit a few KiB apart when tens of executions write
+	// at once: a replay then reads its entries in spans, not one system
+	// call each.
 	maxGap = 16 << 10
 )
 
