@@ -10,10 +10,13 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gatehouse-dev/gatehouse/store/seglog"
 )
 
 // pageOut hands back to the kernel the pages of dir's table and value log
-// files that this process maps (see tablePages). It reads the mappings
+// files, and of its segment log's segments, that this process maps (see
+// tablePages). It reads the mappings
 // from /proc/self/maps and advises MADV_PAGEOUT on each: a hint that
 // never loses data, so a mapping Badger dropped (and the kernel reused)
 // between the read and the advice is at worst paged out too. Reading
@@ -76,7 +79,11 @@ func tableMapping(line, dir string) (start, end uintptr, ok bool) {
 		return 0, 0, false
 	}
 	path := fields[5]
-	if filepath.Dir(path) != dir || (filepath.Ext(path) != ".sst" && filepath.Ext(path) != ".vlog") {
+	switch pdir, ext := filepath.Dir(path), filepath.Ext(path); {
+	case pdir == dir && (ext == ".sst" || ext == ".vlog"):
+	case pdir == filepath.Join(dir, logsDir) && ext == seglog.SegmentExt:
+		// The segment log's files, which its reads map too.
+	default:
 		return 0, 0, false
 	}
 	lo, hi, found := strings.Cut(fields[0], "-")

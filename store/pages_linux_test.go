@@ -26,6 +26,8 @@ func TestTableMapping(t *testing.T) {
 	}{
 		{"a table", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1234 /data/gh/000001.sst", 0x7f0000000000, 0x7f0000200000, true},
 		{"a value log", "7f0000000000-7f0008000000 rw-s 00000000 fd:01 1235 /data/gh/000001.vlog", 0x7f0000000000, 0x7f0008000000, true},
+		{"a segment of the log", "7f0000000000-7f0002000000 r--s 00000000 fd:01 1241 /data/gh/logs/0000000000000001.seg", 0x7f0000000000, 0x7f0002000000, true},
+		{"a segment's sidecar", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1242 /data/gh/logs/0000000000000001.idx", 0, 0, false},
 		{"a memory table's log", "7f0000000000-7f0000800000 rw-s 00000000 fd:01 1236 /data/gh/00001.mem", 0, 0, false},
 		{"a table of another folder", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1237 /data/other/000001.sst", 0, 0, false},
 		{"a table in a folder below", "7f0000000000-7f0000200000 r--s 00000000 fd:01 1238 /data/gh/x/000001.sst", 0, 0, false},

@@ -256,6 +256,10 @@ type prepared struct {
 	err  error
 }
 
+// SegmentExt ends the name of a segment file, which a reader maps (on
+// Linux) while the segment is open.
+const SegmentExt = segExt
+
 const (
 	segExt  = ".seg"
 	idxExt  = ".idx"
