@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -60,7 +61,16 @@ type Node struct {
 	srv  *server.Server // nil when connected to an existing deployment
 	nc   *nats.Conn
 	js   jetstream.JetStream
+	// refusedSince is when the account refusals in a row began (Unix
+	// nanoseconds), 0 when the last answer was not one: see accountRefusal.
+	refusedSince atomic.Int64
 }
+
+// refusalSettle is how long JetStream must keep refusing what an account's
+// configuration decides before a start takes it as final. A meta leader
+// that has not yet met an account (no client of it ever connected there)
+// refuses it as "JetStream not enabled" until it has registered it.
+const refusalSettle = 2 * time.Second
 
 // Start starts the embedded server (or connects to o.URL) and returns once
 // JetStream is ready, bounded by o.ReadyTimeout and ctx. Close releases it.
@@ -341,13 +351,31 @@ func (n *Node) connect(ctx context.Context) error {
 }
 
 // accountRefusal returns, for a node on a deployment, the refusal behind
-// err that a retry would meet again: err itself when JetStream refused
-// what the account's configuration decides (JetStream not enabled for
-// it, a limit), or the permissions violation the connection was last told
-// of; otherwise nil. A JetStream that does not answer (no responders, no
-// peers for placement yet, a timeout) may answer a retry.
+// err that a retry would meet again, once such refusals have come in a row
+// for refusalSettle: err itself when JetStream refused what the account's
+// configuration decides (JetStream not enabled for it, a limit), or the
+// permissions violation the connection was last told of; otherwise nil. A
+// JetStream that does not answer (no responders, no peers for placement
+// yet, a timeout) may answer a retry.
 func (n *Node) accountRefusal(err error) error {
-	if err == nil || n.srv != nil {
+	if n.srv != nil {
+		return nil
+	}
+	cause := n.refusal(err)
+	if cause == nil {
+		n.refusedSince.Store(0)
+		return nil
+	}
+	now := time.Now().UnixNano()
+	if n.refusedSince.CompareAndSwap(0, now) || time.Duration(now-n.refusedSince.Load()) < refusalSettle {
+		return nil
+	}
+	return cause
+}
+
+// refusal is accountRefusal's verdict on one answer.
+func (n *Node) refusal(err error) error {
+	if err == nil {
 		return nil
 	}
 	var api *jetstream.APIError

@@ -32,7 +32,8 @@ import (
 // serves on each; the test's cleanup shuts them down.
 func Deployment(tb testing.TB, size int, users []*server.User) []string {
 	tb.Helper()
-	return deploy(tb, size, func(o *server.Options) { o.Users = users })
+	urls, _ := deploy(tb, size, func(o *server.Options) { o.Users = users })
+	return urls
 }
 
 // OperatorDeployment starts size servers as Deployment does, in operator
@@ -57,7 +58,11 @@ func OperatorDeployment(tb testing.TB, size int, op *Operator) []string {
 			tb.Fatal(err)
 		}
 	}
-	return deploy(tb, size, func(o *server.Options) {
+	withJetStream := map[string]bool{}
+	for _, a := range op.accounts {
+		withJetStream[a.pub] = a.Claims.Limits.JetStreamLimits.DiskStorage != 0 || a.Claims.Limits.JetStreamLimits.MemoryStorage != 0
+	}
+	urls, servers := deploy(tb, size, func(o *server.Options) {
 		// Each server its own resolver, as each reads its own config.
 		resolver := &server.MemAccResolver{}
 		for pub, j := range jwts {
@@ -69,10 +74,30 @@ func OperatorDeployment(tb testing.TB, size int, op *Operator) []string {
 		o.SystemAccount = op.system.pub
 		o.AccountResolver = resolver
 	})
+	// A server registers an account, and enables the JetStream its JWT
+	// grants, when it first meets it: until every server has, a request
+	// that reaches one that has not is refused with "jetstream not enabled
+	// for account", whatever the account's limits.
+	for _, s := range servers {
+		for pub, js := range withJetStream {
+			eventually.Check(tb, func() error {
+				acc, err := s.LookupAccount(pub)
+				switch {
+				case err != nil:
+					return fmt.Errorf("%s: account %s: %w", s.Name(), pub, err)
+				case js && !acc.JetStreamEnabled():
+					return fmt.Errorf("%s: account %s: JetStream not enabled yet", s.Name(), pub)
+				}
+				return nil
+			})
+		}
+	}
+	return urls
 }
 
-// deploy starts size servers, each with the options configure completes.
-func deploy(tb testing.TB, size int, configure func(*server.Options)) []string {
+// deploy starts size servers, each with the options configure completes,
+// and returns their client URLs and the servers.
+func deploy(tb testing.TB, size int, configure func(*server.Options)) ([]string, []*server.Server) {
 	tb.Helper()
 	var routes []*url.URL
 	routePorts := make([]int, size)
@@ -122,7 +147,7 @@ func deploy(tb testing.TB, size int, configure func(*server.Options)) []string {
 	// A meta leader places a stream of three replicas only on the peers
 	// it has heard from: until then, "no suitable peers for placement".
 	eventually.Check(tb, func() error { return metaCurrent(servers) })
-	return out
+	return out, servers
 }
 
 // metaCurrent reports whether the servers' meta leader counts every other
