@@ -40,8 +40,8 @@ var ErrCredentials = errors.New("cluster: the NATS deployment refused this node'
 // the NATS account the node connects as cannot hold what a member needs:
 // JetStream is not enabled for it, its JetStream limits are too small for
 // the journal and the buckets, or its user lacks a right. JetStream would
-// refuse a retry again, so the start fails at once rather than after
-// Options.ReadyTimeout.
+// refuse a retry again, so the start fails once it has refused for
+// refusalSettle rather than after Options.ReadyTimeout.
 var ErrAccount = errors.New("cluster: the NATS account cannot serve this node (JetStream not enabled for it, its limits too small, or a right its user lacks: see docs/cluster.md, On an existing NATS deployment)")
 
 // StoreFolder is the folder of the data folder the embedded server keeps
