@@ -193,16 +193,15 @@ func fill(ctx context.Context, cl *client, c config) ([]string, error) {
 		}
 		ids[i] = x.ID
 	}
-	type job struct{ id string }
-	jobs := make(chan job)
+	jobs := make(chan string)
 	errs := make(chan error, 32)
 	var wg sync.WaitGroup
 	for range 32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for j := range jobs {
-				err := cl.post(ctx, c.url+"/v0/executions/"+j.id+"/signal", map[string]any{
+			for id := range jobs {
+				err := cl.post(ctx, c.url+"/v0/executions/"+id+"/signal", map[string]any{
 					"signal_type": "tick",
 					"payload":     map[string]any{"note": "a realistic small payload of some tens of bytes"},
 				}, nil)
@@ -218,7 +217,7 @@ feed:
 	for k := 0; k < c.signals; k++ {
 		for _, id := range ids {
 			select {
-			case jobs <- job{id}:
+			case jobs <- id:
 			case err := <-errs:
 				close(jobs)
 				wg.Wait()
