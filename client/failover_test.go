@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,22 +14,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
-
-// freeAddr returns a loopback address nothing listens on (a port the
-// kernel just handed out and took back).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
 
 // failoverClient is a client for the gateways at urls, in that order, with
 // the fast backoffs of the other tests.
@@ -61,7 +48,7 @@ func waitRoles(t *testing.T, n *node.Node, agents, runners int) {
 // execution completes.
 func TestFailoverSkipsAGatewayThatRefusesConnections(t *testing.T) {
 	live := nodetest.Start(t, node.Options{Server: gateway.Options{Heartbeat: time.Second}})
-	c := failoverClient(t, "http://"+freeAddr(t), live.URL)
+	c := failoverClient(t, "http://"+loopback.FreeAddr(t), live.URL)
 	background(t, func(ctx context.Context) error {
 		return c.RunRunner(ctx, &client.Runner{RunnerID: "r", Tools: map[string]client.ToolFunc{
 			"echo": func(_ context.Context, args json.RawMessage) (any, error) { return args, nil },
@@ -89,7 +76,7 @@ func TestFailoverSkipsAGatewayThatRefusesConnections(t *testing.T) {
 // tool runs once, and the reader sees every event once, in order.
 func TestFailoverResumesStreamsOnTheNextGateway(t *testing.T) {
 	data := t.TempDir()
-	second := freeAddr(t)
+	second := loopback.FreeAddr(t)
 	o := node.Options{Data: data, Server: gateway.Options{Heartbeat: time.Second}}
 	first := nodetest.Start(t, o)
 	c := failoverClient(t, first.URL, "http://"+second)

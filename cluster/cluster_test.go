@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -18,17 +17,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // start starts a node that the test closes.
 func start(t *testing.T, o cluster.Options) (*cluster.Node, error) {
@@ -68,7 +58,7 @@ func nodeTLS(t *testing.T, ca *tlscerttest.CA, serial int64, caPath string) clus
 func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
 	caPath := caFile(t, ca)
-	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	addrs := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	nodes := make([]*cluster.Node, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
@@ -131,7 +121,7 @@ func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 	}
 
 	stranger := tlscerttest.NewCA(t)
-	_, err = start(t, cluster.Options{Name: "gh", NodeName: "n4", Listen: freeAddr(t), Peers: addrs,
+	_, err = start(t, cluster.Options{Name: "gh", NodeName: "n4", Listen: loopback.FreeAddr(t), Peers: addrs,
 		Dir: t.TempDir(), RouteTLS: nodeTLS(t, stranger, 20, caFile(t, stranger)), ReadyTimeout: time.Second})
 	if !errors.Is(err, cluster.ErrNotReady) {
 		t.Fatalf("a node with another CA's certificate: %v, want ErrNotReady", err)
@@ -151,7 +141,7 @@ func TestThreeNodesReplicateOverMutualTLS(t *testing.T) {
 func TestEdgeLinksToHubOverTLS(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
 	caPath := caFile(t, ca)
-	leaf := freeAddr(t)
+	leaf := loopback.FreeAddr(t)
 	hub, err := start(t, cluster.Options{NodeName: "hub", LeafListen: leaf, Dir: t.TempDir(), LeafTLS: nodeTLS(t, ca, 10, caPath)})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/tunnel"
 )
@@ -98,8 +99,8 @@ func edgesConn(t *testing.T, n *cluster.Node, name string) *nats.Conn {
 func TestAClusteredHubBindsEachEdgeBoxToTheNameItsCertificateCarries(t *testing.T) {
 	ca := tlscerttest.NewCA(t)
 	caPath := caFile(t, ca)
-	leaf := freeAddr(t)
-	routes := []string{freeAddr(t), freeAddr(t)}
+	leaf := loopback.FreeAddr(t)
+	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	var hubLog syncbuf.Buffer
 	hubs := make([]*cluster.Node, 2)
 	errs := make([]error, 2)

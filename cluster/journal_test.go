@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/gatehouse-dev/gatehouse/cluster"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // single starts one embedded node with JetStream in a temporary folder.
@@ -189,7 +190,7 @@ func TestJournalPurgeDropsWhatEveryNodeHolds(t *testing.T) {
 // connection without the password only the node's process knows: another
 // local process cannot reach the journal through it.
 func TestClusteredNodesClientPortTakesOnlyItsOwnConnection(t *testing.T) {
-	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	addrs := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	nodes := make([]*cluster.Node, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup

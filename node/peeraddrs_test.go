@@ -14,19 +14,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/node"
 )
-
-// freeAddr is a loopback address no one listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // ready opens a connection from the loopback address from to addr, asks
 // GET /v0/ready on it, which a follower relays, and returns the status
@@ -54,12 +44,12 @@ func ready(t *testing.T, addr, from string) string {
 // from its route to the follower, lets every one through. A client of
 // another address on the leader is still held to two.
 func TestLeaderDoesNotBoundItsFollowersRelayedConnectionsPerAddress(t *testing.T) {
-	routes := []string{freeAddr(t), freeAddr(t)}
+	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	members := make([]*node.Member, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range members {
-		o := node.Options{Addr: freeAddr(t), Data: t.TempDir(), Server: gateway.Options{MaxConnsPerIP: 2},
+		o := node.Options{Addr: loopback.FreeAddr(t), Data: t.TempDir(), Server: gateway.Options{MaxConnsPerIP: 2},
 			Cluster: cluster.Options{Name: "gh", NodeName: fmt.Sprintf("n%d", i+1), Listen: routes[i], Peers: routes,
 				ReadyTimeout: 30 * time.Second}}
 		wg.Go(func() { members[i], errs[i] = node.OpenMember(t.Context(), o) })

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -27,16 +27,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestKbenchSpreadsOverURLsAndFailsOver runs kbench with two URLs, a
 // gateway at the first and nothing yet at the second: the actors whose
 // turn is the second move to the first. Mid-run the gateway stops and comes
@@ -46,7 +36,7 @@ func freeAddr(t *testing.T) string {
 func TestKbenchSpreadsOverURLsAndFailsOver(t *testing.T) {
 	o := node.Options{Data: t.TempDir()}
 	first := nodetest.Start(t, o)
-	second := freeAddr(t)
+	second := loopback.FreeAddr(t)
 	var out bytes.Buffer
 	var logs syncbuf.Buffer
 	cmd := exec.Command(os.Args[0], "-url", first.URL+",http://"+second, "-agents", "2", "-runners", "2",

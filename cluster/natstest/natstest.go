@@ -7,7 +7,6 @@ package natstest
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // Deployment starts size servers named s1, s2, ... with JetStream, each
@@ -102,7 +102,7 @@ func deploy(tb testing.TB, size int, configure func(*server.Options)) ([]string,
 	var routes []*url.URL
 	routePorts := make([]int, size)
 	for i := range routePorts {
-		routePorts[i] = freePort(tb)
+		routePorts[i] = loopback.FreePort(tb)
 		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", routePorts[i])})
 	}
 	servers := make([]*server.Server, size)
@@ -286,15 +286,4 @@ func newKey(tb testing.TB, create func() (nkeys.KeyPair, error)) (nkeys.KeyPair,
 		tb.Fatal(err)
 	}
 	return key, pub
-}
-
-// freePort is a loopback port free a moment ago.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // BenchmarkAAPTurns loads /aap/v1 as AAP clients do: a gateway process on
@@ -22,7 +24,7 @@ import (
 //	go test -run '^$' -bench AAPTurns -benchtime 1000x ./cmd/gatehouse
 func BenchmarkAAPTurns(b *testing.B) {
 	const sessions = 32
-	c := startChild(b, freeAddr(b), b.TempDir())
+	c := startChild(b, loopback.FreeAddr(b), b.TempDir())
 	background(b, func(ctx context.Context) {
 		_ = agentCmd(ctx, []string{"--url", c.base, "--name", "example", "--log-level", "error"}, io.Discard, io.Discard)
 	})

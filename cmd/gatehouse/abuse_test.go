@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // rssKiB reads a process's resident set from /proc (Linux only).
@@ -45,7 +47,7 @@ func BenchmarkSlowClientsRSS(b *testing.B) {
 	} {
 		b.Run(sc.name, func(b *testing.B) {
 			for b.Loop() {
-				c := startChild(b, freeAddr(b), b.TempDir())
+				c := startChild(b, loopback.FreeAddr(b), b.TempDir())
 				pid := c.cmd.Process.Pid
 				before := rssKiB(b, pid, "VmRSS")
 				held := make([]net.Conn, 0, conns)

@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/channel/telegram"
 	"github.com/gatehouse-dev/gatehouse/channel/telegram/telegramtest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
 
@@ -36,7 +37,7 @@ func TestTelegramAnswerSurvivesAKill(t *testing.T) {
 	if err := os.WriteFile(policy, []byte(channeltest.Policy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := loopback.FreeAddr(t)
 	flags := []string{"--policy", policy, "--telegram-token", token, "--telegram-users", "111=local", "--telegram-api-url", api.URL,
 		"--telegram-webhook-url", "https://gatehouse.example" + telegram.HookPath, "--telegram-webhook-secret", secret}
 	c := newChild(addr, dir, flags...)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
 )
@@ -106,7 +107,7 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 func TestTailFailsFast(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dead := "http://" + freeAddr(t)
+	dead := "http://" + loopback.FreeAddr(t)
 	err := tailCmd(ctx, []string{"--url", dead, "some-execution"}, io.Discard, io.Discard)
 	if ctx.Err() != nil {
 		t.Fatal("tail against a dead URL was still retrying after 60s")
@@ -134,7 +135,7 @@ func TestTailFailsFast(t *testing.T) {
 // TestStopExitsZero: SIGTERM ends serve with status 0 after a clean
 // shutdown, also when it arrives while the gateway is still starting.
 func TestStopExitsZero(t *testing.T) {
-	c := startChild(t, freeAddr(t), t.TempDir())
+	c := startChild(t, loopback.FreeAddr(t), t.TempDir())
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestHostConsumerID(t *testing.T) {
 // key on an address other hosts can reach exits 2 with one line that says
 // what to do, listening on nothing; --insecure-no-auth serves it and warns.
 func TestServeRefusesNetworkWithoutCredentials(t *testing.T) {
-	_, port, _ := net.SplitHostPort(freeAddr(t))
+	_, port, _ := net.SplitHostPort(loopback.FreeAddr(t))
 	addr := "0.0.0.0:" + port
 	var out bytes.Buffer
 	// A serve that does not refuse would run until killed.

@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/cluster/natstest"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // gatehouseJWTRights are gatehouseRights as a user's JWT carries them.
@@ -117,7 +118,7 @@ func TestClusterMembersAuthenticateWithACredentialsFile(t *testing.T) {
 			[]string{unfit, `Permissions Violation for Publish to "$JS.API.INFO"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := []string{"serve", "--addr", freeAddr(t), "--data", t.TempDir(), "--node-name", "n9",
+			args := []string{"serve", "--addr", loopback.FreeAddr(t), "--data", t.TempDir(), "--node-name", "n9",
 				"--nats-url", natsURL, "--nats-creds", tc.creds, "--cluster-ready-timeout", "30s"}
 			ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 			defer cancel()

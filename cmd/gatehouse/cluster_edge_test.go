@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
 	"github.com/gatehouse-dev/gatehouse/internal/cutproxy"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // edgeCall sends one JSON request with a bearer token and decodes the
@@ -113,7 +114,7 @@ func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T)
 	}
 	hubCert, hubKey := ca.WriteNodePair(t, 10, "127.0.0.1")
 	edgeCert, edgeKey := ca.WriteEdgePair(t, 11, "edge", "127.0.0.1")
-	leaf := freeAddr(t)
+	leaf := loopback.FreeAddr(t)
 	link := cutproxy.Start(t, leaf)
 	// The hub advertises the proxy: an edge box redials what its hub
 	// advertises, which would otherwise go round the cut.

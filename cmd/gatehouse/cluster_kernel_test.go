@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/client"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // memberStatus is what GET /v0/cluster says of a member's role.
@@ -44,7 +45,7 @@ func (n *natsNode) member() (memberStatus, error) {
 // them once one leads and the others follow it.
 func kernelCluster(t *testing.T) []*natsNode {
 	t.Helper()
-	routes := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	nodes := make([]*natsNode, 3)
 	for i := range nodes {
 		nodes[i] = newNATSNode(t, fmt.Sprintf("n%d", i+1), "--cluster-name", "gh", "--cluster-listen", routes[i],

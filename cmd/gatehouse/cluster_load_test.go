@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 )
 
@@ -156,7 +157,7 @@ func clusterKills(t *testing.T) int {
 // flowing again after a kill.
 func TestClusterNodeKillsUnderLoad(t *testing.T) {
 	kills := clusterKills(t)
-	routes := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	nodes := make([]*natsNode, 3)
 	for i := range nodes {
 		nodes[i] = newNATSNode(t, fmt.Sprintf("n%d", i+1), "--cluster-name", "gh", "--cluster-listen", routes[i],

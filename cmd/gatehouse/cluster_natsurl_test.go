@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/cluster/natstest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // The NATS deployment's one user, which its servers require.
@@ -60,7 +61,7 @@ func withUser(urls []string, user, password string) string {
 // serve flags.
 func newExternalNode(t *testing.T, name, natsURL string, flags ...string) *natsNode {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := loopback.FreeAddr(t)
 	args := append([]string{"serve", "--addr", addr, "--data", t.TempDir(), "--log-level", "warn",
 		"--node-name", name, "--nats-url", natsURL, "--cluster-ready-timeout", "20s"}, flags...)
 	n := &natsNode{name: name, base: "http://" + addr, args: args}
@@ -268,7 +269,7 @@ func TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses(t *testing
 			"--nats-creds: open " + creds + ".missing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"serve", "--addr", freeAddr(t), "--data", t.TempDir(), "--node-name", "n1",
+			args := append([]string{"serve", "--addr", loopback.FreeAddr(t), "--data", t.TempDir(), "--node-name", "n1",
 				"--cluster-ready-timeout", "30s"}, tc.args...)
 			ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 			defer cancel()

@@ -20,6 +20,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 )
 
@@ -37,7 +38,7 @@ type natsNode struct {
 // newNATSNode prepares a node named name with the further serve flags.
 func newNATSNode(t *testing.T, name string, flags ...string) *natsNode {
 	t.Helper()
-	addr, natsAddr := freeAddr(t), freeAddr(t)
+	addr, natsAddr := loopback.FreeAddr(t), loopback.FreeAddr(t)
 	args := append([]string{"serve", "--addr", addr, "--data", t.TempDir(), "--log-level", "warn",
 		"--node-name", name, "--nats-listen", natsAddr, "--cluster-ready-timeout", "20s"}, flags...)
 	n := &natsNode{name: name, base: "http://" + addr, nats: "nats://" + natsAddr, args: args}
@@ -137,7 +138,7 @@ func startAll(t *testing.T, nodes ...*natsNode) {
 // stream takes writes. The node comes back on its data folder, rejoins,
 // and its replica catches up.
 func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
-	routes := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	peers := strings.Join(routes, ",")
 	nodes := make([]*natsNode, 3)
 	for i := range nodes {
@@ -268,7 +269,7 @@ func TestClusterEdgeWorksAloneWhileItsHubLinkIsCut(t *testing.T) {
 	}
 	hubCert, hubKey := ca.WriteNodePair(t, 10, "127.0.0.1")
 	edgeCert, edgeKey := ca.WriteEdgePair(t, 11, "edge", "127.0.0.1")
-	leaf := freeAddr(t)
+	leaf := loopback.FreeAddr(t)
 	hub := newNATSNode(t, "hub", "--leaf-listen", leaf, "--leaf-tls-cert", hubCert, "--leaf-tls-key", hubKey, "--leaf-tls-ca", caPath)
 	edge := newNATSNode(t, "edge", "--nats-domain", "edge", "--leaf-remote", "tls://"+leaf,
 		"--leaf-tls-cert", edgeCert, "--leaf-tls-key", edgeKey, "--leaf-tls-ca", caPath)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
@@ -94,16 +94,6 @@ func (c *child) stop() {
 	}
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func post(ctx context.Context, client *http.Client, url string, body any) (int, map[string]any, error) {
 	return send(ctx, client, http.MethodPost, url, body)
 }
@@ -136,7 +126,7 @@ func TestKill9LosesNothingAcknowledged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	c := startChild(t, freeAddr(t), t.TempDir())
+	c := startChild(t, loopback.FreeAddr(t), t.TempDir())
 
 	type acked struct {
 		id      string
@@ -205,7 +195,7 @@ func TestKill9KeepsMemoryNotes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	c := startChild(t, freeAddr(t), t.TempDir())
+	c := startChild(t, loopback.FreeAddr(t), t.TempDir())
 	var mu sync.Mutex
 	acked := map[string]string{} // line -> session
 	client := &http.Client{Timeout: 10 * time.Second}
@@ -252,7 +242,7 @@ func TestKill9KeepsSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	c := startChild(t, freeAddr(t), t.TempDir())
+	c := startChild(t, loopback.FreeAddr(t), t.TempDir())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -350,7 +340,7 @@ func TestKill9KeepsAcknowledgedAcks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	addr, dir, flags := freeAddr(t), t.TempDir(), cutServeFlags(t)
+	addr, dir, flags := loopback.FreeAddr(t), t.TempDir(), cutServeFlags(t)
 	c := newChild(addr, dir, flags...)
 	c.start(t)
 	client, streams := &http.Client{Timeout: 10 * time.Second}, &http.Client{}

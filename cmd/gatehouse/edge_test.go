@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/store/fstest"
 )
@@ -250,7 +251,7 @@ func TestEdgeFullDiskKillRestart(t *testing.T) {
 	size := int64(64 << 20)
 	mnt := fstest.Small(t, size)
 	dir := filepath.Join(mnt, "data")
-	addr := freeAddr(t)
+	addr := loopback.FreeAddr(t)
 	c := edgeChild(t, addr, dir)
 	if !heavy {
 		// Leave about 6 MiB above the low-water mark (about 16 MiB here).
@@ -313,7 +314,7 @@ func TestEdgeStartOnFullDiskExitsOnce(t *testing.T) {
 	}
 	mnt := fstest.Small(t, 64<<20)
 	dir := filepath.Join(mnt, "data")
-	addr := freeAddr(t)
+	addr := loopback.FreeAddr(t)
 	c := edgeChild(t, addr, dir)
 	var ids []string
 	client := &http.Client{Timeout: 30 * time.Second}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/eventually"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -22,7 +23,7 @@ import (
 // is answered.
 func TestAgentAndRunnerCommandsSkipADeadURL(t *testing.T) {
 	s := nodetest.Start(t, node.Options{})
-	dead := "http://" + freeAddr(t)
+	dead := "http://" + loopback.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() {
@@ -50,7 +51,7 @@ func TestAgentAndRunnerCommandsSkipADeadURL(t *testing.T) {
 func TestTailResumesOnTheNextURL(t *testing.T) {
 	o := node.Options{Data: t.TempDir()}
 	s := nodetest.Start(t, o)
-	second := freeAddr(t)
+	second := loopback.FreeAddr(t)
 	post := func(base, path, body string) string {
 		t.Helper()
 		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/store/cutfs"
 )
 
@@ -116,7 +117,7 @@ func TestPowerCutFSGatewayLosesNothingAcknowledged(t *testing.T) {
 	t.Logf("%d cycles, seed %d", cycles, seed)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	backing := t.TempDir()
-	addr := freeAddr(t)
+	addr := loopback.FreeAddr(t)
 	flags := cutServeFlags(t)
 	ledger := newCutLedger()
 	var fig cutFigures

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/client"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // BenchmarkRuntimeInvocations loads the Runtime API the way its clients
@@ -23,7 +24,7 @@ import (
 //	go test -run '^$' -bench RuntimeInvocations -benchtime 2000x ./cmd/gatehouse
 func BenchmarkRuntimeInvocations(b *testing.B) {
 	const callers = 32
-	c := startChild(b, freeAddr(b), b.TempDir())
+	c := startChild(b, loopback.FreeAddr(b), b.TempDir())
 	cl, err := client.New(client.Options{BaseURL: c.base})
 	if err != nil {
 		b.Fatal(err)

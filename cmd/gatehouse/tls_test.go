@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/tlscert/tlscerttest"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/internal/syncbuf"
 	"github.com/gatehouse-dev/gatehouse/stream/ssetest"
 )
@@ -79,7 +80,7 @@ func TestServeRefusesBadTLSFlags(t *testing.T) {
 // URL once it answers a client configured with cfg, and its log.
 func tlsServe(t *testing.T, cfg *tls.Config, data string, flags ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := loopback.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	logs := &syncbuf.Buffer{}
@@ -133,7 +134,7 @@ func TestServeACME(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(data, "acme", "gatehouse.test"), append(keyPEM, certPEM...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	httpAddr := freeAddr(t)
+	httpAddr := loopback.FreeAddr(t)
 	cfg := ca.ClientConfig()
 	cfg.ServerName = "gatehouse.test"
 	// Nothing listens at the directory: contacting the authority would fail.

@@ -23,6 +23,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // gcAckEnv names the file in which a child server started by
@@ -140,7 +141,7 @@ type memSample struct {
 func startMemChild(b *testing.B, flags ...string) *memChild {
 	b.Helper()
 	dir := b.TempDir()
-	c := &memChild{child: newChild(freeAddr(b), dir+"/data", flags...), ack: dir + "/gc-ack"}
+	c := &memChild{child: newChild(loopback.FreeAddr(b), dir+"/data", flags...), ack: dir + "/gc-ack"}
 	c.cmd.Env = append(c.cmd.Env, gcAckEnv+"="+c.ack)
 	c.start(b)
 	return c
