@@ -271,26 +271,36 @@ func TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses(t *testing
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"serve", "--addr", loopback.FreeAddr(t), "--data", t.TempDir(), "--node-name", "n1",
 				"--cluster-ready-timeout", "30s"}, tc.args...)
-			ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
-			defer cancel()
-			began := time.Now()
-			err := run(ctx, args, io.Discard, io.Discard)
-			took := time.Since(began)
+			err := refusedStart(t, args, io.Discard, io.Discard)
 			switch {
-			case err == nil:
-				t.Fatal("serve started")
-			case took > 10*time.Second:
-				t.Fatalf("serve refused after %s, not at once: %v", took.Round(time.Millisecond), err)
-			case strings.Contains(err.Error(), "\n"):
-				t.Fatalf("serve's error is not one line: %q", err)
 			case !strings.Contains(err.Error(), tc.want):
 				t.Fatalf("serve's error %q does not say %q", err, tc.want)
 			case strings.Contains(err.Error(), "not-the-password"):
 				t.Fatalf("serve's error shows the password: %v", err)
 			}
-			t.Logf("refused in %s: %v", took.Round(time.Millisecond), err)
 		})
 	}
+}
+
+// refusedStart runs `gatehouse args` and returns its error, failing the
+// test unless serve refused to start within 10 s with one line.
+func refusedStart(t *testing.T, args []string, stdout, stderr io.Writer) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	began := time.Now()
+	err := run(ctx, args, stdout, stderr)
+	took := time.Since(began)
+	switch {
+	case err == nil:
+		t.Fatal("serve started")
+	case took > 10*time.Second:
+		t.Fatalf("serve refused after %s, not at once: %v", took.Round(time.Millisecond), err)
+	case strings.Contains(err.Error(), "\n"):
+		t.Fatalf("serve's error is not one line: %q", err)
+	}
+	t.Logf("refused in %s: %v", took.Round(time.Millisecond), err)
+	return err
 }
 
 // unknownUserCreds is a NATS credentials file of a user no deployment of

@@ -34,6 +34,12 @@ func serve(t *testing.T, o addrlimit.Options) (string, <-chan net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, ln, o)
+}
+
+// serveOn is serve on the listener ln.
+func serveOn(t *testing.T, ln net.Listener, o addrlimit.Options) (string, <-chan net.Conn) {
+	t.Helper()
 	o.Wrap = func(c net.Conn, release func()) net.Conn { return &closer{Conn: c, release: release} }
 	lim := addrlimit.Listen(ln, o)
 	admitted := make(chan net.Conn, 64)
@@ -146,26 +152,7 @@ func TestARefusedTLSConnectionIsClosedWithoutWaitingForItsHandshake(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := addrlimit.Listen(tls.NewListener(ln, &tls.Config{}), addrlimit.Options{Max: 1,
-		Wrap: func(c net.Conn, release func()) net.Conn { return &closer{Conn: c, release: release} }})
-	admitted := make(chan net.Conn, 4)
-	go func() {
-		defer close(admitted)
-		for {
-			c, err := lim.Accept()
-			if err != nil {
-				return
-			}
-			admitted <- c
-		}
-	}()
-	t.Cleanup(func() {
-		lim.Close()
-		for c := range admitted {
-			c.Close()
-		}
-	})
-	addr := ln.Addr().String()
+	addr, admitted := serveOn(t, tls.NewListener(ln, &tls.Config{}), addrlimit.Options{Max: 1})
 	dial(t, addr, "127.0.0.1")
 	admit(t, admitted)
 	silent := dial(t, addr, "127.0.0.1")
