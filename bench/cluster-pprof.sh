@@ -24,16 +24,8 @@ CLUSTER_FLAGS=${CLUSTER_FLAGS:-}
 mkdir -p "$OUT"
 (cd "$ROOT" && go build -o "$WORK/gatehouse" ./cmd/gatehouse && go build -o "$WORK/kbench" ./bench/kbench)
 
-PIDS=()
-stop() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 1 120); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  PIDS=()
-}
-trap stop EXIT
+# shellcheck source=bench/procs.sh
+. "$ROOT/bench/procs.sh"
 
 ticks() { # PID: the process's CPU so far, in clock ticks
   local f
@@ -53,7 +45,7 @@ for i in 1 2 3; do
   urls="$urls${urls:+,}http://127.0.0.1:$((BASE + i))"
 done
 for i in 1 2 3; do
-  for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$((BASE + i))/v0/ready" >/dev/null && break; sleep 0.1; done
+  wait_ready "http://127.0.0.1:$((BASE + i))/v0/ready"
 done
 
 before=()

@@ -26,22 +26,8 @@ BASE=${BASE:-28280}
 mkdir -p "$OUT"
 (cd "$ROOT" && go build -o "$WORK/gatehouse" ./cmd/gatehouse && go build -o "$WORK/kbench" ./bench/kbench)
 
-PIDS=()
-stop() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 1 120); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  PIDS=()
-}
-trap stop EXIT
-
-wait_ready() { # url
-  for _ in $(seq 1 300); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done
-  echo "not ready: $1" >&2
-  return 1
-}
+# shellcheck source=bench/procs.sh
+. "$ROOT/bench/procs.sh"
 
 # cpu_s PID...: the processes' CPU seconds so far.
 cpu_s() {

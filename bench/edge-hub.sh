@@ -21,28 +21,19 @@ BASE=${BASE:-28380}
 EDGE=127.0.0.1:$BASE HUB=127.0.0.1:$((BASE + 1)) LEAF=127.0.0.1:$((BASE + 2))
 
 (cd "$ROOT" && go build -o "$WORK/gatehouse" ./cmd/gatehouse && go build -o "$WORK/kbench" ./bench/kbench)
-PIDS=()
-stop() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap stop EXIT
-ready() { # url
-  for _ in $(seq 1 600); do curl -fsS "$1/v0/ready" >/dev/null 2>&1 && return 0; sleep 0.05; done
-  echo "$1 did not become ready" >&2
-  return 1
-}
+# shellcheck source=bench/procs.sh
+. "$ROOT/bench/procs.sh"
 "$WORK/gatehouse" serve --addr "$HUB" --data "$WORK/hub" --token bench --log-level warn \
   --node-name hub --leaf-listen "$LEAF" >"$WORK/hub.log" 2>&1 &
 PIDS+=($!)
 HP=$!
-ready "http://$HUB"
+wait_ready "http://$HUB/v0/ready"
 "$WORK/gatehouse" serve --addr "$EDGE" --data "$WORK/edge" --token bench --log-level warn \
   --node-name edge --nats-domain edge --leaf-remote "nats-leaf://$LEAF" >"$WORK/edge.log" 2>&1 &
 PIDS+=($!)
 EP=$!
-ready "http://$EDGE"
-ready "http://$HUB/edge/edge"
+wait_ready "http://$EDGE/v0/ready"
+wait_ready "http://$HUB/edge/edge/v0/ready"
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # clock ticks
 tick=$(getconf CLK_TCK)
