@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/addrlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 )
 
 // closer gives its slot back on Close, twice, as a wrapper whose Close is
@@ -62,18 +63,6 @@ func serveOn(t *testing.T, ln net.Listener, o addrlimit.Options) (string, <-chan
 	return ln.Addr().String(), admitted
 }
 
-// dial connects from the loopback address from (127.0.0.1, 127.0.0.2...).
-func dial(t *testing.T, addr, from string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // admit waits for the listener to admit the next connection.
 func admit(t *testing.T, admitted <-chan net.Conn) net.Conn {
 	t.Helper()
@@ -103,21 +92,21 @@ func refused(t *testing.T, c net.Conn) {
 func TestAnAddressHoldsAtMostMaxAndGetsItsSlotBackOnClose(t *testing.T) {
 	var n atomic.Int64
 	addr, admitted := serve(t, addrlimit.Options{Max: 2, Refused: func() { n.Add(1) }})
-	dial(t, addr, "127.0.0.1")
+	loopback.DialFrom(t, addr, "127.0.0.1")
 	first := admit(t, admitted)
-	dial(t, addr, "127.0.0.1")
+	loopback.DialFrom(t, addr, "127.0.0.1")
 	admit(t, admitted)
-	refused(t, dial(t, addr, "127.0.0.1"))
-	dial(t, addr, "127.0.0.2")
+	refused(t, loopback.DialFrom(t, addr, "127.0.0.1"))
+	loopback.DialFrom(t, addr, "127.0.0.2")
 	admit(t, admitted)
 	if n.Load() != 1 {
 		t.Fatalf("%d refusals counted, want 1", n.Load())
 	}
 
 	first.Close()
-	dial(t, addr, "127.0.0.1")
+	loopback.DialFrom(t, addr, "127.0.0.1")
 	admit(t, admitted)
-	refused(t, dial(t, addr, "127.0.0.1"))
+	refused(t, loopback.DialFrom(t, addr, "127.0.0.1"))
 }
 
 // TestExemptAddressesAreNotCounted: an exempt address's connections pass
@@ -126,19 +115,19 @@ func TestExemptAddressesAreNotCounted(t *testing.T) {
 	peer := netip.MustParseAddr("127.0.0.2")
 	addr, admitted := serve(t, addrlimit.Options{Max: 1, Exempt: func(a netip.Addr) bool { return a == peer }})
 	for range 5 {
-		dial(t, addr, "127.0.0.2")
+		loopback.DialFrom(t, addr, "127.0.0.2")
 		admit(t, admitted)
 	}
-	dial(t, addr, "127.0.0.1")
+	loopback.DialFrom(t, addr, "127.0.0.1")
 	admit(t, admitted)
-	refused(t, dial(t, addr, "127.0.0.1"))
+	refused(t, loopback.DialFrom(t, addr, "127.0.0.1"))
 }
 
 // TestNoBoundWhenMaxIsNotPositive: Max <= 0 admits every connection.
 func TestNoBoundWhenMaxIsNotPositive(t *testing.T) {
 	addr, admitted := serve(t, addrlimit.Options{})
 	for range 5 {
-		dial(t, addr, "127.0.0.1")
+		loopback.DialFrom(t, addr, "127.0.0.1")
 		admit(t, admitted)
 	}
 }
@@ -153,13 +142,13 @@ func TestARefusedTLSConnectionIsClosedWithoutWaitingForItsHandshake(t *testing.T
 		t.Fatal(err)
 	}
 	addr, admitted := serveOn(t, tls.NewListener(ln, &tls.Config{}), addrlimit.Options{Max: 1})
-	dial(t, addr, "127.0.0.1")
+	loopback.DialFrom(t, addr, "127.0.0.1")
 	admit(t, admitted)
-	silent := dial(t, addr, "127.0.0.1")
+	silent := loopback.DialFrom(t, addr, "127.0.0.1")
 	_ = silent.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if got, err := io.ReadAll(silent); err != nil || len(got) != 0 {
 		t.Fatalf("refused TLS connection read %q, %v; want its close, unanswered", got, err)
 	}
-	dial(t, addr, "127.0.0.2")
+	loopback.DialFrom(t, addr, "127.0.0.2")
 	admit(t, admitted)
 }
