@@ -29,6 +29,7 @@ func (e *Event) AppendJSON(b []byte) []byte {
 // copy each), so that one writer renders both.
 type envelope[S string | []byte] struct {
 	fields  [nStored]S // in the stored order: see the sf constants
+	plain   uint16     // bit i: fields[i] is known to need no escaping
 	exec    S
 	refs    []byte // the JSON of the refs, nil when none
 	schema  uint64
@@ -41,15 +42,15 @@ type envelope[S string | []byte] struct {
 func appendJSON[S string | []byte](b []byte, v *envelope[S]) []byte {
 	f := &v.fields
 	b = append(b, `{"id":`...)
-	b = appendJSONString(b, f[sfID])
+	b = v.appendField(b, sfID)
 	b = append(b, `,"execution_id":`...)
 	b = appendJSONString(b, v.exec)
 	if len(f[sfStep]) > 0 {
 		b = append(b, `,"step_id":`...)
-		b = appendJSONString(b, f[sfStep])
+		b = v.appendField(b, sfStep)
 	}
 	b = append(b, `,"type":`...)
-	b = appendJSONString(b, f[sfType])
+	b = v.appendField(b, sfType)
 	b = append(b, `,"schema_version":`...)
 	b = strconv.AppendInt(b, int64(v.schema), 10)
 	b = append(b, `,"timestamp":"`...)
@@ -61,21 +62,21 @@ func appendJSON[S string | []byte](b []byte, v *envelope[S]) []byte {
 		b = append(b, v.payload...)
 	}
 	b = append(b, `,"causation_id":`...)
-	b = appendJSONString(b, f[sfCause])
+	b = v.appendField(b, sfCause)
 	b = append(b, `,"correlation_id":`...)
-	b = appendJSONString(b, f[sfCorrelation])
+	b = v.appendField(b, sfCorrelation)
 	b = append(b, `,"idempotency_key":`...)
-	b = appendJSONString(b, f[sfIdempotency])
+	b = v.appendField(b, sfIdempotency)
 	b = append(b, `,"sequence":`...)
 	b = strconv.AppendUint(b, v.seq, 10)
 	b = append(b, `,"event_id":`...)
-	b = appendJSONString(b, f[sfEventID])
-	b = appendOptional(b, `,"session_id":`, f[sfSession])
+	b = v.appendField(b, sfEventID)
+	b = v.appendOptional(b, `,"session_id":`, sfSession)
 	b = append(b, `,"run_id":`...)
-	b = appendJSONString(b, f[sfRun])
-	b = appendOptional(b, `,"tool_call_id":`, f[sfToolCall])
-	b = appendOptional(b, `,"action_id":`, f[sfAction])
-	b = appendOptional(b, `,"trace_id":`, f[sfTrace])
+	b = v.appendField(b, sfRun)
+	b = v.appendOptional(b, `,"tool_call_id":`, sfToolCall)
+	b = v.appendOptional(b, `,"action_id":`, sfAction)
+	b = v.appendOptional(b, `,"trace_id":`, sfTrace)
 	if len(v.refs) > 0 {
 		b = append(b, `,"refs":`...)
 		b = append(b, v.refs...)
@@ -83,11 +84,24 @@ func appendJSON[S string | []byte](b []byte, v *envelope[S]) []byte {
 	return append(b, '}')
 }
 
-func appendOptional[S string | []byte](b []byte, key string, v S) []byte {
-	if len(v) == 0 {
+// appendField quotes field i. A field the stored form shows to be plain
+// (hex, a UUID, a kernel type) is not scanned: most of an event's strings
+// are such ids, and the scan was a tenth of a replay's CPU.
+func (v *envelope[S]) appendField(b []byte, i int) []byte {
+	if v.plain&(1<<i) != 0 {
+		b = append(b, '"')
+		b = append(b, v.fields[i]...)
+		return append(b, '"')
+	}
+	return appendJSONString(b, v.fields[i])
+}
+
+// appendOptional writes key and field i, when the field is not empty.
+func (v *envelope[S]) appendOptional(b []byte, key string, i int) []byte {
+	if len(v.fields[i]) == 0 {
 		return b
 	}
-	return appendJSONString(append(b, key...), v)
+	return v.appendField(append(b, key...), i)
 }
 
 // AppendJSONString quotes s as encoding/json does (HTML-safe). Ids and

@@ -1,6 +1,7 @@
 package event
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -252,33 +253,60 @@ func DecodeStored(data []byte, executionID string) (Event, error) {
 // AppendStoredJSON appends the JSON form of a stored event of the log of
 // execution executionID to b: what clients of the kernel API read. It
 // copies each field once, from the stored bytes to b, with no Event and
-// no string in between: a replay renders every event it sends.
-func AppendStoredJSON(b, data []byte, executionID string) ([]byte, error) {
+// no string in between: a replay renders every event it sends. It also
+// returns the event's type, which names the frame the event goes out in:
+// one of the kernel's types allocates nothing.
+func AppendStoredJSON(b, data []byte, executionID string) (_ []byte, typ string, _ error) {
 	if len(data) > 0 && data[0] == '{' {
-		return append(b, data...), nil
+		return append(b, data...), jsonType(data), nil
 	}
 	var scratch [storedScratch]byte
 	st, buf, err := decodeStored(data, executionID, scratch[:0])
 	if err != nil {
-		return b, err
+		return b, "", err
 	}
 	if len(st.refs) > 0 {
 		// Rare (large values kept elsewhere): the refs are checked and
 		// written as Event's JSON writes them.
 		e, err := DecodeStored(data, executionID)
 		if err != nil {
-			return b, err
+			return b, "", err
 		}
-		return e.AppendJSON(b), nil
+		return e.AppendJSON(b), e.Type, nil
+	}
+	typ, ok := Known(st.field(buf, sfType))
+	if !ok {
+		typ = string(st.field(buf, sfType))
 	}
 	// The execution id joins the fields in buf, as bytes like them.
 	at := len(buf)
 	buf = append(buf, executionID...)
-	v := envelope[[]byte]{exec: buf[at:], schema: st.schema, seq: st.seq, ts: st.ts, payload: st.payload}
+	v := envelope[[]byte]{exec: buf[at:], plain: st.plain, schema: st.schema, seq: st.seq, ts: st.ts, payload: st.payload}
 	for i := range nStored {
 		v.fields[i] = st.field(buf, i)
 	}
-	return appendJSON(b, &v), nil
+	return appendJSON(b, &v), typ, nil
+}
+
+// jsonType finds the type of an event stored in its JSON form (by earlier
+// releases) without decoding the payload: Event's JSON writes its own
+// "type" key before the payload, and the keys before it hold ids that
+// cannot contain the pattern. It is empty when there is none.
+func jsonType(data []byte) string {
+	const key = `"type":"`
+	i := bytes.Index(data, []byte(key))
+	if i < 0 {
+		return ""
+	}
+	rest := data[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return ""
+	}
+	if t, ok := Known(rest[:j]); ok {
+		return t
+	}
+	return string(rest[:j])
 }
 
 // stored is an event's stored form decoded with no string made: its
@@ -287,7 +315,8 @@ func AppendStoredJSON(b, data []byte, executionID string) ([]byte, error) {
 // and the timestamp wherever they go.
 type stored struct {
 	end     [nStored]int
-	n       int // fields decoded
+	n       int    // fields decoded
+	plain   uint16 // bit i: field i needs no escaping in JSON (see plainField)
 	refs    []byte
 	schema  uint64
 	seq     uint64
@@ -325,13 +354,17 @@ func decodeStored(data []byte, exec string, buf []byte) (stored, []byte, error) 
 	d := decoder{data: data[1:], exec: exec}
 	var st stored
 	for i := range nStored {
-		buf = d.field(&st, buf, buf)
+		var plain bool
+		buf, plain = d.field(&st, buf, buf)
 		st.end[i] = len(buf)
 		st.n = i + 1
+		if plain {
+			st.plain |= 1 << i
+		}
 	}
 	// The refs, stored as a string field after the others, are JSON and
 	// usually empty: they are kept as bytes of their own.
-	st.refs = d.field(&st, buf, nil)
+	st.refs, _ = d.field(&st, buf, nil)
 	st.schema = d.uvarint()
 	st.seq = d.uvarint()
 	sec := d.varint()
@@ -404,37 +437,40 @@ func (d *decoder) bytes() []byte {
 }
 
 // field reads one string field and appends its bytes to b; st and buf
-// hold the fields decoded so far, which the references point back to.
-func (d *decoder) field(st *stored, buf, b []byte) []byte {
+// hold the fields decoded so far, which the references point back to. It
+// also reports whether the field is known to need no escaping in JSON
+// (hex, a UUID, a kernel type, or a copy of a field that is), which spares
+// the rendering a scan of it; false means only that it must be scanned.
+func (d *decoder) field(st *stored, buf, b []byte) (_ []byte, plain bool) {
 	tag := d.take(1)
 	if tag == nil {
-		return b
+		return b, false
 	}
 	switch tag[0] {
 	case fieldEmpty:
+		return b, true
 	case fieldSameID:
-		b = append(b, st.field(buf, sfID)...)
+		return append(b, st.field(buf, sfID)...), st.plainField(sfID)
 	case fieldSameStep:
-		b = append(b, st.field(buf, sfStep)...)
+		return append(b, st.field(buf, sfStep)...), st.plainField(sfStep)
 	case fieldSameCause:
-		b = append(b, st.field(buf, sfCause)...)
+		return append(b, st.field(buf, sfCause)...), st.plainField(sfCause)
 	case fieldSameExec:
 		b = append(b, d.exec...)
 	case fieldUUID:
 		if p := d.take(16); p != nil {
-			b = appendUUID(b, p)
+			return appendUUID(b, p), true
 		}
 	case fieldHex16:
 		if p := d.take(16); p != nil {
-			b = hex.AppendEncode(b, p)
+			return hex.AppendEncode(b, p), true
 		}
 	case fieldType:
 		if p := d.take(1); p != nil {
 			if int(p[0]) < len(storedTypes) {
-				b = append(b, storedTypes[p[0]]...)
-			} else {
-				d.fail("type index")
+				return append(b, storedTypes[p[0]]...), true
 			}
+			d.fail("type index")
 		}
 	case fieldString:
 		b = append(b, d.bytes()...)
@@ -447,8 +483,11 @@ func (d *decoder) field(st *stored, buf, b []byte) []byte {
 	default:
 		d.fail("field tag")
 	}
-	return b
+	return b, false
 }
+
+// plainField reports whether field i, decoded, needs no escaping in JSON.
+func (st *stored) plainField(i int) bool { return i < st.n && st.plain&(1<<i) != 0 }
 
 // appendUUID appends the 16 bytes of u as a canonical lowercase UUID,
 // as uuid.UUID's String writes it.

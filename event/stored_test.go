@@ -34,6 +34,13 @@ func TestStoredRoundTrip(t *testing.T) {
 			IdempotencyKey: "exec-0001:tool:exec-0001", TraceID: "pre-exec-0001", ActionID: "exec-000"},
 		"fields past the decoder's stack room": {ID: "a", ExecutionID: "x", Type: "t",
 			IdempotencyKey: strings.Repeat("k", storedScratch), SessionID: strings.Repeat("s", 300)},
+		"copies of fields that need escaping are escaped": {ID: `a"<b>&`, ExecutionID: "x\u2028y\"", Type: "t",
+			StepID: `a"<b>&`, ToolCallID: `a"<b>&`, CausationID: "c\n", CorrelationID: "c\n", RunID: "x\u2028y\"",
+			SessionID: "x\u2028y\"", IdempotencyKey: "\x00"},
+		"copies of plain fields": {ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", ExecutionID: "x", Type: SignalReceived,
+			StepID: "4bf92f3577b34da6a3ce929d0e0e4736", ToolCallID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+			RunID: "4bf92f3577b34da6a3ce929d0e0e4736", CausationID: "4bf92f3577b34da6a3ce929d0e0e4736",
+			CorrelationID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", EventID: SignalReceived},
 		"short execution id is not referred to": {ID: "a", ExecutionID: "x", Type: "t", SessionID: "sess-x"},
 		"correlation is the cause": {ID: "a", ExecutionID: "x", Type: "t", CausationID: "c", CorrelationID: "c",
 			SessionID: "c", IdempotencyKey: "c"},
@@ -43,9 +50,12 @@ func TestStoredRoundTrip(t *testing.T) {
 	for name, ev := range events {
 		t.Run(name, func(t *testing.T) {
 			stored := ev.AppendStored(nil)
-			got, err := AppendStoredJSON(nil, stored, ev.ExecutionID)
+			got, typ, err := AppendStoredJSON(nil, stored, ev.ExecutionID)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if typ != ev.Type {
+				t.Fatalf("type %q, want %q", typ, ev.Type)
 			}
 			ev.Timestamp = ev.Timestamp.UTC()
 			if want := ev.AppendJSON(nil); string(got) != string(want) {
@@ -114,7 +124,7 @@ func TestStoredGoldenReferences(t *testing.T) {
 	if got := hex.EncodeToString(stored); got != golden {
 		t.Fatalf("stored form changed:\n got  %s\n want %s", got, golden)
 	}
-	got, err := AppendStoredJSON(nil, stored, exec)
+	got, _, err := AppendStoredJSON(nil, stored, exec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +143,18 @@ func TestDecodeStoredReadsJSONForm(t *testing.T) {
 	if string(got.AppendJSON(nil)) != string(js) {
 		t.Fatalf("JSON form decoded to %+v", got)
 	}
-	out, err := AppendStoredJSON([]byte("x"), js, ev.ExecutionID)
-	if err != nil || string(out) != "x"+string(js) {
-		t.Fatalf("AppendStoredJSON of the JSON form: %s, %v", out, err)
+	out, typ, err := AppendStoredJSON([]byte("x"), js, ev.ExecutionID)
+	if err != nil || string(out) != "x"+string(js) || typ != ev.Type {
+		t.Fatalf("AppendStoredJSON of the JSON form: %s, %q, %v", out, typ, err)
+	}
+	for _, c := range []struct{ data, want string }{
+		{`{"id":"a","type":"custom.kind","payload":{"type":"x"}}`, "custom.kind"},
+		{`{"id":"a","payload":{}}`, ""},
+		{`{"id":"a","type":"cut`, ""},
+	} {
+		if _, typ, err := AppendStoredJSON(nil, []byte(c.data), "x"); err != nil || typ != c.want {
+			t.Errorf("type of %s: %q, %v; want %q", c.data, typ, err, c.want)
+		}
 	}
 }
 
@@ -204,7 +223,7 @@ func BenchmarkAppendStoredJSON(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var err error
-		if buf, err = AppendStoredJSON(buf[:0], stored, ev.ExecutionID); err != nil {
+		if buf, _, err = AppendStoredJSON(buf[:0], stored, ev.ExecutionID); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -38,7 +38,7 @@ type Kernel interface {
 	ReservedTool(capability string) (runnerID string, reserved bool)
 	BuiltinRunner(runnerID string) bool
 
-	ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error
+	AppendEvents(dst []byte, id string, after uint64, max int, fn func(seq uint64, typ string, data []byte) bool) ([]byte, error)
 	Watch(id string) *kernel.Watch
 	Live(id string) bool
 	Epoch() string

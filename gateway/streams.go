@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -68,21 +67,24 @@ func (s *eventSource) Next(buf []stream.Item) (int, error) {
 	return 0, nil
 }
 
-// read copies events after s.last into buf, within replayBatchBytes.
+// read renders events after s.last into the arena and hands them out in
+// buf, within replayBatchBytes.
 func (s *eventSource) read(buf []stream.Item) (int, error) {
 	n := 0
 	if len(buf) == 0 {
 		return 0, nil
 	}
-	err := s.k.ReadEvents(s.id, s.last, func(seq uint64, data []byte) bool {
-		off := len(s.arena)
-		s.arena = append(s.arena, data...)
-		// Items keep slices of earlier arenas when append grows it: those
-		// stay valid, they are only no longer shared.
-		buf[n] = stream.Item{Seq: seq, Type: eventType(data), Data: s.arena[off:len(s.arena):len(s.arena)]}
+	var err error
+	size := 0
+	s.arena, err = s.k.AppendEvents(s.arena, s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
+		if typ == "" {
+			typ = "message"
+		}
+		buf[n] = stream.Item{Seq: seq, Type: typ, Data: data}
 		n++
 		s.last = seq
-		return n < len(buf) && len(s.arena) < replayBatchBytes
+		size += len(data)
+		return n < len(buf) && size < replayBatchBytes
 	})
 	return n, err
 }
@@ -94,32 +96,12 @@ func (s *eventSource) Close() { s.watch.Stop() }
 // isTerminal reports an execution's last event: its stream ends after it.
 func isTerminal(it stream.Item) bool { return event.IsTerminal(it.Type) }
 
-// eventType finds an envelope's type without decoding the payload. The
-// envelope's own "type" key precedes the payload, and the keys before it
-// hold ids that cannot contain the pattern.
-func eventType(data []byte) string {
-	const key = `"type":"`
-	i := bytes.Index(data, []byte(key))
-	if i < 0 {
-		return "message"
-	}
-	rest := data[i+len(key):]
-	j := bytes.IndexByte(rest, '"')
-	if j < 0 {
-		return "message"
-	}
-	if t, ok := event.Known(rest[:j]); ok {
-		return t
-	}
-	return string(rest[:j])
-}
-
 // renderEvent shows an execution event as the kernel API does: resumable
 // at its sequence, named by its type, the stored envelope as data.
 var renderEvent = stream.RenderFunc(func(f *stream.Frame, it stream.Item) (bool, error) {
 	f.ID = strconv.AppendUint(f.ID, it.Seq, 10)
 	f.Event = it.Type
-	f.Data = append(f.Data, it.Data...)
+	f.Borrow(it.Data)
 	return true, nil
 })
 

@@ -531,8 +531,8 @@ func (k *Kernel) Events(ctx context.Context, id string, after uint64, limit int)
 	}
 	page := EventPage{Events: []json.RawMessage{}}
 	size := 0
-	err := k.eachEvent(id, after, func(seq uint64, raw []byte) (bool, error) {
-		data, err := event.AppendStoredJSON(nil, raw, id)
+	err := k.eachEvent(id, after, limit, func(seq uint64, raw []byte) (bool, error) {
+		data, _, err := event.AppendStoredJSON(nil, raw, id)
 		if err != nil {
 			return false, err
 		}
@@ -565,22 +565,29 @@ func (k *Kernel) exists(id string) error {
 	return err
 }
 
-// ReadEvents calls fn for each stored event of id after a sequence, in order;
-// data is valid only during the call. fn returns false to stop.
-func (k *Kernel) ReadEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
-	var buf []byte
-	return k.eachEvent(id, after, func(seq uint64, raw []byte) (more bool, err error) {
-		if buf, err = event.AppendStoredJSON(buf[:0], raw, id); err != nil {
+// AppendEvents appends the JSON form of id's events after a sequence to
+// dst, in order, and calls fn with each: its sequence, its type and its
+// bytes, a part of the buffer it returns. fn returns false to stop. At
+// most max are read (max <= 0: no bound), so that a reader that takes a
+// batch reads no more than the batch from disk. A part fn was given stays
+// valid when a later append moves the buffer: it only no longer shares it.
+func (k *Kernel) AppendEvents(dst []byte, id string, after uint64, max int, fn func(seq uint64, typ string, data []byte) bool) ([]byte, error) {
+	err := k.eachEvent(id, after, max, func(seq uint64, raw []byte) (bool, error) {
+		at := len(dst)
+		var typ string
+		var err error
+		if dst, typ, err = event.AppendStoredJSON(dst, raw, id); err != nil {
 			return false, err
 		}
-		return fn(seq, buf), nil
+		return fn(seq, typ, dst[at:len(dst):len(dst)]), nil
 	})
+	return dst, err
 }
 
 // ReadEventValues is ReadEvents for readers that render the events in
 // another shape: fn gets each event decoded, valid only during the call.
 func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error {
-	return k.eachEvent(id, after, func(_ uint64, raw []byte) (bool, error) {
+	return k.eachEvent(id, after, 0, func(_ uint64, raw []byte) (bool, error) {
 		var ev event.Event
 		var err error
 		if len(raw) > 0 && raw[0] == '{' {
@@ -597,12 +604,15 @@ func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) 
 
 // eachEvent calls fn with the stored form of each of id's events after a
 // sequence, in order, from the execution's tail when it holds the next one
-// and from the store otherwise. fn returns false to stop, or the error of
-// an event it cannot decode.
-func (k *Kernel) eachEvent(id string, after uint64, fn func(seq uint64, raw []byte) (bool, error)) error {
+// and from the store otherwise, at most max of them (max <= 0: no bound).
+// fn returns false to stop, or the error of an event it cannot decode.
+func (k *Kernel) eachEvent(id string, after uint64, max int, fn func(seq uint64, raw []byte) (bool, error)) error {
 	entries, ok := k.tailFrom(id, after)
 	if !ok {
-		return k.eachStored(id, after, fn)
+		return k.eachStored(id, after, max, fn)
+	}
+	if max > 0 && len(entries) > max {
+		entries = entries[:max]
 	}
 	for _, e := range entries {
 		more, err := fn(e.seq, e.raw)
@@ -617,9 +627,9 @@ func (k *Kernel) eachEvent(id string, after uint64, fn func(seq uint64, raw []by
 }
 
 // eachStored is eachEvent from the store.
-func (k *Kernel) eachStored(id string, after uint64, fn func(seq uint64, raw []byte) (bool, error)) error {
+func (k *Kernel) eachStored(id string, after uint64, max int, fn func(seq uint64, raw []byte) (bool, error)) error {
 	var ferr error
-	err := k.store.Scan(streamOf(id), after, func(seq uint64, raw []byte) bool {
+	err := k.store.ScanAtMost(streamOf(id), after, max, func(seq uint64, raw []byte) bool {
 		var more bool
 		if more, ferr = fn(seq, raw); ferr != nil {
 			ferr = fmt.Errorf("decode event %d of %s: %w", seq, id, ferr)

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -266,18 +267,26 @@ func TestEventsPagesAndReaders(t *testing.T) {
 		t.Fatalf("page past the end: %+v %v", page, err)
 	}
 
-	// ReadEvents gives the JSON form, in order, and stops when told.
-	var seqs []uint64
-	err = r.k.ReadEvents(x.id, 1, func(seq uint64, data []byte) bool {
-		var e event.Event
-		if err := json.Unmarshal(data, &e); err != nil || e.Sequence != seq || e.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
-			t.Errorf("event %d: %s %v", seq, data, err)
+	// AppendEvents gives the JSON form and the type, in order, and stops
+	// when told or at its bound; the parts it handed out stay whole as the
+	// buffer grows.
+	for _, c := range []struct {
+		max, stop int
+		want      string
+	}{{0, 3, "[2 3 4]"}, {2, 3, "[2 3]"}, {0, 0, "[2 3 4 5]"}, {9, 0, "[2 3 4 5]"}} {
+		var seqs []uint64
+		var parts [][]byte
+		buf, err := r.k.AppendEvents(make([]byte, 0, 8), x.id, 1, c.max, func(seq uint64, typ string, data []byte) bool {
+			var e event.Event
+			if err := json.Unmarshal(data, &e); err != nil || e.Sequence != seq || e.Type != typ || e.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
+				t.Errorf("event %d (%s): %s %v", seq, typ, data, err)
+			}
+			seqs, parts = append(seqs, seq), append(parts, data)
+			return c.stop == 0 || len(seqs) < c.stop
+		})
+		if err != nil || fmt.Sprint(seqs) != c.want || string(bytes.Join(parts, nil)) != string(buf) {
+			t.Fatalf("AppendEvents after 1, at most %d, stopping at %d: %v, %v; %q against %q", c.max, c.stop, seqs, err, parts, buf)
 		}
-		seqs = append(seqs, seq)
-		return len(seqs) < 3
-	})
-	if err != nil || fmt.Sprint(seqs) != "[2 3 4]" {
-		t.Fatalf("ReadEvents after 1, stopping at the third: %v %v", seqs, err)
 	}
 	var types []string
 	err = r.k.ReadEventValues(x.id, 0, func(e *event.Event) bool {

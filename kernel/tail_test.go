@@ -14,6 +14,12 @@ import (
 
 // events returns what read gives for id after each sequence up to last:
 // one list of (sequence, JSON) per cursor.
+// readEvents is AppendEvents for a reader that takes each event in turn.
+func (k *Kernel) readEvents(id string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	_, err := k.AppendEvents(nil, id, after, 0, func(seq uint64, _ string, data []byte) bool { return fn(seq, data) })
+	return err
+}
+
 func events(t *testing.T, read func(string, uint64, func(uint64, []byte) bool) error, id string, last uint64) [][]string {
 	t.Helper()
 	var out [][]string
@@ -62,13 +68,13 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 	k.tailMu.Unlock()
 
 	storedJSON := func(id string, after uint64, fn func(uint64, []byte) bool) error {
-		return k.eachStored(id, after, func(seq uint64, raw []byte) (bool, error) {
-			data, err := event.AppendStoredJSON(nil, raw, id)
+		return k.eachStored(id, after, 0, func(seq uint64, raw []byte) (bool, error) {
+			data, _, err := event.AppendStoredJSON(nil, raw, id)
 			return err == nil && fn(seq, data), err
 		})
 	}
 	stored := events(t, storedJSON, v.ID, last)
-	read := events(t, k.ReadEvents, v.ID, last)
+	read := events(t, k.readEvents, v.ID, last)
 	for after := range stored {
 		if len(stored[after]) == 0 && uint64(after) != last {
 			t.Fatalf("the store has nothing after %d", after)
@@ -86,7 +92,7 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.eachStored(v.ID, first-1, func(_ uint64, raw []byte) (bool, error) {
+	if err := k.eachStored(v.ID, first-1, 0, func(_ uint64, raw []byte) (bool, error) {
 		ev, err := event.DecodeStored(raw, v.ID)
 		b, _ := json.Marshal(ev)
 		fromStoreValues = append(fromStoreValues, string(b))
@@ -145,7 +151,7 @@ func TestTailsStayWithinTheirBound(t *testing.T) {
 	}
 	last := ids[len(ids)-1]
 	var got [][]byte
-	if err := k.ReadEvents(last, 0, func(_ uint64, data []byte) bool {
+	if err := k.readEvents(last, 0, func(_ uint64, data []byte) bool {
 		got = append(got, bytes.Clone(data))
 		return true
 	}); err != nil {
@@ -175,10 +181,10 @@ func TestNothingFollowsTheLargestSequence(t *testing.T) {
 		t.Fatalf("tailFrom(2^64-1) = %d entries, %v; want none, from the tail", len(entries), ok)
 	}
 	n := 0
-	if err := k.ReadEvents(v.ID, math.MaxUint64, func(uint64, []byte) bool { n++; return true }); err != nil || n != 0 {
-		t.Fatalf("ReadEvents after 2^64-1: %d events (%v), want none", n, err)
+	if err := k.readEvents(v.ID, math.MaxUint64, func(uint64, []byte) bool { n++; return true }); err != nil || n != 0 {
+		t.Fatalf("AppendEvents after 2^64-1: %d events (%v), want none", n, err)
 	}
-	if err := k.eachStored(v.ID, math.MaxUint64, func(uint64, []byte) (bool, error) { n++; return true, nil }); err != nil || n != 0 {
+	if err := k.eachStored(v.ID, math.MaxUint64, 0, func(uint64, []byte) (bool, error) { n++; return true, nil }); err != nil || n != 0 {
 		t.Fatalf("the store after 2^64-1: %d events (%v), want none", n, err)
 	}
 	if page, err := k.Events(ctx, v.ID, math.MaxUint64, 1000); err != nil || len(page.Events) != 0 {

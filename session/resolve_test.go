@@ -52,7 +52,7 @@ func TestReadResolvedGivesEachReferenceItsEvent(t *testing.T) {
 						Sequence uint64          `json:"sequence"`
 						Payload  json.RawMessage `json:"payload"`
 					}
-					err := w.k.ReadEvents(r.Item.ExecutionID, r.Item.ExecutionSeq-1, func(_ uint64, data []byte) bool {
+					_, err := w.k.AppendEvents(nil, r.Item.ExecutionID, r.Item.ExecutionSeq-1, 1, func(_ uint64, _ string, data []byte) bool {
 						if err := json.Unmarshal(data, &ev); err != nil {
 							t.Fatal(err)
 						}

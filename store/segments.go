@@ -368,10 +368,14 @@ const (
 // scanSegments is Scan of a log in the segment log, a page at a time. It
 // sees every write acknowledged before it: the apply stage hands a group's
 // log writes to the segment log before it counts the group applied.
-func (s *Store) scanSegments(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+func (s *Store) scanSegments(stream string, after uint64, max int, fn func(seq uint64, data []byte) bool) error {
 	s.awaitApplied()
 	for {
-		es, err := s.logs.Read(context.Background(), stream, after, scanPageCount, scanPageBytes)
+		count := scanPageCount
+		if max > 0 {
+			count = min(count, max)
+		}
+		es, err := s.logs.Read(context.Background(), stream, after, count, scanPageBytes)
 		if err != nil {
 			return fmt.Errorf("store: read %s: %w", stream, err)
 		}
@@ -380,6 +384,11 @@ func (s *Store) scanSegments(stream string, after uint64, fn func(seq uint64, da
 		}
 		for _, e := range es {
 			if !fn(e.Seq, e.Data) {
+				return nil
+			}
+		}
+		if max > 0 {
+			if max -= len(es); max <= 0 {
 				return nil
 			}
 		}

@@ -70,6 +70,13 @@ func TestExecutionLogsLiveInSegmentsAndRecordsInBadger(t *testing.T) {
 		if es, _ := s.Read("x/ex1", 20, 3); fmt.Sprint(seqsOf(es)) != "[21 22 23]" {
 			t.Errorf("read after 20, 3 of them: %v", seqsOf(es))
 		}
+		for _, stream := range []string{"x/ex1", "o/agent"} { // the segment log, Badger
+			var seqs []uint64
+			err := s.ScanAtMost(stream, 20, 3, func(seq uint64, _ []byte) bool { seqs = append(seqs, seq); return true })
+			if err != nil || fmt.Sprint(seqs) != "[21 22 23]" {
+				t.Errorf("%s: scan after 20, at most 3, of a reader that takes all: %v, %v", stream, seqs, err)
+			}
+		}
 		if d, err := s.Entry("x/ex1", 25); err != nil || string(d) != "event-25" {
 			t.Errorf("entry 25: %q, %v", d, err)
 		}

@@ -1945,7 +1945,7 @@ type Entry struct {
 // after, in order. limit <= 0 means no limit.
 func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
 	var out []Entry
-	err := s.Scan(stream, after, func(seq uint64, data []byte) bool {
+	err := s.ScanAtMost(stream, after, limit, func(seq uint64, data []byte) bool {
 		out = append(out, Entry{Seq: seq, Data: append([]byte(nil), data...)})
 		return limit <= 0 || len(out) < limit
 	})
@@ -1957,19 +1957,32 @@ func (s *Store) Read(stream string, after uint64, limit int) ([]Entry, error) {
 // after the largest sequence: a cursor of 2^64-1 reads nothing (after+1
 // would wrap to 0 and read everything).
 func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byte) bool) error {
+	return s.ScanAtMost(stream, after, 0, fn)
+}
+
+// ScanAtMost is Scan of at most max entries (max <= 0: no bound). A reader
+// that knows how many it takes says so: the segment log is read a page at
+// a time, and a reader that stopped inside a page would otherwise have
+// read the rest of it for nothing, then again on its next scan.
+func (s *Store) ScanAtMost(stream string, after uint64, max int, fn func(seq uint64, data []byte) bool) error {
 	if after == math.MaxUint64 {
 		return nil
 	}
 	if s.inSegments(stream) {
-		return s.scanSegments(stream, after, fn)
+		return s.scanSegments(stream, after, max, fn)
 	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return err
 	}
 	prefix := logPrefix(stream)
+	prefetch := 256
+	if max > 0 {
+		prefetch = min(prefetch, max)
+	}
 	return s.view(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: prefetch})
 		defer it.Close()
+		n := 0
 		for it.Seek(logKey(stream, after+1)); it.ValidForPrefix(prefix); it.Next() {
 			item := it.Item()
 			seq := binary.BigEndian.Uint64(item.Key()[len(prefix):])
@@ -1977,7 +1990,7 @@ func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byt
 			if err := item.Value(func(data []byte) error { cont = fn(seq, data); return nil }); err != nil {
 				return fmt.Errorf("store: read %s/%d: %w", stream, seq, err)
 			}
-			if !cont {
+			if n++; !cont || n == max {
 				return nil
 			}
 		}

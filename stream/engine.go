@@ -245,7 +245,10 @@ func (s *Stream) drainLocked() (reason Reason, err error, done bool) {
 		buf = make([]Item, s.o.Batch)
 	}
 	f := framePool.Get().(*Frame)
-	defer framePool.Put(f)
+	defer func() {
+		f.Reset() // the pool keeps no item's bytes
+		framePool.Put(f)
+	}()
 	for {
 		n, serr := s.src.Next(buf)
 		final := false

@@ -75,13 +75,31 @@ type Frame struct {
 	Event string
 	// Data is the frame's payload, one JSON value.
 	Data []byte
+
+	own      []byte // the frame's buffer for Data while Data is borrowed
+	borrowed bool
 }
 
-// Reset clears f for the next item, keeping its buffers.
+// Borrow makes b the frame's payload without copying it, for a renderer
+// whose item already holds the payload's bytes: b must stay unchanged until
+// the frame is written. An append to Data afterwards copies it, and Reset
+// gives the frame its own buffer back.
+func (f *Frame) Borrow(b []byte) {
+	if !f.borrowed {
+		f.own, f.borrowed = f.Data[:0], true
+	}
+	f.Data = b[:len(b):len(b)]
+}
+
+// Reset clears f for the next item, keeping its buffers and dropping what
+// it borrowed.
 func (f *Frame) Reset() {
 	f.Seq = 0
 	f.ID = f.ID[:0]
 	f.Event = ""
+	if f.borrowed {
+		f.Data, f.own, f.borrowed = f.own, nil, false
+	}
 	f.Data = f.Data[:0]
 }
 

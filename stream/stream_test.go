@@ -527,3 +527,27 @@ func TestShortBatchesAreNotTheEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestFrameBorrowLeavesTheItemsBytesAlone: a frame that borrowed an item's
+// payload neither writes into it when appended to nor keeps it after a
+// Reset, and gets its own buffer back.
+func TestFrameBorrowLeavesTheItemsBytesAlone(t *testing.T) {
+	var f stream.Frame
+	f.Data = append(f.Data, "own"...)
+	own := &f.Data[:1][0]
+	arena := []byte(`{"a":1}{"b":2}`)
+	f.Reset()
+	f.Borrow(arena[:7])
+	if string(f.Data) != `{"a":1}` {
+		t.Fatalf("borrowed data %q", f.Data)
+	}
+	f.Data = append(f.Data, 'x')
+	if string(arena) != `{"a":1}{"b":2}` {
+		t.Fatalf("an append after Borrow wrote into the item's bytes: %q", arena)
+	}
+	f.Borrow(arena[7:])
+	f.Reset()
+	if len(f.Data) != 0 || cap(f.Data) == 0 || &f.Data[:1][0] != own {
+		t.Fatalf("after Reset the frame holds %q (cap %d), not its own buffer", f.Data, cap(f.Data))
+	}
+}
