@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"sync"
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -31,8 +32,31 @@ type eventSource struct {
 	id    string
 	last  uint64
 	watch *kernel.Watch
-	arena []byte // the data of the items Next returned last
+	arena *[]byte // the data of the items Next returned last, while they are out
 	done  bool
+}
+
+// arenas keeps the buffers execution streams render a batch into. A
+// stream takes one for a batch and gives it back once it finds nothing
+// more to send, so an idle stream holds none, and a catch-up renders into
+// a buffer already grown rather than growing its own.
+var arenas = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledArena bounds the buffers arenas keeps: a batch stops once it
+// holds replayBatchBytes, so only a batch ended by one large event holds
+// more.
+const maxPooledArena = 2 * replayBatchBytes
+
+// releaseArena gives the arena back once no item holds a part of it.
+func (s *eventSource) releaseArena() {
+	if s.arena == nil {
+		return
+	}
+	if cap(*s.arena) <= maxPooledArena {
+		*s.arena = (*s.arena)[:0]
+		arenas.Put(s.arena)
+	}
+	s.arena = nil
 }
 
 // newEventSource starts watching execution id before anything is read, so
@@ -50,7 +74,7 @@ func (s *eventSource) Next(buf []stream.Item) (int, error) {
 		return 0, errKernelClosed
 	default:
 	}
-	s.arena = s.arena[:0]
+	// The items of the last batch are written: the arena is free.
 	n, err := s.read(buf)
 	if err != nil || n > 0 {
 		return n, err
@@ -62,8 +86,10 @@ func (s *eventSource) Next(buf []stream.Item) (int, error) {
 			return n, err
 		}
 		s.done = true
+		s.releaseArena()
 		return 0, stream.ErrEnd
 	}
+	s.releaseArena()
 	return 0, nil
 }
 
@@ -74,9 +100,12 @@ func (s *eventSource) read(buf []stream.Item) (int, error) {
 	if len(buf) == 0 {
 		return 0, nil
 	}
+	if s.arena == nil {
+		s.arena = arenas.Get().(*[]byte)
+	}
 	var err error
 	size := 0
-	s.arena, err = s.k.AppendEvents(s.arena, s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
+	*s.arena, err = s.k.AppendEvents((*s.arena)[:0], s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
 		if typ == "" {
 			typ = "message"
 		}
@@ -91,6 +120,8 @@ func (s *eventSource) read(buf []stream.Item) (int, error) {
 
 func (s *eventSource) OnWake(f func()) { s.watch.OnWake(f) }
 
+// Close may come from another goroutine while a batch is out, so the
+// arena of a stream closed mid-batch is left to the collector, not pooled.
 func (s *eventSource) Close() { s.watch.Stop() }
 
 // isTerminal reports an execution's last event: its stream ends after it.
