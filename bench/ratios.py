@@ -23,6 +23,13 @@ FIGURES = [  # key, label, unit
     ("cpu_ms_per_exec", "server CPU per execution", " ms"),
     ("replay_events_per_s", "catch-up rate (bench/replay)", " events/s"),
     ("replay_us_per_event", "server CPU per event replayed", " µs"),
+    # Gatehouse's own durable points (kbench's "disk", from its /metrics):
+    # per execution, one's latency, their product (the disk's floor at C=1)
+    # and p50 above that floor; the reference writes nothing and has none.
+    ("syncs_per_exec", "durable points per execution", ""),
+    ("sync_ms", "one durable point (fsync latency)", " ms"),
+    ("floor_ms", "disk floor: durable points x fsync latency", " ms"),
+    ("p50_over_floor_ms", "p50 above the disk floor", " ms"),
 ]
 
 
@@ -37,6 +44,9 @@ def load(path):
         r = json.loads(line)
         if r.get("server_cpu_s") is not None and r.get("ok"):
             r["cpu_ms_per_exec"] = 1000 * r["server_cpu_s"] / r["ok"]
+        if r.get("disk"):
+            r.update(r["disk"])
+            r["p50_over_floor_ms"] = r["p50_ms"] - r["floor_ms"]
         rows.append(r)
     return rows
 

@@ -17,6 +17,7 @@ func newStoreCollector(st *store.Store) *gateway.SnapshotCollector[store.Stats] 
 	c.Counter("gatehouse_store_commits_total", "Group commits (batches) written to the store.", func(s store.Stats) float64 { return float64(s.Commits) })
 	c.Counter("gatehouse_store_writes_total", "Writes committed; writes/commits is the group-commit batch size.", func(s store.Stats) float64 { return float64(s.Writes) })
 	c.Counter("gatehouse_store_syncs_total", "fsyncs of the store (one per batch under --sync always).", func(s store.Stats) float64 { return float64(s.Syncs) })
+	c.Counter("gatehouse_store_sync_seconds_total", "Time the journal's durable writes and fsyncs took; over gatehouse_store_syncs_total, the latency of one durable point.", func(s store.Stats) float64 { return s.SyncTime.Seconds() })
 	c.Gauge("gatehouse_store_last_commit_seconds", "Duration of the last group commit, its fsync included.", func(s store.Stats) float64 { return s.LastCommit.Seconds() })
 	c.Gauge("gatehouse_storage_full", "0: room; 1: below the low-water mark, new work is refused with 507 STORAGE_FULL; 2: below the reserve, every write that grows the data is refused.",
 		func(s store.Stats) float64 { return float64(s.Space.State) })

@@ -320,6 +320,9 @@ type Stats struct {
 	Writes uint64
 	// Syncs is the number of fsyncs.
 	Syncs uint64
+	// SyncTime is the time the journal's durable writes took, in all:
+	// over Syncs, the latency of one durable point (a disk's fsync).
+	SyncTime time.Duration
 	// LastBatch is the number of writes in the last batch.
 	LastBatch int
 	// LastCommit is how long the last commit (with its sync) took.
@@ -353,6 +356,7 @@ type group struct {
 	settle bool
 	ts     uint64
 	start  time.Time
+	wrote  time.Duration // the journal's write of the group
 	// follow is the Replica's position a follower's batch in the group
 	// applies up to, replicated the one a leader's group was given.
 	follow, replicated uint64
@@ -808,12 +812,13 @@ func (s *Store) batchSync() {
 	}
 	s.dirty = false
 	at, rep := s.acked.Load(), s.replicated.Load()
+	start := time.Now()
 	if err := s.journal.sync(); err != nil {
 		s.fail(err)
 	} else {
 		s.batchSynced.Store(at)
 		s.replicatedSynced.Store(rep)
-		s.countSync()
+		s.countSync(time.Since(start))
 	}
 }
 
@@ -843,7 +848,10 @@ func (s *Store) journalGroup(g *group, buf []byte) ([]byte, error) {
 			}
 		}
 	}
-	if err := s.journal.place(rec, g.ts).do(); err != nil {
+	start := time.Now()
+	err := s.journal.place(rec, g.ts).do()
+	g.wrote = time.Since(start)
+	if err != nil {
 		if isNoSpace(err) {
 			// Nothing was acknowledged: the writers are refused and
 			// may try again once there is room.
@@ -1164,6 +1172,7 @@ func (s *Store) countCommit(g *group) {
 	defer s.statsMu.Unlock()
 	if s.journal != nil && s.opts.Sync == SyncAlways {
 		s.stats.Syncs++ // the group's own write was synchronous
+		s.stats.SyncTime += g.wrote
 	}
 	writes := max(len(g.reqs), 1) // an inline commit's group has one writer, unnamed
 	s.stats.Commits++
@@ -1349,9 +1358,10 @@ func (s *Store) setOp(txn *badger.Txn, o op) error {
 	return txn.Set(o.key, o.val)
 }
 
-func (s *Store) countSync() {
+func (s *Store) countSync(took time.Duration) {
 	s.statsMu.Lock()
 	s.stats.Syncs++
+	s.stats.SyncTime += took
 	s.statsMu.Unlock()
 }
 

@@ -152,6 +152,9 @@ func TestGroupCommitSharesSyncs(t *testing.T) {
 	if st.Syncs >= st.Writes {
 		t.Fatalf("no group commit: %d syncs for %d writes", st.Syncs, st.Writes)
 	}
+	if st.SyncTime <= before.SyncTime {
+		t.Fatalf("%d durable writes took no time: %v", st.Syncs, st.SyncTime)
+	}
 	for w := range writers {
 		if last, _ := s.Last(fmt.Sprintf("w/%d", w)); last != each {
 			t.Fatalf("writer %d: last = %d", w, last)
