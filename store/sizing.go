@@ -85,7 +85,7 @@ const roomyMemory = 512 * mib
 // in a process that may use memory bytes; zero means no bound.
 func sized(budget, memory int64) sizing {
 	z := sizing{
-		segment: defaultSegmentSize, memTable: 32 * mib, numMemtables: 5,
+		segment: defaultSegmentSize, memTable: 16 * mib, numMemtables: 5,
 		l0Tables: 10, l0Stall: 30, baseTable: 2 * mib, baseLevel: 10 * mib,
 		vlogFile: 64 * mib, blockCache: 32 * mib, indexCache: 16 * mib,
 		backlog: 64 * mib, journal: 4 * defaultSegmentSize,

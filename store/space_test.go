@@ -29,15 +29,15 @@ func TestSized(t *testing.T) {
 		maxReserve        int64 // the reserve and low-water mark stay within it
 		l0Stall           int   // under a memory limit
 	}{
-		{"roomy, no memory bound: the bench's sizes", 0, 0, 32 * mib, 32 * mib, 5, 1 << 62, 0},
-		{"a large disk", 100 * gib, 0, 32 * mib, 32 * mib, 5, 1 << 62, 0},
+		{"roomy, no memory bound: the bench's sizes", 0, 0, 32 * mib, 16 * mib, 5, 1 << 62, 0},
+		{"a large disk", 100 * gib, 0, 32 * mib, 16 * mib, 5, 1 << 62, 0},
 		{"64 MiB partition", 64 * mib, 0, mib, 2 * mib, 2, 20 * mib, 0},
 		{"256 MiB partition", 256 * mib, 0, 4 * mib, 8 * mib, 2, 80 * mib, 0},
 		{"1 GiB partition", gib, 0, 16 * mib, 32 * mib, 2, 320 * mib, 0},
-		{"8 GiB partition", 8 * gib, 0, 32 * mib, 32 * mib, 3, gib, 0},
+		{"8 GiB partition", 8 * gib, 0, 32 * mib, 16 * mib, 3, gib, 0},
 		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 4 * mib, 5, 1 << 62, 3},
 		{"a 512 MiB memory cap: a deeper level 0", 0, 512 * mib, 32 * mib, 8 * mib, 5, 1 << 62, 8},
-		{"a 4 GiB memory cap", 0, 4 * gib, 32 * mib, 32 * mib, 5, 1 << 62, 8},
+		{"a 4 GiB memory cap", 0, 4 * gib, 32 * mib, 16 * mib, 5, 1 << 62, 8},
 		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, 2 * mib, 4, 1 << 62, 3},
 		{"both small", 64 * mib, 256 * mib, mib, 2 * mib, 2, 20 * mib, 2},
 		{"a small disk under a roomy memory cap", 64 * mib, gib, mib, 2 * mib, 2, 20 * mib, 2},
