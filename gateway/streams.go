@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
-	"sync"
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -32,32 +31,15 @@ type eventSource struct {
 	id    string
 	last  uint64
 	watch *kernel.Watch
-	arena *[]byte // the data of the items Next returned last, while they are out
+	arena []byte // the data of the items Next returned last, while they are out
 	done  bool
 }
 
-// arenas keeps the buffers execution streams render a batch into. A
-// stream takes one for a batch and gives it back once it finds nothing
-// more to send, so an idle stream holds none, and a catch-up renders into
-// a buffer already grown rather than growing its own.
-var arenas = sync.Pool{New: func() any { return new([]byte) }}
-
-// maxPooledArena bounds the buffers arenas keeps: a batch stops once it
-// holds replayBatchBytes, so only a batch ended by one large event holds
-// more.
-const maxPooledArena = 2 * replayBatchBytes
-
-// releaseArena gives the arena back once no item holds a part of it.
-func (s *eventSource) releaseArena() {
-	if s.arena == nil {
-		return
-	}
-	if cap(*s.arena) <= maxPooledArena {
-		*s.arena = (*s.arena)[:0]
-		arenas.Put(s.arena)
-	}
-	s.arena = nil
-}
+// releaseArena drops the arena once no item holds a part of it, so that
+// a stream that caught up and waits holds no buffer. (A pool would not
+// keep arenas for long: the collector empties pools at every cycle, and a
+// catch-up allocates enough to run cycles often.)
+func (s *eventSource) releaseArena() { s.arena = nil }
 
 // newEventSource starts watching execution id before anything is read, so
 // that nothing appended in between is missed.
@@ -100,12 +82,9 @@ func (s *eventSource) read(buf []stream.Item) (int, error) {
 	if len(buf) == 0 {
 		return 0, nil
 	}
-	if s.arena == nil {
-		s.arena = arenas.Get().(*[]byte)
-	}
 	var err error
 	size := 0
-	*s.arena, err = s.k.AppendEvents((*s.arena)[:0], s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
+	s.arena, err = s.k.AppendEvents(s.arena[:0], s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
 		if typ == "" {
 			typ = "message"
 		}
@@ -120,8 +99,6 @@ func (s *eventSource) read(buf []stream.Item) (int, error) {
 
 func (s *eventSource) OnWake(f func()) { s.watch.OnWake(f) }
 
-// Close may come from another goroutine while a batch is out, so the
-// arena of a stream closed mid-batch is left to the collector, not pooled.
 func (s *eventSource) Close() { s.watch.Stop() }
 
 // isTerminal reports an execution's last event: its stream ends after it.

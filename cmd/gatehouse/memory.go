@@ -43,29 +43,23 @@ func memoryLimit(flagged int64, root string) (int64, string) {
 // files (its memory tables' logs) and memory Go does not count.
 func goMemoryLimit(limit int64) int64 { return limit / 4 * 3 }
 
-// gcPercent is the Go heap's growth between collections (GOGC). What the
-// heap holds between Badger's flushes and compactions is small (about 50
-// MB at full load, most of it the memory tables); a flush's or a
-// compaction's tables, built in memory, come and go in bursts of tens of
-// megabytes, and with Go's default of 100 the heap grows to twice each
-// burst before collecting, memory the process then keeps for minutes:
-// the RSS at full load peaked at 320-400 MB. At 50 it peaks near 200 MB
-// for about one percent more of the CPU in the collector; under a memory
-// limit, 25. Those buffers hold no pointers, so collecting them more
-// often costs little.
-func gcPercent(limit int64) int {
-	if limit > 0 {
-		return 25
-	}
-	return 50
-}
+// gcPercent is the Go heap's growth between collections (GOGC) under a
+// memory limit. What the heap holds between Badger's compactions is small;
+// a compaction's tables, built in memory, come and go in bursts of tens of
+// megabytes, and with the default 100 the heap would grow to twice each
+// burst before collecting, memory the process then keeps for minutes.
+// Those buffers hold no pointers, so collecting more often costs little.
+// Without a limit Go's default stays: at 50, full load peaked about 100 MB
+// lower, but a catch-up, which allocates about 700 bytes per event it
+// sends, spent 15-20% more CPU per event (docs/decisions.md).
+const gcPercent = 25
 
 // applyMemoryLimit sets the Go heap's soft limit for limit, unless
 // GOMEMLIMIT sets it already, and its growth between collections, unless
 // GOGC does; it returns the limit in force.
 func applyMemoryLimit(limit int64) int64 {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent(limit))
+	if limit > 0 && os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(gcPercent)
 	}
 	if limit <= 0 || os.Getenv("GOMEMLIMIT") != "" {
 		return debug.SetMemoryLimit(-1)

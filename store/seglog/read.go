@@ -221,8 +221,14 @@ func readData(hits []hit) (_ []Entry, err error) {
 		out[k] = Entry{Seq: hits[k].seq, Data: d}
 		return d
 	}
-	sp := spans.Get().(*[]byte)
-	defer spans.Put(sp)
+	// A span buffer is taken only for a read of the file: a mapped
+	// segment is copied from directly.
+	var sp *[]byte
+	defer func() {
+		if sp != nil {
+			spans.Put(sp)
+		}
+	}()
 	for i := 0; i < len(order); {
 		first := hits[order[i]]
 		if data := first.seg.data; int64(first.off)+int64(first.len) <= int64(len(data)) {
@@ -246,6 +252,9 @@ func readData(hits []hit) (_ []Entry, err error) {
 				break
 			}
 			end = max(end, int64(h.off)+int64(h.len))
+		}
+		if sp == nil {
+			sp = spans.Get().(*[]byte)
 		}
 		buf := (*sp)[:end-start]
 		if _, err := first.seg.f.ReadAt(buf, start); err != nil {
