@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -568,11 +569,18 @@ func (k *Kernel) exists(id string) error {
 // AppendEvents appends the JSON form of id's events after a sequence to
 // dst, in order, and calls fn with each: its sequence, its type and its
 // bytes, a part of the buffer it returns. fn returns false to stop. At
-// most max are read (max <= 0: no bound), so that a reader that takes a
+// most limit are read (limit <= 0: no bound), so that a reader that takes a
 // batch reads no more than the batch from disk. A part fn was given stays
 // valid when a later append moves the buffer: it only no longer shares it.
-func (k *Kernel) AppendEvents(dst []byte, id string, after uint64, max int, fn func(seq uint64, typ string, data []byte) bool) ([]byte, error) {
-	err := k.eachEvent(id, after, max, func(seq uint64, raw []byte) (bool, error) {
+func (k *Kernel) AppendEvents(dst []byte, id string, after uint64, limit int, fn func(seq uint64, typ string, data []byte) bool) ([]byte, error) {
+	err := k.eachEvent(id, after, limit, func(seq uint64, raw []byte) (bool, error) {
+		// An event's JSON is a few times its stored form. Room is made by
+		// doubling: append grows a large buffer by a quarter at a time, and
+		// a catch-up's batch was copied over and over (five times its size
+		// allocated, for a batch of 256 events).
+		if need := 4*len(raw) + len(id); cap(dst)-len(dst) < need {
+			dst = slices.Grow(dst, max(need, cap(dst)))
+		}
 		at := len(dst)
 		var typ string
 		var err error
@@ -584,7 +592,7 @@ func (k *Kernel) AppendEvents(dst []byte, id string, after uint64, max int, fn f
 	return dst, err
 }
 
-// ReadEventValues is ReadEvents for readers that render the events in
+// ReadEventValues is AppendEvents for readers that render the events in
 // another shape: fn gets each event decoded, valid only during the call.
 func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) bool) error {
 	return k.eachEvent(id, after, 0, func(_ uint64, raw []byte) (bool, error) {
@@ -604,15 +612,16 @@ func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) 
 
 // eachEvent calls fn with the stored form of each of id's events after a
 // sequence, in order, from the execution's tail when it holds the next one
-// and from the store otherwise, at most max of them (max <= 0: no bound).
+// and from the store otherwise, at most limit of them (limit <= 0: no
+// bound).
 // fn returns false to stop, or the error of an event it cannot decode.
-func (k *Kernel) eachEvent(id string, after uint64, max int, fn func(seq uint64, raw []byte) (bool, error)) error {
+func (k *Kernel) eachEvent(id string, after uint64, limit int, fn func(seq uint64, raw []byte) (bool, error)) error {
 	entries, ok := k.tailFrom(id, after)
 	if !ok {
-		return k.eachStored(id, after, max, fn)
+		return k.eachStored(id, after, limit, fn)
 	}
-	if max > 0 && len(entries) > max {
-		entries = entries[:max]
+	if limit > 0 && len(entries) > limit {
+		entries = entries[:limit]
 	}
 	for _, e := range entries {
 		more, err := fn(e.seq, e.raw)
@@ -627,9 +636,9 @@ func (k *Kernel) eachEvent(id string, after uint64, max int, fn func(seq uint64,
 }
 
 // eachStored is eachEvent from the store.
-func (k *Kernel) eachStored(id string, after uint64, max int, fn func(seq uint64, raw []byte) (bool, error)) error {
+func (k *Kernel) eachStored(id string, after uint64, limit int, fn func(seq uint64, raw []byte) (bool, error)) error {
 	var ferr error
-	err := k.store.ScanAtMost(streamOf(id), after, max, func(seq uint64, raw []byte) bool {
+	err := k.store.ScanAtMost(streamOf(id), after, limit, func(seq uint64, raw []byte) bool {
 		var more bool
 		if more, ferr = fn(seq, raw); ferr != nil {
 			ferr = fmt.Errorf("decode event %d of %s: %w", seq, id, ferr)

@@ -368,12 +368,12 @@ const (
 // scanSegments is Scan of a log in the segment log, a page at a time. It
 // sees every write acknowledged before it: the apply stage hands a group's
 // log writes to the segment log before it counts the group applied.
-func (s *Store) scanSegments(stream string, after uint64, max int, fn func(seq uint64, data []byte) bool) error {
+func (s *Store) scanSegments(stream string, after uint64, limit int, fn func(seq uint64, data []byte) bool) error {
 	s.awaitApplied()
 	for {
 		count := scanPageCount
-		if max > 0 {
-			count = min(count, max)
+		if limit > 0 {
+			count = min(count, limit)
 		}
 		es, err := s.logs.Read(context.Background(), stream, after, count, scanPageBytes)
 		if err != nil {
@@ -387,8 +387,8 @@ func (s *Store) scanSegments(stream string, after uint64, max int, fn func(seq u
 				return nil
 			}
 		}
-		if max > 0 {
-			if max -= len(es); max <= 0 {
+		if limit > 0 {
+			if limit -= len(es); limit <= 0 {
 				return nil
 			}
 		}

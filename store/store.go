@@ -1970,24 +1970,24 @@ func (s *Store) Scan(stream string, after uint64, fn func(seq uint64, data []byt
 	return s.ScanAtMost(stream, after, 0, fn)
 }
 
-// ScanAtMost is Scan of at most max entries (max <= 0: no bound). A reader
+// ScanAtMost is Scan of at most limit entries (limit <= 0: no bound). A reader
 // that knows how many it takes says so: the segment log is read a page at
 // a time, and a reader that stopped inside a page would otherwise have
 // read the rest of it for nothing, then again on its next scan.
-func (s *Store) ScanAtMost(stream string, after uint64, max int, fn func(seq uint64, data []byte) bool) error {
+func (s *Store) ScanAtMost(stream string, after uint64, limit int, fn func(seq uint64, data []byte) bool) error {
 	if after == math.MaxUint64 {
 		return nil
 	}
 	if s.inSegments(stream) {
-		return s.scanSegments(stream, after, max, fn)
+		return s.scanSegments(stream, after, limit, fn)
 	}
 	if err := s.settle(logSpace(stream)); err != nil {
 		return err
 	}
 	prefix := logPrefix(stream)
 	prefetch := 256
-	if max > 0 {
-		prefetch = min(prefetch, max)
+	if limit > 0 {
+		prefetch = min(prefetch, limit)
 	}
 	return s.view(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: prefetch})
@@ -2000,7 +2000,7 @@ func (s *Store) ScanAtMost(stream string, after uint64, max int, fn func(seq uin
 			if err := item.Value(func(data []byte) error { cont = fn(seq, data); return nil }); err != nil {
 				return fmt.Errorf("store: read %s/%d: %w", stream, seq, err)
 			}
-			if n++; !cont || n == max {
+			if n++; !cont || n == limit {
 				return nil
 			}
 		}
