@@ -613,8 +613,8 @@ func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) 
 // eachEvent calls fn with the stored form of each of id's events after a
 // sequence, in order, from the execution's tail when it holds the next one
 // and from the store otherwise, at most limit of them (limit <= 0: no
-// bound).
-// fn returns false to stop, or the error of an event it cannot decode.
+// bound). fn returns false to stop, or the error of an event it cannot
+// decode.
 func (k *Kernel) eachEvent(id string, after uint64, limit int, fn func(seq uint64, raw []byte) (bool, error)) error {
 	entries, ok := k.tailFrom(id, after)
 	if !ok {
