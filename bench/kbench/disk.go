@@ -24,7 +24,8 @@ type disk struct {
 // syncCounters are Gatehouse's durable-write counters at one moment.
 type syncCounters struct{ syncs, seconds float64 }
 
-// readSyncs reads the durable-write counters from the server's /metrics;
+// readSyncs reads the durable-write counters from the server's /metrics
+// (with several -url, the first's: in a cluster, one node's own journal);
 // false when it has none.
 func (c *apiClient) readSyncs(ctx context.Context) (syncCounters, bool) {
 	status, body, err := c.do(ctx, 0, http.MethodGet, "/metrics", nil, "")
