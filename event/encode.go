@@ -54,7 +54,7 @@ func appendJSON[S string | []byte](b []byte, v *envelope[S]) []byte {
 	b = append(b, `,"schema_version":`...)
 	b = strconv.AppendInt(b, int64(v.schema), 10)
 	b = append(b, `,"timestamp":"`...)
-	b = v.ts.AppendFormat(b, time.RFC3339Nano)
+	b = appendTimestamp(b, v.ts)
 	b = append(b, `","payload":`...)
 	if len(v.payload) == 0 {
 		b = append(b, "null"...)
