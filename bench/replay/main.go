@@ -27,15 +27,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/bench/internal/host"
 )
 
 type config struct {
@@ -83,8 +82,8 @@ func main() {
 
 func run(c config) error {
 	for _, u := range []string{c.url, c.readURL} {
-		if err := loopback(u); err != nil {
-			return err
+		if _, err := host.CheckURL(u); err != nil {
+			return fmt.Errorf("%s: %w", u, err)
 		}
 	}
 	if c.executions < 1 || c.signals < 0 || c.signals > 1000 || c.readers < 1 || c.rounds < 1 || c.repeat < 1 {
@@ -119,18 +118,6 @@ func run(c config) error {
 		out["replay_us_per_event"] = med.ServerUSPerEvent
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
-}
-
-func loopback(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("%s: %w", raw, err)
-	}
-	ip := net.ParseIP(u.Hostname())
-	if u.Hostname() != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("%s: loopback only", raw)
-	}
-	return nil
 }
 
 type client struct {
@@ -261,9 +248,13 @@ func readAll(ctx context.Context, cl *client, c config, ids []string, want int) 
 		r     round
 		first error
 		wg    sync.WaitGroup
-		cpu0  = cpuSeconds(c.serverPID)
+		cpu0  time.Duration
+		cpuOK = c.serverPID != 0
 		start = time.Now()
 	)
+	if cpuOK {
+		cpu0, cpuOK = host.CPU(c.serverPID)
+	}
 	for range c.readers {
 		wg.Add(1)
 		go func() {
@@ -287,8 +278,8 @@ func readAll(ctx context.Context, cl *client, c config, ids []string, want int) 
 	r.Seconds = time.Since(start).Seconds()
 	r.EventsPerS = float64(r.Events) / r.Seconds
 	r.MBPerS = float64(r.Bytes) / r.Seconds / 1e6
-	if c.serverPID != 0 {
-		r.ServerCPUSec = cpuSeconds(c.serverPID) - cpu0
+	if cpu1, ok := host.CPU(c.serverPID); cpuOK && ok {
+		r.ServerCPUSec = (cpu1 - cpu0).Seconds()
 		r.ServerUSPerEvent = r.ServerCPUSec / float64(r.Events) * 1e6
 	}
 	return r, nil
@@ -335,23 +326,4 @@ func readStream(ctx context.Context, cl *client, base, id string, want int) (int
 		return n, size, fmt.Errorf("stream %s: %d events, want %d", id, n, want)
 	}
 	return n, size, nil
-}
-
-// cpuSeconds is process pid's user and system CPU time (0 without a pid).
-func cpuSeconds(pid int) float64 {
-	if pid == 0 {
-		return 0
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	sy, _ := strconv.ParseFloat(f[12], 64)
-	return (u + sy) / 100
 }
