@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 )
 
 func TestCheckURL(t *testing.T) {
@@ -24,15 +25,24 @@ func TestCheckURL(t *testing.T) {
 	}
 }
 
-// TestCPUOfThisProcess: the test's own process has used some CPU once it
-// has done some work, and a process that does not exist has none to read.
+// TestCPUOfThisProcess: the test's own process, kept busy, is seen to use
+// CPU, and a process that does not exist has none to read.
 func TestCPUOfThisProcess(t *testing.T) {
-	x := 0
-	for i := range 50_000_000 {
-		x ^= i
+	first, ok := CPU(os.Getpid())
+	if !ok {
+		t.Fatal("CPU of this process: not read")
 	}
-	if d, ok := CPU(os.Getpid()); !ok || d <= 0 {
-		t.Fatalf("CPU of this process: %v, %v (x=%d)", d, ok, x)
+	x := 0
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		for i := range 1_000_000 {
+			x ^= i
+		}
+		if d, ok := CPU(os.Getpid()); ok && d > first {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s busy and CPU still %v (x=%d)", first, x)
+		}
 	}
 	if _, ok := CPU(1 << 30); ok {
 		t.Fatal("CPU of a process that does not exist: read")
