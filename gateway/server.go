@@ -111,6 +111,7 @@ type Server struct {
 	routes  *router
 	metrics *metrics
 	bufs    bufPool
+	arenas  *arenas // execution streams' render buffers
 
 	ws        wsaccept.Tracker // WebSocket connections, closed with 1001 at shutdown
 	admission *rate.Limiter    // new stream connections
@@ -156,7 +157,7 @@ func New(o Options) (*Server, error) {
 		o.Registry = prometheus.NewRegistry()
 	}
 	o.streamDefaults()
-	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{}), fresh: map[net.Conn]struct{}{}}
+	s := &Server{opts: o, k: o.Kernel, hub: o.Hub, auth: o.Auth, log: o.Logger, closing: make(chan struct{}), arenas: newArenas(), fresh: map[net.Conn]struct{}{}}
 	s.admission = newAdmission(o.ConnectRate, o.ConnectBurst)
 	s.metrics = newMetrics(o.Registry, o.Kernel, o.Hub)
 	s.routes = s.buildRoutes()

@@ -189,7 +189,7 @@ func (s *Server) streamExecution(c *call) error {
 	if err != nil {
 		return err
 	}
-	src := newEventSource(s.k, id, after)
+	src := newEventSource(s.k, s.arenas, id, after)
 	s.sseStream(c, "execution", renderEvent, false, func(o *stream.Options) (stream.Source, func()) {
 		o.Final = isTerminal
 		return src, nil

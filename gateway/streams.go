@@ -27,24 +27,65 @@ var errKernelClosed = errors.New("gateway: kernel shutting down")
 // sequence; its watch only says that there is more, so a slow reader costs
 // no memory and cannot miss anything.
 type eventSource struct {
-	k     Kernel
-	id    string
-	last  uint64
-	watch *kernel.Watch
-	arena []byte // the data of the items Next returned last, while they are out
-	done  bool
+	k      Kernel
+	id     string
+	last   uint64
+	watch  *kernel.Watch
+	arenas *arenas
+	arena  []byte // the data of the items Next returned last, while they are out
+	done   bool
 }
 
-// releaseArena drops the arena once no item holds a part of it, so that
-// a stream that caught up and waits holds no buffer. (A pool would not
-// keep arenas for long: the collector empties pools at every cycle, and a
-// catch-up allocates enough to run cycles often.)
-func (s *eventSource) releaseArena() { s.arena = nil }
+// releaseArena hands the arena back once no item holds a part of it, so
+// that a stream that caught up and waits holds no buffer.
+func (s *eventSource) releaseArena() {
+	s.arenas.put(s.arena)
+	s.arena = nil
+}
 
 // newEventSource starts watching execution id before anything is read, so
-// that nothing appended in between is missed.
-func newEventSource(k Kernel, id string, after uint64) *eventSource {
-	return &eventSource{k: k, id: id, last: after, watch: k.Watch(id)}
+// that nothing appended in between is missed. Its arenas come from a, and
+// go back to it.
+func newEventSource(k Kernel, a *arenas, id string, after uint64) *eventSource {
+	return &eventSource{k: k, id: id, last: after, watch: k.Watch(id), arenas: a}
+}
+
+// arenas keeps the arenas of execution streams that caught up, for the
+// next stream that reads: a catch-up renders its batches into an arena
+// grown to a batch's size, which one stream after another would otherwise
+// allocate afresh. It keeps a few, each of bounded size: a sync.Pool would
+// not keep them, since the collector empties pools at every cycle.
+type arenas struct{ free chan []byte }
+
+// Bounds of arenas: how many it keeps, and the largest it keeps (a batch
+// of 256 events of the common size grown by doubling; a larger one,
+// of large events, is left to the collector).
+const (
+	keptArenas   = 8
+	maxKeptArena = 512 << 10
+)
+
+func newArenas() *arenas { return &arenas{free: make(chan []byte, keptArenas)} }
+
+// get returns a kept arena, or nil.
+func (a *arenas) get() []byte {
+	select {
+	case b := <-a.free:
+		return b
+	default:
+		return nil
+	}
+}
+
+// put keeps b if it is worth keeping and there is room.
+func (a *arenas) put(b []byte) {
+	if cap(b) == 0 || cap(b) > maxKeptArena {
+		return
+	}
+	select {
+	case a.free <- b[:0]:
+	default:
+	}
 }
 
 func (s *eventSource) Next(buf []stream.Item) (int, error) {
@@ -84,6 +125,9 @@ func (s *eventSource) read(buf []stream.Item) (int, error) {
 	}
 	var err error
 	size := 0
+	if s.arena == nil {
+		s.arena = s.arenas.get()
+	}
 	s.arena, err = s.k.AppendEvents(s.arena[:0], s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
 		if typ == "" {
 			typ = "message"
@@ -99,7 +143,13 @@ func (s *eventSource) read(buf []stream.Item) (int, error) {
 
 func (s *eventSource) OnWake(f func()) { s.watch.OnWake(f) }
 
-func (s *eventSource) Close() { s.watch.Stop() }
+// Close hands the arena back too: the stream closes its source under the
+// lock it calls Next under, once no frame holds an item's bytes (a stream
+// that ends at its terminal event calls Next no more).
+func (s *eventSource) Close() {
+	s.watch.Stop()
+	s.releaseArena()
+}
 
 // isTerminal reports an execution's last event: its stream ends after it.
 func isTerminal(it stream.Item) bool { return event.IsTerminal(it.Type) }

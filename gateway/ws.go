@@ -671,7 +671,7 @@ func commandError(err error) (int, any, kernel.After) {
 // socket; it closes with 1000 right after the terminal event.
 func (s *Server) serveExecution(w *wsConn, res auth.Resource, last uint64) {
 	id := res.ID
-	src := newEventSource(s.k, id, last)
+	src := newEventSource(s.k, s.arenas, id, last)
 	w.open(frameEvent, executionClose)
 	if w.send(appendHello(nil, s.k.Epoch(), "execution", id, "", s.opts.PingInterval)) != nil {
 		src.Close()

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"sync"
 
 	"github.com/gatehouse-dev/gatehouse/store/seglog"
 )
@@ -19,10 +20,13 @@ type Logs interface {
 	// above every version appended before. A drop hides its stream's
 	// entries below its sequence that came before it, and only those.
 	Append(ctx context.Context, version uint64, entries []LogEntry, drops []LogDrop) error
-	// Read returns stream's entries after sequence after, in order: at
-	// most maxCount, and past the first at most maxBytes of data (zero or
-	// less means the engine's defaults, which it also caps).
-	Read(ctx context.Context, stream string, after uint64, maxCount, maxBytes int) ([]Entry, error)
+	// Scan calls fn with stream's entries after sequence after, in order:
+	// at most maxCount, and past the first at most maxBytes of data (zero
+	// or less means the engine's defaults, which it also caps), until fn
+	// returns false. It returns how many fn was given. fn's data is valid
+	// only during the call, so that a catch-up reading page after page
+	// allocates nothing per entry; fn may read the logs again.
+	Scan(ctx context.Context, stream string, after uint64, maxCount, maxBytes int, fn func(seq uint64, data []byte) bool) (int, error)
 	// Bounds returns the first and last sequence a read can return, or
 	// zeros when the stream holds none.
 	Bounds(ctx context.Context, stream string) (first, last uint64, err error)
@@ -49,7 +53,16 @@ type LogDrop struct {
 
 // segmentLogs is Logs on a local segment log, run behind the journal: it
 // syncs only when asked (seglog.SyncNone).
-type segmentLogs struct{ l *seglog.Log }
+type segmentLogs struct {
+	l *seglog.Log
+	// readers keeps the scans' buffers from one scan to the next.
+	readers *sync.Pool
+}
+
+// maxPooledReader bounds the buffers a reader keeps when it goes back to
+// the pool: a scan's page (scanPageBytes) and its index, with room. A
+// reader that read a larger page is dropped.
+const maxPooledReader = 2 << 20
 
 var _ Logs = segmentLogs{}
 
@@ -57,7 +70,7 @@ var _ Logs = segmentLogs{}
 func openSegmentLogs(dir string, o seglog.Options) (segmentLogs, error) {
 	o.Sync = seglog.SyncNone
 	l, err := seglog.Open(dir, o)
-	return segmentLogs{l}, err
+	return segmentLogs{l: l, readers: &sync.Pool{New: func() any { return new(seglog.Reader) }}}, err
 }
 
 func (s segmentLogs) Append(ctx context.Context, version uint64, entries []LogEntry, drops []LogDrop) error {
@@ -72,16 +85,23 @@ func (s segmentLogs) Append(ctx context.Context, version uint64, entries []LogEn
 	return s.l.Commit(ctx, &b)
 }
 
-func (s segmentLogs) Read(_ context.Context, stream string, after uint64, maxCount, maxBytes int) ([]Entry, error) {
-	es, err := s.l.Read(stream, after, maxCount, maxBytes)
-	if err != nil {
-		return nil, err
+func (s segmentLogs) Scan(_ context.Context, stream string, after uint64, maxCount, maxBytes int, fn func(seq uint64, data []byte) bool) (int, error) {
+	r := s.readers.Get().(*seglog.Reader)
+	es, err := r.Read(s.l, stream, after, maxCount, maxBytes)
+	n := 0
+	if err == nil {
+		// fn runs with no lock of the log held: the entries are in r.
+		for _, e := range es {
+			n++
+			if !fn(e.Seq, e.Data) {
+				break
+			}
+		}
 	}
-	out := make([]Entry, len(es))
-	for i, e := range es {
-		out[i] = Entry{Seq: e.Seq, Data: e.Data}
+	if r.Retained() <= maxPooledReader {
+		s.readers.Put(r)
 	}
-	return out, nil
+	return n, err
 }
 
 func (s segmentLogs) Bounds(_ context.Context, stream string) (uint64, uint64, error) {

@@ -42,11 +42,28 @@ func TestSegmentLogsServeTheLogsContract(t *testing.T) {
 		{"a byte bound", 5, 100, 4, 6, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			es, err := logs.Read(ctx, "x/a", tc.after, tc.count, tc.maxBytes)
-			if err != nil || uint64(len(es)) != tc.wantN || es[0].Seq != tc.wantFirst || string(es[0].Data) != fmt.Sprint("e", tc.wantFirst) {
-				t.Fatalf("read: %v, %v", es, err)
+			var got []string
+			n, err := logs.Scan(ctx, "x/a", tc.after, tc.count, tc.maxBytes, func(seq uint64, data []byte) bool {
+				got = append(got, fmt.Sprintf("%d:%s", seq, data))
+				return true
+			})
+			if err != nil || n != len(got) || uint64(len(got)) != tc.wantN || got[0] != fmt.Sprintf("%d:e%d", tc.wantFirst, tc.wantFirst) {
+				t.Fatalf("scan: %d %v, %v", n, got, err)
 			}
 		})
+	}
+	// A scan stops where fn says, and says how many it was given.
+	if n, err := logs.Scan(ctx, "x/a", 0, 100, 0, func(seq uint64, _ []byte) bool { return seq < 6 }); err != nil || n != 3 {
+		t.Errorf("a scan stopped at the third: %d, %v", n, err)
+	}
+	// fn may read the logs again: the entries it is given are in the
+	// scan's own buffers, and no lock of the log is held.
+	var nested []uint64
+	if _, err := logs.Scan(ctx, "x/a", 0, 2, 0, func(seq uint64, _ []byte) bool {
+		_, err := logs.Scan(ctx, "x/a", seq, 1, 0, func(next uint64, _ []byte) bool { nested = append(nested, next); return true })
+		return err == nil
+	}); err != nil || fmt.Sprint(nested) != "[5 6]" {
+		t.Errorf("nested scans: %v, %v", nested, err)
 	}
 	if f, l, err := logs.Bounds(ctx, "x/a"); err != nil || f != 4 || l != 10 {
 		t.Errorf("bounds %d-%d, %v; want 4-10", f, l, err)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -375,24 +376,23 @@ func (s *Store) scanSegments(stream string, after uint64, limit int, fn func(seq
 		if limit > 0 {
 			count = min(count, limit)
 		}
-		es, err := s.logs.Read(context.Background(), stream, after, count, scanPageBytes)
+		more := true
+		n, err := s.logs.Scan(context.Background(), stream, after, count, scanPageBytes, func(seq uint64, data []byte) bool {
+			after = seq
+			more = fn(seq, data)
+			return more
+		})
 		if err != nil {
 			return fmt.Errorf("store: read %s: %w", stream, err)
 		}
-		if len(es) == 0 {
+		if n == 0 || !more {
 			return nil
 		}
-		for _, e := range es {
-			if !fn(e.Seq, e.Data) {
-				return nil
-			}
-		}
 		if limit > 0 {
-			if limit -= len(es); limit <= 0 {
+			if limit -= n; limit <= 0 {
 				return nil
 			}
 		}
-		after = es[len(es)-1].Seq
 	}
 }
 
@@ -400,12 +400,19 @@ func (s *Store) scanSegments(stream string, after uint64, limit int, fn func(seq
 func (s *Store) segmentEntry(stream string, seq uint64) ([]byte, error) {
 	s.awaitApplied()
 	if seq > 0 {
-		es, err := s.logs.Read(context.Background(), stream, seq-1, 1, 1)
+		var data []byte
+		found := false
+		_, err := s.logs.Scan(context.Background(), stream, seq-1, 1, 1, func(got uint64, d []byte) bool {
+			if got == seq {
+				data, found = bytes.Clone(d), true
+			}
+			return false
+		})
 		if err != nil {
 			return nil, fmt.Errorf("store: read %s/%d: %w", stream, seq, err)
 		}
-		if len(es) == 1 && es[0].Seq == seq {
-			return es[0].Data, nil
+		if found {
+			return data, nil
 		}
 	}
 	return nil, fmt.Errorf("%w: %s/%d", ErrNotFound, stream, seq)

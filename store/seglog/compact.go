@@ -126,8 +126,9 @@ func (l *Log) copyForward(ctx context.Context, seg *segment, live map[string][]l
 		if len(hits) == 0 {
 			return nil
 		}
+		var r Reader
 		l.files.RLock()
-		es, err := readData(hits)
+		es, err := r.readData(hits)
 		l.files.RUnlock()
 		if err != nil {
 			return err

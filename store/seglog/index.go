@@ -64,21 +64,42 @@ func (m *memIndex) add(stream string, l loc) {
 type segmentIndex interface {
 	// lookup returns at most n of the stream's entries in the segment, in
 	// (sequence, version) order: the first at or past from; or, with back
-	// set, the last before from. It returns nil when the segment holds
+	// set, the last before from. It returns none when the segment holds
 	// none. A read goes on from past the last it got, so that no version
-	// of a sequence is skipped.
-	lookup(stream string, from loc, n int, back bool) ([]loc, error)
+	// of a sequence is skipped. The entries are in sc.locs, valid until
+	// sc's next use.
+	lookup(sc *scratch, stream string, from loc, n int, back bool) ([]loc, error)
 	// has reports whether the segment may hold entries of stream.
 	has(stream string) bool
 }
 
 func (m *memIndex) has(stream string) bool { return len(m.streams[stream]) > 0 }
 
-func (m *memIndex) lookup(stream string, from loc, n int, back bool) ([]loc, error) {
+func (m *memIndex) lookup(sc *scratch, stream string, from loc, n int, back bool) ([]loc, error) {
 	ls := m.streams[stream]
 	i, _ := slices.BinarySearchFunc(ls, from, compareLoc)
 	if back {
-		return slices.Clone(ls[max(0, i-n):i]), nil
+		ls = ls[max(0, i-n):i]
+	} else {
+		ls = ls[i:min(len(ls), i+n)]
 	}
-	return slices.Clone(ls[i:min(len(ls), i+n)]), nil
+	sc.locs = append(sc.locs[:0], ls...)
+	return sc.locs, nil
+}
+
+// scratch is what an index lookup reads into: the entries found, and the
+// bytes read of a sidecar. A Reader keeps one from one read to the next.
+type scratch struct {
+	locs       []loc
+	block      []byte
+	name       []byte
+	entryBytes [entrySize]byte
+}
+
+// blockOf returns n bytes of sc's block buffer.
+func (sc *scratch) blockOf(n int) []byte {
+	if cap(sc.block) < n {
+		sc.block = make([]byte, n)
+	}
+	return sc.block[:n]
 }

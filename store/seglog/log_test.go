@@ -52,17 +52,24 @@ func data(stream string, seq uint64, n int) []byte {
 
 func readAll(tb testing.TB, l *Log, stream string) []Entry {
 	tb.Helper()
-	var out []Entry
-	after := uint64(0)
+	var (
+		out   []Entry
+		r     Reader
+		after uint64
+	)
+	// One Reader for every page, as a catch-up reads: each page's entries
+	// are copied before the next read reuses its buffers.
 	for {
-		es, err := l.Read(stream, after, 7, 0)
+		es, err := r.Read(l, stream, after, 7, 0)
 		if err != nil {
 			tb.Fatal(err)
 		}
 		if len(es) == 0 {
 			return out
 		}
-		out = append(out, es...)
+		for _, e := range es {
+			out = append(out, Entry{Seq: e.Seq, Data: bytes.Clone(e.Data)})
+		}
 		after = es[len(es)-1].Seq
 	}
 }
@@ -110,6 +117,9 @@ func TestReadReturnsWhatWasAppendedWithinItsBounds(t *testing.T) {
 		})
 	}
 	check := func(t *testing.T, l *Log) {
+		// The cases read through l.Read, then all through one Reader, whose
+		// buffers each read reuses.
+		var shared Reader
 		for _, tc := range []struct {
 			name            string
 			stream          string
@@ -130,6 +140,10 @@ func TestReadReturnsWhatWasAppendedWithinItsBounds(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				es, err := l.Read(tc.stream, tc.after, tc.count, tc.maxBytes)
 				if err != nil {
+					t.Fatal(err)
+				}
+				wantSeqs(t, es, tc.stream, 100, tc.want...)
+				if es, err = shared.Read(l, tc.stream, tc.after, tc.count, tc.maxBytes); err != nil {
 					t.Fatal(err)
 				}
 				wantSeqs(t, es, tc.stream, 100, tc.want...)
@@ -171,6 +185,39 @@ func TestReadReturnsWhatWasAppendedWithinItsBounds(t *testing.T) {
 			t.Errorf("%d sidecars after the start, want %d", len(again), len(idx))
 		}
 	})
+}
+
+// TestReaderAllocatesNothingOnceGrown: a Reader reading page after page of
+// a stream, from the segment being written (mapped) and from sealed ones
+// (through their sidecars, read from the file), allocates nothing once its
+// buffers have grown, and every page is right.
+func TestReaderAllocatesNothingOnceGrown(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir, Options{SegmentSize: 64 << 10})
+	for seq := uint64(1); seq <= 2000; seq++ {
+		commit(t, l, func(b *Batch) {
+			b.Append("x/a", seq, data("x/a", seq, 100))
+			b.Append("x/b", seq, data("x/b", seq, 100))
+		})
+	}
+	if n := l.Stats().Segments; n < 4 {
+		t.Fatalf("%d segments; the test wants several", n)
+	}
+	var (
+		r   Reader
+		es  []Entry
+		err error
+	)
+	for _, after := range []uint64{0, 1000, 1900, 0, 600, 1744} {
+		allocs := testing.AllocsPerRun(20, func() { es, err = r.Read(l, "x/a", after, 256, 0) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSeqs(t, es, "x/a", 100, seqRange(after+1, min(after+256, 2000))...)
+		if allocs != 0 {
+			t.Errorf("a page after %d: %.1f allocations, want none", after, allocs)
+		}
+	}
 }
 
 // TestReadBoundsAreCapped: a read asking for more than the caps gets the

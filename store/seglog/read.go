@@ -76,8 +76,28 @@ func floor(seg *segment, ds []drop) uint64 {
 // Read returns the entries of stream after sequence after, in order: at
 // most maxCount of them and, past the first, at most maxBytes of data (zero
 // or less means the defaults; both are capped, see MaxReadCount and
-// MaxReadBytes). It returns none when there are none.
+// MaxReadBytes). It returns none when there are none. The entries are the
+// caller's; a Reader reads without allocating them.
 func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry, error) {
+	var r Reader
+	return r.Read(l, stream, after, maxCount, maxBytes)
+}
+
+// A Reader reads entries into buffers it keeps from one read to the next,
+// so that reads allocate nothing once the buffers have grown: a catch-up
+// reads a stream page after page. The entries a read returns, and their
+// data, are valid until the Reader's next read. The zero value is ready
+// for use; a Reader is not safe for concurrent use.
+type Reader struct {
+	hits    []hit
+	sc      scratch
+	order   []int
+	data    []byte
+	entries []Entry
+}
+
+// Read is Log.Read into r's buffers.
+func (r *Reader) Read(l *Log, stream string, after uint64, maxCount, maxBytes int) ([]Entry, error) {
 	if maxCount <= 0 {
 		maxCount = DefaultReadCount
 	}
@@ -90,7 +110,7 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 	}
 	l.files.RLock()
 	defer l.files.RUnlock()
-	hits, err := l.find(stream, after, maxCount)
+	hits, err := r.find(l, stream, after, maxCount)
 	if err != nil || len(hits) == 0 {
 		return nil, err
 	}
@@ -101,19 +121,27 @@ func (l *Log) Read(stream string, after uint64, maxCount, maxBytes int) ([]Entry
 	}
 	// The data is read outside mu, so that the writer publishing a record
 	// waits for no read of a disk; files keeps the segments open.
-	return readData(hits[:n])
+	return r.readData(hits[:n])
+}
+
+// Retained returns the bytes r's buffers hold, for a pool of readers to
+// bound what it keeps.
+func (r *Reader) Retained() int {
+	const locSize, hitSize, entrySize = 24, 32, 32
+	return cap(r.data) + cap(r.hits)*hitSize + cap(r.sc.locs)*locSize + cap(r.sc.block) + cap(r.sc.name) + cap(r.order)*8 + cap(r.entries)*entrySize
 }
 
 // find returns the places of stream's entries after sequence after that a
-// read returns, at most maxCount, in sequence order.
-func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
+// read returns, at most maxCount, in sequence order, in r.hits.
+func (r *Reader) find(l *Log, stream string, after uint64, maxCount int) ([]hit, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.segs == nil {
 		return nil, ErrClosed
 	}
 	ds := l.drops[stream]
-	var hits []hit
+	hits := r.hits[:0]
+	defer func() { r.hits = hits[:0] }()
 	// Once maxCount are found, a segment whose first entry comes after
 	// the last of them has nothing to add: a stream's entries mostly grow
 	// with the segments, and a replay skips the later ones at one read.
@@ -125,7 +153,7 @@ func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 		}
 		from := loc{seq: max(after+1, floor(seg, ds))}
 		if bound != math.MaxUint64 {
-			probe, err := idx.lookup(stream, from, 1, false)
+			probe, err := idx.lookup(&r.sc, stream, from, 1, false)
 			if err != nil {
 				return nil, err
 			}
@@ -135,7 +163,7 @@ func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 		}
 		// Fetch until maxCount are visible, or the segment has no more.
 		for got := 0; got < maxCount; {
-			ls, err := idx.lookup(stream, from, maxCount, false)
+			ls, err := idx.lookup(&r.sc, stream, from, maxCount, false)
 			if err != nil {
 				return nil, err
 			}
@@ -162,7 +190,8 @@ func (l *Log) find(stream string, after uint64, maxCount int) ([]hit, error) {
 			}
 		}
 	}
-	return newestFirst(hits), nil
+	hits = newestFirst(hits)
+	return hits, nil
 }
 
 // spans are the buffers readData reads spans of entries into, maxSpan
@@ -179,30 +208,31 @@ func newestFirst(hits []hit) []hit {
 	return slices.CompactFunc(hits, func(a, b hit) bool { return a.seq == b.seq })
 }
 
-// readData reads the hits' data, and returns them as entries in the hits'
-// order, their data in one allocation. An entry of a mapped segment is
-// copied from the mapping; the others are read with one read for entries
-// close together in a segment.
+// readData reads the hits' data into r.data and returns them as entries in
+// the hits' order, in r.entries. An entry of a mapped segment is copied
+// from the mapping; the others are read with one read for entries close
+// together in a segment.
 //
 // A fault on the mapping (an I/O error under it, a segment cut short by
 // hand) is turned into an error, not a crash: the runtime then panics
 // instead of killing the process (debug.SetPanicOnFault), and the panic is
 // recovered here.
-func readData(hits []hit) (_ []Entry, err error) {
+func (r *Reader) readData(hits []hit) (_ []Entry, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
-		r := recover()
-		if r == nil {
+		rec := recover()
+		if rec == nil {
 			return
 		}
-		if fault, ok := r.(interface{ Addr() uintptr }); ok {
-			err = fmt.Errorf("seglog: read a mapped segment: fault at %#x: %v", fault.Addr(), r)
+		if fault, ok := rec.(interface{ Addr() uintptr }); ok {
+			err = fmt.Errorf("seglog: read a mapped segment: fault at %#x: %v", fault.Addr(), rec)
 			return
 		}
-		panic(r)
+		panic(rec)
 	}()
-	out := make([]Entry, len(hits))
-	order := make([]int, len(hits))
+	out := slices.Grow(r.entries[:0], len(hits))[:len(hits)]
+	order := slices.Grow(r.order[:0], len(hits))[:len(hits)]
+	r.entries, r.order = out, order
 	total := 0
 	for i := range order {
 		order[i] = i
@@ -212,7 +242,10 @@ func readData(hits []hit) (_ []Entry, err error) {
 		ha, hb := hits[a], hits[b]
 		return cmp.Or(cmp.Compare(ha.seg.num, hb.seg.num), cmp.Compare(ha.off, hb.off))
 	})
-	backing := make([]byte, total)
+	if cap(r.data) < total {
+		r.data = make([]byte, total)
+	}
+	backing := r.data[:total]
 	at := 0
 	place := func(k int) []byte {
 		n := int(hits[k].len)
@@ -284,6 +317,7 @@ func (l *Log) Bounds(stream string) (first, last uint64, err error) {
 	}
 	ds := l.drops[stream]
 	const chunk = 64
+	var sc scratch
 	for _, seg := range l.segs {
 		idx := seg.index()
 		if !idx.has(stream) {
@@ -291,7 +325,7 @@ func (l *Log) Bounds(stream string) (first, last uint64, err error) {
 		}
 		low := max(floor(seg, ds), last+1)
 		for from := (loc{seq: math.MaxUint64}); ; {
-			ls, err := idx.lookup(stream, from, chunk, true)
+			ls, err := idx.lookup(&sc, stream, from, chunk, true)
 			if err != nil {
 				return 0, 0, err
 			}

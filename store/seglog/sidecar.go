@@ -286,7 +286,7 @@ func (s *sidecar) has(stream string) bool {
 }
 
 // findRow returns the stream's row, or ok false.
-func (s *sidecar) findRow(stream string) (row, bool, error) {
+func (s *sidecar) findRow(sc *scratch, stream string) (row, bool, error) {
 	h := hashName(stream)
 	if s.nStreams == 0 || !bloomHas(s.bloom, s.k, h) {
 		return row{}, false, nil
@@ -294,8 +294,7 @@ func (s *sidecar) findRow(stream string) (row, bool, error) {
 	// The first block that may hold h: rows of one hash may straddle a
 	// fence, so start in the block before the first fence at or past h.
 	b := max(0, sort.Search(len(s.fences), func(i int) bool { return s.fences[i] >= h })-1)
-	buf := make([]byte, rowsPerBlock*rowSize)
-	var name []byte
+	buf := sc.blockOf(rowsPerBlock * rowSize)
 	for ; b < len(s.fences); b++ {
 		n := min(rowsPerBlock, s.nStreams-b*rowsPerBlock)
 		blk := buf[:n*rowSize]
@@ -310,7 +309,8 @@ func (s *sidecar) findRow(stream string) (row, bool, error) {
 			if r.hash > h {
 				return row{}, false, nil
 			}
-			name = slices.Grow(name[:0], int(r.nameLen))[:r.nameLen]
+			sc.name = slices.Grow(sc.name[:0], int(r.nameLen))[:r.nameLen]
+			name := sc.name
 			if _, err := s.f.ReadAt(name, s.namesOff+int64(r.nameOff)); err != nil {
 				return row{}, false, fmt.Errorf("seglog: sidecar %s: %w", s.f.Name(), err)
 			}
@@ -334,31 +334,41 @@ func decodeLoc(b []byte) loc {
 }
 
 // entryAt reads entry i of the sidecar.
-func (s *sidecar) entryAt(i uint32) (loc, error) {
-	var b [entrySize]byte
-	if _, err := s.f.ReadAt(b[:], s.entriesOff+int64(i)*entrySize); err != nil {
+func (s *sidecar) entryAt(sc *scratch, i uint32) (loc, error) {
+	b := sc.entryBytes[:]
+	if _, err := s.f.ReadAt(b, s.entriesOff+int64(i)*entrySize); err != nil {
 		return loc{}, fmt.Errorf("seglog: sidecar %s: %w", s.f.Name(), err)
 	}
-	return decodeLoc(b[:]), nil
+	return decodeLoc(b), nil
 }
 
-// entries reads n entries of the sidecar from i.
-func (s *sidecar) entries(i uint32, n int) ([]loc, error) {
-	b := make([]byte, n*entrySize)
-	if _, err := s.f.ReadAt(b, s.entriesOff+int64(i)*entrySize); err != nil {
-		return nil, fmt.Errorf("seglog: sidecar %s: %w", s.f.Name(), err)
+// entries returns n entries of the sidecar from i, in sc.locs, read a
+// block at a time.
+func (s *sidecar) entries(sc *scratch, i uint32, n int) ([]loc, error) {
+	b := sc.blockOf(min(n, entriesPerRead) * entrySize)
+	sc.locs = sc.locs[:0]
+	for n > 0 {
+		k := min(n, entriesPerRead)
+		if _, err := s.f.ReadAt(b[:k*entrySize], s.entriesOff+int64(i)*entrySize); err != nil {
+			return nil, fmt.Errorf("seglog: sidecar %s: %w", s.f.Name(), err)
+		}
+		for j := range k {
+			sc.locs = append(sc.locs, decodeLoc(b[j*entrySize:]))
+		}
+		i += uint32(k)
+		n -= k
 	}
-	out := make([]loc, n)
-	for j := range out {
-		out[j] = decodeLoc(b[j*entrySize:])
-	}
-	return out, nil
+	return sc.locs, nil
 }
+
+// entriesPerRead bounds the entries one read of a sidecar takes: a
+// replay's page of 256 in one system call.
+const entriesPerRead = 256
 
 // search returns the index, within r's entries, of the first whose
 // sequence is at least from. A stream whose sequences have no gap finds
 // it at once; otherwise a binary search reads log2(count) entries.
-func (s *sidecar) search(r row, from uint64) (uint32, error) {
+func (s *sidecar) search(sc *scratch, r row, from uint64) (uint32, error) {
 	switch {
 	case from <= r.minSeq:
 		return 0, nil
@@ -367,7 +377,7 @@ func (s *sidecar) search(r row, from uint64) (uint32, error) {
 	}
 	if r.maxSeq-r.minSeq+1 == uint64(r.count) {
 		i := uint32(from - r.minSeq)
-		l, err := s.entryAt(r.first + i)
+		l, err := s.entryAt(sc, r.first+i)
 		if err != nil {
 			return 0, err
 		}
@@ -375,7 +385,7 @@ func (s *sidecar) search(r row, from uint64) (uint32, error) {
 			if i == 0 {
 				return 0, nil
 			}
-			p, err := s.entryAt(r.first + i - 1)
+			p, err := s.entryAt(sc, r.first+i-1)
 			if err != nil {
 				return 0, err
 			}
@@ -387,7 +397,7 @@ func (s *sidecar) search(r row, from uint64) (uint32, error) {
 	lo, hi := uint32(0), r.count
 	for lo < hi {
 		mid := lo + (hi-lo)/2
-		l, err := s.entryAt(r.first + mid)
+		l, err := s.entryAt(sc, r.first+mid)
 		if err != nil {
 			return 0, err
 		}
@@ -400,19 +410,19 @@ func (s *sidecar) search(r row, from uint64) (uint32, error) {
 	return lo, nil
 }
 
-func (s *sidecar) lookup(stream string, from loc, n int, back bool) ([]loc, error) {
-	r, ok, err := s.findRow(stream)
+func (s *sidecar) lookup(sc *scratch, stream string, from loc, n int, back bool) ([]loc, error) {
+	r, ok, err := s.findRow(sc, stream)
 	if err != nil || !ok {
 		return nil, err
 	}
-	i, err := s.search(r, from.seq)
+	i, err := s.search(sc, r, from.seq)
 	if err != nil {
 		return nil, err
 	}
 	// Past the versions of from's sequence below from's: a sequence has
 	// more than one only when a copy brought forward met its original.
 	for ; from.version > 0 && i < r.count; i++ {
-		l, err := s.entryAt(r.first + i)
+		l, err := s.entryAt(sc, r.first+i)
 		if err != nil {
 			return nil, err
 		}
@@ -422,15 +432,12 @@ func (s *sidecar) lookup(stream string, from loc, n int, back bool) ([]loc, erro
 	}
 	if back {
 		lo := uint32(max(0, int(i)-n))
-		if lo == i {
-			return nil, nil
-		}
-		return s.entries(r.first+lo, int(i-lo))
+		return s.entries(sc, r.first+lo, int(i-lo))
 	}
 	if i >= r.count {
 		return nil, nil
 	}
-	return s.entries(r.first+i, min(n, int(r.count-i)))
+	return s.entries(sc, r.first+i, min(n, int(r.count-i)))
 }
 
 // each calls fn with every stream of the sidecar and its entries, for a
