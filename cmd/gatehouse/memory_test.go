@@ -43,9 +43,9 @@ func TestMemoryLimit(t *testing.T) {
 	}
 }
 
-// TestApplyMemoryLimit: a memory limit sets the heap's soft limit and a
-// lower GOGC, each unless its environment variable is set; no limit
-// leaves both alone.
+// TestApplyMemoryLimit: GOGC is set to half of Go's default, and to a
+// quarter with a memory limit, which also sets the heap's soft limit; each
+// unless its environment variable is set.
 func TestApplyMemoryLimit(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
@@ -56,10 +56,11 @@ func TestApplyMemoryLimit(t *testing.T) {
 		wantGC         int
 		wantLimit      int64
 	}{
-		{"no limit", 0, "", "", 100, math.MaxInt64},
-		{"a limit", 256 << 20, "", "", gcPercent, 192 << 20},
+		{"no limit", 0, "", "", 50, math.MaxInt64},
+		{"no limit, GOGC set", 0, "100", "", 100, math.MaxInt64},
+		{"a limit", 256 << 20, "", "", 25, 192 << 20},
 		{"GOGC set", 256 << 20, "100", "", 100, 192 << 20},
-		{"GOMEMLIMIT set", 256 << 20, "", "1GiB", gcPercent, math.MaxInt64},
+		{"GOMEMLIMIT set", 256 << 20, "", "1GiB", 25, math.MaxInt64},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("GOGC", tc.gogc)
