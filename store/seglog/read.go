@@ -121,7 +121,9 @@ func (r *Reader) Read(l *Log, stream string, after uint64, maxCount, maxBytes in
 	}
 	// The data is read outside mu, so that the writer publishing a record
 	// waits for no read of a disk; files keeps the segments open.
-	return r.readData(hits[:n])
+	es, err := r.readData(hits[:n])
+	clear(hits) // a reader kept for later holds on to no segment
+	return es, err
 }
 
 // Retained returns the bytes r's buffers hold, for a pool of readers to
