@@ -8,7 +8,9 @@ PAIR=left:right names other file prefixes (bench/cluster.sh: cluster:single).
 Runs pair up in order (the n-th Gatehouse run of a case with the n-th
 reference run, which bench/compare.sh ran next to it); each figure is the
 median over the runs, and each ratio the median of the pairs' ratios.
-CPU per execution is the server's CPU seconds over its completed executions.
+CPU per execution is the server's CPU seconds over its completed executions;
+kbench's own is beside it, with the cores busy on the host, since the load
+shares the machine.
 """
 import json
 import os
@@ -21,6 +23,10 @@ FIGURES = [  # key, label, unit
     ("p99_ms", "p99", " ms"),
     ("max_ms", "max", " ms"),
     ("cpu_ms_per_exec", "server CPU per execution", " ms"),
+    # The load's own share of the machine: kbench runs on the same cores,
+    # so what it spends bounds what a server can reach there.
+    ("client_cpu_ms_per_exec", "kbench's own CPU per execution", " ms"),
+    ("host_cores_busy", "cores busy on the host", ""),
     ("replay_events_per_s", "catch-up rate (bench/replay)", " events/s"),
     ("replay_us_per_event", "server CPU per event replayed", " µs"),
     # Gatehouse's own durable points (kbench's "disk", from its /metrics):
@@ -44,6 +50,10 @@ def load(path):
         r = json.loads(line)
         if r.get("server_cpu_s") is not None and r.get("ok"):
             r["cpu_ms_per_exec"] = 1000 * r["server_cpu_s"] / r["ok"]
+        if r.get("client_cpu_s") is not None and r.get("ok"):
+            r["client_cpu_ms_per_exec"] = 1000 * r["client_cpu_s"] / r["ok"]
+        if r.get("host_cpu_util") is not None and r.get("host_cpus"):
+            r["host_cores_busy"] = r["host_cpu_util"] * r["host_cpus"]
         if r.get("disk"):
             r.update(r["disk"])
             r["p50_over_floor_ms"] = r["p50_ms"] - r["floor_ms"]
