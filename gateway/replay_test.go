@@ -167,6 +167,62 @@ func TestReplayDeliversEverythingToTheEnd(t *testing.T) {
 	}
 }
 
+// TestConcurrentReplaysEachGetTheirOwnEvents reads four finished
+// executions from the start on their SSE streams, three times each, eight
+// readers at once: the streams render into arenas that go back to the
+// gateway's free list when a stream ends and come out again for the next,
+// and every frame of every replay must still be its own execution's event,
+// whole (the race detector watches the arenas change hands too).
+func TestConcurrentReplaysEachGetTheirOwnEvents(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t, start(t, node.Options{}))
+	type execution struct {
+		id   string
+		want []json.RawMessage
+	}
+	var exs []execution
+	for range 4 {
+		id, want := bigExecution(t, a, 20, 1<<10)
+		exs = append(exs, execution{id, want})
+	}
+	replay := func(ex execution) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", a.base+"/v0/executions/"+ex.id+"/stream", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		frames, err := ssetest.NewReader(bufio.NewReader(resp.Body)).Frames(-1)
+		if err != io.EOF || len(frames) != len(ex.want) {
+			return fmt.Errorf("%s: %d frames, want %d, then %v", ex.id, len(frames), len(ex.want), err)
+		}
+		for i, f := range frames {
+			if f.Data != string(ex.want[i]) {
+				return fmt.Errorf("%s: frame %d is not its event: %.120s", ex.id, i, f.Data)
+			}
+		}
+		return nil
+	}
+	errs := make(chan error, 3*len(exs))
+	sem := make(chan struct{}, 8)
+	for range 3 {
+		for _, ex := range exs {
+			go func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				errs <- replay(ex)
+			}()
+		}
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // TestEverySurfaceStreamsALargeSessionToItsEnd runs a session turn of
 // 4.7 MB of results and 1,200 text deltas, then reads it on each surface's
 // streams and pages: the Agent Runtime event stream (SSE and WebSocket)
