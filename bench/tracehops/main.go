@@ -66,10 +66,11 @@ type hop struct {
 }
 
 type analysis struct {
-	wakes      map[string]durations // runnable → running, by waker and sleeping site
-	hops       map[string]durations // wake-up → the answering write
-	hopStates  map[string]map[string]float64
-	hopsByKind map[string]int
+	first, last trace.Time           // the trace's span
+	wakes       map[string]durations // runnable → running, by waker and sleeping site
+	hops        map[string]durations // wake-up → the answering write
+	hopStates   map[string]map[string]float64
+	hopsByKind  map[string]int
 }
 
 func analyse(r io.Reader) (*analysis, error) {
@@ -95,6 +96,10 @@ func analyse(r io.Reader) (*analysis, error) {
 		if err != nil {
 			return nil, err
 		}
+		if a.first == 0 {
+			a.first = ev.Time()
+		}
+		a.last = ev.Time()
 		if ev.Kind() != trace.EventStateTransition {
 			continue
 		}
@@ -171,6 +176,7 @@ func writes(st trace.Stack) bool {
 }
 
 func (a *analysis) print(w io.Writer) {
+	fmt.Fprintf(w, "the trace spans %.3f s\n", float64(a.last-a.first)/1e9)
 	fmt.Fprintln(w, "wake-ups (runnable until running), by waker -> where the goroutine slept:")
 	for _, k := range byCount(a.wakes, 20) {
 		fmt.Fprintf(w, "  %s\n      %s\n", k, a.wakes[k])
