@@ -104,27 +104,48 @@ func readBody(ctx *fasthttp.RequestCtx, limit int) error {
 		}
 		return errTooLarge
 	}
-	var buf bytes.Buffer
-	if n > 0 {
-		buf.Grow(min(n, 8<<10))
+	var (
+		body []byte
+		err  error
+	)
+	if n > 0 && n <= exactBody {
+		// The common small body, which fasthttp has read ahead already:
+		// one allocation of its size. (A bytes.Buffer grows before each
+		// read and again to find the end: three.)
+		body = make([]byte, n)
+		_, err = io.ReadFull(stream, body)
+	} else {
+		var buf bytes.Buffer
+		if n > 0 {
+			buf.Grow(exactBody)
+		}
+		var read int64
+		read, err = buf.ReadFrom(io.LimitReader(stream, int64(limit)+1))
+		if err == nil && read > int64(limit) {
+			return errTooLarge
+		}
+		body = buf.Bytes()
 	}
-	read, err := buf.ReadFrom(io.LimitReader(stream, int64(limit)+1))
 	switch {
 	case err != nil && isTimeout(err):
 		return &guardError{fasthttp.StatusRequestTimeout, CodeTimeout, errReadTimedOut}
 	case err != nil:
 		return &guardError{fasthttp.StatusBadRequest, CodeValidation, errors.New("malformed request body: " + err.Error())}
-	case read > int64(limit):
-		return errTooLarge
 	}
 	if mt := ctx.Request.Header.ContentType(); len(mt) == 0 || bytes.Contains(mt, []byte("json")) {
-		if err := checkJSONText(buf.Bytes()); err != nil {
+		if err := checkJSONText(body); err != nil {
 			return &guardError{fasthttp.StatusBadRequest, CodeValidation, err}
 		}
 	}
-	ctx.Request.SetBodyRaw(buf.Bytes())
+	ctx.Request.SetBodyRaw(body)
 	return nil
 }
+
+// exactBody is the largest announced body read into a buffer of its exact
+// size: what fasthttp reads ahead of the handler. A larger one is read
+// into a buffer that grows with what arrives, so that a client that
+// announces a megabyte and sends nothing costs no megabyte.
+const exactBody = 8 << 10
 
 // bodyUnread reports whether the request announced a body the handler
 // path never read: the connection cannot carry another request then.
