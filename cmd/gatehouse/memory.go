@@ -49,7 +49,7 @@ func goMemoryLimit(limit int64) int64 { return limit / 4 * 3 }
 // memory, come and go in bursts of tens of megabytes, and with the default
 // 100 the heap would grow to twice each burst before collecting, memory
 // the process then keeps for minutes. Those buffers hold no pointers, so
-// collecting more often costs little: at 50, full load peaks about 100 MB
+// collecting more often costs little: at 50, full load peaks 60-90 MB
 // lower for no loss of throughput, and a catch-up, whose reads allocate
 // nothing per event, runs as fast (docs/decisions.md).
 const (
