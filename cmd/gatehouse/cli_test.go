@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/eventually"
 	"github.com/gatehouse-dev/gatehouse/internal/loopback"
 	"github.com/gatehouse-dev/gatehouse/node"
 	"github.com/gatehouse-dev/gatehouse/node/nodetest"
@@ -255,10 +257,14 @@ func TestServeRefusesNetworkWithoutCredentials(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /v0/executions with --insecure-no-auth: %d", resp.StatusCode)
 	}
-	c.stop() // the log is read once the process has written it all
-	if !strings.Contains(c.logs.String(), "--insecure-no-auth") || !strings.Contains(c.logs.String(), "level=WARN") {
-		t.Fatalf("no warning about --insecure-no-auth in the log:\n%s", c.logs)
-	}
+	// The gateway answers before serve has logged its start: wait for the
+	// warning rather than stop the process under it.
+	eventually.Check(t, func() error {
+		if l := c.logs.String(); !strings.Contains(l, "--insecure-no-auth") || !strings.Contains(l, "level=WARN") {
+			return fmt.Errorf("no warning about --insecure-no-auth in the log:\n%s", l)
+		}
+		return nil
+	})
 }
 
 // runMain runs the binary as main with args in the folder dir and returns
