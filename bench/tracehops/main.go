@@ -79,7 +79,7 @@ func analyse(r io.Reader) (*analysis, error) {
 		return nil, err
 	}
 	a := &analysis{wakes: map[string]durations{}, hops: map[string]durations{},
-		hopStates: map[string]map[string]float64{}, hopsByKind: map[string]int{}}
+		hopStates: map[string]map[string]float64{}}
 	var (
 		readyAt = map[trace.GoID]trace.Time{}
 		readyBy = map[trace.GoID]string{}
@@ -143,7 +143,6 @@ func analyse(r io.Reader) (*analysis, error) {
 				for s, us := range h.states {
 					a.hopStates[h.kind][s] += us
 				}
-				a.hopsByKind[h.kind]++
 				delete(open, id)
 			}
 		}
@@ -186,7 +185,7 @@ func (a *analysis) print(w io.Writer) {
 		fmt.Fprintf(w, "  %s\n      %s\n      mean per state:", k, a.hops[k])
 		states := a.hopStates[k]
 		for _, s := range []string{"Running", "Runnable", "Syscall", "Waiting"} {
-			fmt.Fprintf(w, " %s %.1fµs", s, states[s]/float64(a.hopsByKind[k]))
+			fmt.Fprintf(w, " %s %.1fµs", s, states[s]/float64(len(a.hops[k])))
 		}
 		fmt.Fprintln(w)
 	}

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"unsafe"
 )
 
 // Read bounds.
@@ -129,8 +130,9 @@ func (r *Reader) Read(l *Log, stream string, after uint64, maxCount, maxBytes in
 // Retained returns the bytes r's buffers hold, for a pool of readers to
 // bound what it keeps.
 func (r *Reader) Retained() int {
-	const locSize, hitSize, entrySize = 24, 32, 32
-	return cap(r.data) + cap(r.hits)*hitSize + cap(r.sc.locs)*locSize + cap(r.sc.block) + cap(r.sc.name) + cap(r.order)*8 + cap(r.entries)*entrySize
+	return cap(r.data) + cap(r.sc.block) + cap(r.sc.name) +
+		cap(r.hits)*int(unsafe.Sizeof(hit{})) + cap(r.sc.locs)*int(unsafe.Sizeof(loc{})) +
+		cap(r.order)*int(unsafe.Sizeof(0)) + cap(r.entries)*int(unsafe.Sizeof(Entry{}))
 }
 
 // find returns the places of stream's entries after sequence after that a
