@@ -621,12 +621,9 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // Every node reports its journal position on start and every
-// positionEvery; the leader drops, every purgeEvery, the groups every node
-// (see purgeBelow) has reported holding.
-const (
-	positionEvery = 5 * time.Second
-	purgeEvery    = 30 * time.Second
-)
+// positionEvery; the leader drops, every Options.JournalPurgeInterval, the
+// groups every node (see purgeBelow) has reported holding.
+const positionEvery = 5 * time.Second
 
 // keepPositions reports the store's journal position and, while leading,
 // purges what every node holds, until ctx ends.
@@ -634,7 +631,7 @@ func (m *Member) keepPositions(ctx context.Context) {
 	defer close(m.kept)
 	report := time.NewTicker(positionEvery)
 	defer report.Stop()
-	purge := time.NewTicker(purgeEvery)
+	purge := time.NewTicker(m.o.JournalPurgeInterval)
 	defer purge.Stop()
 	// At once on start too: on a deployment joined by URL a node that has
 	// not reported does not hold the purge back (see purgeBelow).

@@ -54,6 +54,11 @@ type Options struct {
 	// relay this node's clients to while it leads; empty means Addr,
 	// which must then name a host.
 	Advertise string
+	// JournalPurgeInterval is how often a cluster's leader drops the
+	// journal's groups every node reports holding (zero: 30 s). Shorter
+	// keeps the journal smaller, at the cost of a request to the
+	// positions' bucket each time.
+	JournalPurgeInterval time.Duration
 
 	Kernel kernel.Options  // Store, Deliverer, Policy and Logger are filled in
 	Server gateway.Options // Kernel, Hub, Auth and Logger are filled in
@@ -134,6 +139,8 @@ func Defaults() Options {
 		Retention:         168 * time.Hour,
 		RetentionInterval: 10 * time.Minute,
 
+		JournalPurgeInterval: 30 * time.Second,
+
 		SessionsPerPrincipal: session.DefaultMaxPerOwner,
 	}
 }
@@ -157,6 +164,7 @@ func (o *Options) defaults() {
 	option.Default(&o.PeerRetention, d.PeerRetention)
 	option.Default(&o.Retention, d.Retention)
 	option.Default(&o.RetentionInterval, d.RetentionInterval)
+	option.Default(&o.JournalPurgeInterval, d.JournalPurgeInterval)
 	option.Default(&o.Kernel.AgentGrace, d.Kernel.AgentGrace)
 	option.Default(&o.Kernel.RunnerGrace, d.Kernel.RunnerGrace)
 }

@@ -92,3 +92,63 @@ func TestKbenchRefusesAURLOffLoopback(t *testing.T) {
 		t.Fatalf("kbench with a URL off loopback: %v %s", err, outb)
 	}
 }
+
+// TestKbenchEndsItsRunOnSIGINT: a run with far more executions (or time)
+// than the test waits for ends on SIGINT with its summary: every execution
+// it started completed, and no more were started.
+func TestKbenchEndsItsRunOnSIGINT(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"a count", []string{"-executions", "1000000"}},
+		{"a duration", []string{"-duration", "10m"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gw := nodetest.Start(t, node.Options{Data: t.TempDir()})
+			var out bytes.Buffer
+			var logs syncbuf.Buffer
+			args := append([]string{"-url", gw.URL, "-agents", "1", "-runners", "1", "-remote", "-tools", "1",
+				"-concurrency", "4", "-timeout", "10m", "-max-err-logs", "-1", "-q"}, tc.args...)
+			cmd := exec.Command(os.Args[0], args...)
+			cmd.Env = append(os.Environ(), "KBENCH_TEST_AS_MAIN=1")
+			cmd.Stdout, cmd.Stderr = &out, &logs
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-done
+				done <- nil
+			})
+			eventually.Check(t, func() error {
+				if c := gw.Node.Kernel.Stats().Completed; c < 20 {
+					return fmt.Errorf("%d executions completed", c)
+				}
+				return nil
+			})
+			if err := cmd.Process.Signal(os.Interrupt); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				done <- err
+				if err != nil {
+					t.Fatalf("kbench: %v\n%s\n%s", err, out.String(), logs.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("kbench did not end on SIGINT\n%s", logs.String())
+			}
+			var s summary
+			if err := json.Unmarshal(out.Bytes(), &s); err != nil {
+				t.Fatalf("kbench output %q: %v", out.String(), err)
+			}
+			started := gw.Node.Kernel.Stats().Completed
+			if s.Executions < 20 || s.OK != s.Executions || s.Executions > int(started) {
+				t.Fatalf("%d executions, %d ok, %d completed by the gateway; fail reasons %v", s.Executions, s.OK, started, s.FailReasons)
+			}
+		})
+	}
+}

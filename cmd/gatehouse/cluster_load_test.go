@@ -64,10 +64,15 @@ func (r loadResult) longestStall() time.Duration {
 	return 0
 }
 
-// startLoad builds bench/kbench and runs it against every node for d, as
-// stock seed 004 clients: SSE agents and runners spread over the nodes,
-// remote tools, a stream per execution. wait returns its summary.
-func startLoad(t *testing.T, nodes []*natsNode, d time.Duration) (wait func() loadResult) {
+// loadCap bounds a load of startLoad: its test stops it long before.
+const loadCap = 3 * time.Minute
+
+// startLoad builds bench/kbench and runs it against every node, as stock
+// seed 004 clients: SSE agents and runners spread over the nodes, remote
+// tools, a stream per execution. stop ends the load (kbench starts no
+// execution after SIGINT and finishes those in flight) and returns its
+// summary, so that a test loads the nodes for as long as its faults take.
+func startLoad(t *testing.T, nodes []*natsNode) (stop func() loadResult) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kbench")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gatehouse-dev/gatehouse/bench/kbench").CombinedOutput(); err != nil {
@@ -80,8 +85,8 @@ func startLoad(t *testing.T, nodes []*natsNode, d time.Duration) (wait func() lo
 	var out bytes.Buffer
 	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(bin, "-url", strings.Join(us, ","), "-agents", "3", "-runners", "3", "-remote", "-tools", "1",
-		"-concurrency", "8", "-duration", d.String(), "-window", loadWindow.String(), "-exec-timeout", "60s",
-		"-timeout", (d + 2*time.Minute).String(), "-max-err-logs", "-1", "-q")
+		"-concurrency", "8", "-duration", loadCap.String(), "-window", loadWindow.String(), "-exec-timeout", "60s",
+		"-timeout", (loadCap + 2*time.Minute).String(), "-max-err-logs", "-1", "-q")
 	cmd.Stdout, cmd.Stderr = &out, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -91,16 +96,20 @@ func startLoad(t *testing.T, nodes []*natsNode, d time.Duration) (wait func() lo
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-done
+		done <- nil
 	})
 	return func() loadResult {
 		t.Helper()
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatalf("stop kbench: %v\n%s", err, logs)
+		}
 		select {
 		case err := <-done:
 			done <- err
 			if err != nil {
 				t.Fatalf("kbench: %v\n%s\n%s", err, out.String(), logs)
 			}
-		case <-time.After(d + 3*time.Minute):
+		case <-time.After(2 * time.Minute):
 			t.Fatalf("kbench did not end\n%s", logs)
 		}
 		var r loadResult
@@ -165,8 +174,10 @@ func TestClusterNodeKillsUnderLoad(t *testing.T) {
 	}
 	startAll(t, nodes...)
 	leaderOf(t, nodes)
-	const every = 12 * time.Second
-	wait := startLoad(t, nodes, time.Duration(kills)*every+4*time.Second)
+	// Each kill's node is down 2 s, and the load runs a few seconds
+	// between its return and the next kill.
+	const every = 8 * time.Second
+	stop := startLoad(t, nodes)
 	time.Sleep(3 * time.Second)
 	for k := range kills {
 		start := time.Now()
@@ -182,7 +193,7 @@ func TestClusterNodeKillsUnderLoad(t *testing.T) {
 		rejoined(t, nodes, victim)
 		time.Sleep(time.Until(start.Add(every)))
 	}
-	r := wait()
+	r := stop()
 	checkLoad(t, r)
 	t.Logf("%d kills: %d executions, all completed, %.0f/s, p99 %.0f ms; stalls (no execution completed), longest first: %v",
 		kills, r.Executions, r.ExecPerS, r.P99, r.stalls())
@@ -194,7 +205,7 @@ func TestClusterNodeKillsUnderLoad(t *testing.T) {
 // completes.
 func TestClusterRollingRestartUnderLoad(t *testing.T) {
 	nodes := kernelCluster(t)
-	wait := startLoad(t, nodes, 30*time.Second)
+	stop := startLoad(t, nodes)
 	time.Sleep(3 * time.Second)
 	for i, n := range nodes {
 		if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -206,7 +217,9 @@ func TestClusterRollingRestartUnderLoad(t *testing.T) {
 		n.start(t)
 		rejoined(t, nodes, i)
 	}
-	r := wait()
+	// Work flows through the last one restarted before the load ends.
+	time.Sleep(2 * time.Second)
+	r := stop()
 	checkLoad(t, r)
 	t.Logf("rolling restart: %d executions, all completed, %.0f/s; longest stall %s", r.Executions, r.ExecPerS, r.longestStall())
 }

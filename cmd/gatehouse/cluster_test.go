@@ -26,6 +26,11 @@ import (
 
 // natsNode is a `gatehouse serve` process with a NATS side, which a test
 // can kill -9 and start again on the same data folder and ports.
+//
+// The cluster tests that spend their time waiting (on elections, a paused
+// node, NATS servers starting) run in parallel with each other; the two
+// under load (cluster_load_test.go) do not, so that they hold the CPU
+// they measure alone among them.
 type natsNode struct {
 	name string
 	base string // the gateway's URL
@@ -138,6 +143,7 @@ func startAll(t *testing.T, nodes ...*natsNode) {
 // stream takes writes. The node comes back on its data folder, rejoins,
 // and its replica catches up.
 func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
+	t.Parallel()
 	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	peers := strings.Join(routes, ",")
 	nodes := make([]*natsNode, 3)
@@ -338,6 +344,7 @@ func TestClusterServeRefusesBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--cluster-peers", "127.0.0.1:6222"}, "--cluster-name"},
+		{[]string{"--node-name", "n1", "--cluster-purge-interval", "10ms"}, "--cluster-purge-interval 10ms: at least 1s"},
 		{[]string{"--cluster-name", "gh", "--node-name", "n1"}, "--cluster-listen 0.0.0.0:6222 is not loopback"},
 		{[]string{"--nats-url", "nats://127.0.0.1:4222", "--cluster-name", "gh"}, "--nats-url joins an existing deployment"},
 		{[]string{"--nats-listen", "0.0.0.0:4222"}, "listen on loopback only"},

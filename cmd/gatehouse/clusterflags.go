@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/cluster"
@@ -18,7 +19,7 @@ type clusterFlags struct {
 	url, creds, advertise         string
 	routeTLS, leafTLS, natsTLS    cluster.TLSFiles
 	insecure                      bool
-	readyTimeout, election        time.Duration
+	readyTimeout, election, purge time.Duration
 	replicas                      int
 }
 
@@ -32,6 +33,7 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.routeTLS.CA, "cluster-tls-ca", "", "the CA (PEM `file`) that signs every node's route certificate; no other is trusted")
 	fs.BoolVar(&c.insecure, "cluster-insecure", false, "allow routes and leaf links in clear text on addresses other than loopback (a network private end to end)")
 	fs.DurationVar(&c.election, "cluster-election-timeout", 0, "how long JetStream's raft groups wait without a heartbeat before electing a new leader: that `duration` to twice it (default 1s in a cluster: a failover in about 2s; 4s is about NATS's own timing; at least 500ms; see docs/cluster.md)")
+	fs.DurationVar(&c.purge, "cluster-purge-interval", node.Defaults().JournalPurgeInterval, "how often the leader drops the journal's groups that every node holds (`duration`, at least 1s)")
 	fs.DurationVar(&c.readyTimeout, "cluster-ready-timeout", 30*time.Second, "how long start waits for JetStream (in a cluster, for a quorum of the nodes to elect a meta leader)")
 	fs.StringVar(&c.clientListen, "nats-listen", "", "loopback `host:port` where NATS clients (the nats CLI) may reach the embedded server; empty: none")
 	fs.StringVar(&c.domain, "nats-domain", "", "this node's JetStream `domain`: an edge box's own, so that its JetStream stays its own while linked to a hub")
@@ -51,8 +53,12 @@ func (c *clusterFlags) flags(fs *flag.FlagSet) {
 }
 
 // apply sets o's NATS side from the flags.
-func (c *clusterFlags) apply(o *node.Options) {
+func (c *clusterFlags) apply(o *node.Options) error {
+	if c.purge < time.Second {
+		return fmt.Errorf("--cluster-purge-interval %s: at least 1s", c.purge)
+	}
 	o.Advertise = c.advertise
+	o.JournalPurgeInterval = c.purge
 	o.Cluster = cluster.Options{
 		Name: c.name, NodeName: c.nodeName, Listen: c.listen, Peers: splitList(c.peers),
 		ClientListen: c.clientListen, Domain: c.domain,
@@ -61,4 +67,5 @@ func (c *clusterFlags) apply(o *node.Options) {
 		RouteTLS: c.routeTLS, LeafTLS: c.leafTLS, ClientTLS: c.natsTLS,
 		Insecure: c.insecure, ReadyTimeout: c.readyTimeout, ElectionTimeout: c.election,
 	}
+	return nil
 }

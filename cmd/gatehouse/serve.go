@@ -294,7 +294,9 @@ func (c config) options(st *serverTLS, log *slog.Logger) (startOptions, error) {
 	if err := c.channels.apply(&o); err != nil {
 		return startOptions{}, err
 	}
-	c.cluster.apply(&o)
+	if err := c.cluster.apply(&o); err != nil {
+		return startOptions{}, err
+	}
 	return startOptions{Options: o, pol: pol, memLimit: memLimit, goLimit: goLimit, memSource: memSource}, nil
 }
 
