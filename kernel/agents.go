@@ -423,7 +423,7 @@ func (k *Kernel) idempotent(execID, key, hash string) (*Execution, json.RawMessa
 	} else if ex != nil && !ex.replayed {
 		gerr = store.ErrNotFound // every answer of this execution is in memory
 	} else {
-		gerr = k.store.Get(kindIdem, execID+"/"+key, &rec)
+		gerr = k.store.Get(kindExec, idemKey(execID, key), &rec)
 	}
 	switch {
 	case gerr == nil && rec.Hash != hash:

@@ -308,11 +308,11 @@ func (k *Kernel) List(ctx context.Context, req ListRequest) (ListPage, error) {
 	page := ListPage{Executions: []Summary{}}
 	more := false
 	var lastKey string
-	err := k.store.Records(kindSummary, func(key string, decode func(any) error) bool {
+	err := k.store.RecordsAfter(kindExec, after, func(key string, decode func(any) error) bool {
 		if ctx.Err() != nil {
 			return false
 		}
-		if after != "" && key <= after {
+		if !isSummaryKey(key) {
 			return true
 		}
 		var s Summary

@@ -198,6 +198,9 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 		retries: newRetries(),
 	}
 	k.watches.Idle = k.unwatched
+	if err := k.settleLayout(ctx); err != nil {
+		return nil, err
+	}
 	if err := k.recover(ctx); err != nil {
 		return nil, fmt.Errorf("kernel: recover: %w", err)
 	}
@@ -365,14 +368,14 @@ func (k *Kernel) finishedOrMissing(id string) error {
 
 func (k *Kernel) summary(id string) (*Summary, error) {
 	var key string
-	if err := k.store.Get(kindIndex, id, &key); err != nil {
+	if err := k.store.Get(kindExec, indexKey(id), &key); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, notFound("execution", id)
 		}
 		return nil, newErr(ErrUnavailable, "service unavailable: %v", err)
 	}
 	var sum Summary
-	if err := k.store.Get(kindSummary, key, &sum); err != nil {
+	if err := k.store.Get(kindExec, key, &sum); err != nil {
 		return nil, newErr(ErrUnavailable, "service unavailable: %v", err)
 	}
 	return &sum, nil

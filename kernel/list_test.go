@@ -2,9 +2,15 @@ package kernel
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/store"
 )
 
 // TestListShowsEveryChange: the store keeps a live execution's list entry
@@ -60,5 +66,83 @@ func TestListShowsEveryChange(t *testing.T) {
 	}
 	if got := page.Executions[0]; got.Status != StatusCancelled || !got.UpdatedAt.After(changed.UpdatedAt) {
 		t.Fatalf("final entry: %+v", got)
+	}
+}
+
+// TestListPagesInCreationOrderAcrossBuckets: List reads the entries of one
+// kind in which index and idempotency records sit between them, many per
+// millisecond and several per nanosecond; pages of every size, each from
+// the cursor of the one before, return every execution once, newest first
+// and then by id, and a cursor spelt by hand as clients of the earlier
+// layout kept it (base64 of "created|id") goes on right after its row.
+func TestListPagesInCreationOrderAcrossBuckets(t *testing.T) {
+	r := newRig(t, nil)
+	ctx := context.Background()
+	base := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	var want []Summary
+	var b store.Batch
+	for i := range 240 {
+		// Five to a nanosecond, eight nanoseconds to a millisecond, six
+		// milliseconds, some far apart.
+		created := base.Add(time.Duration(i/40)*time.Millisecond*time.Duration(1+i/200*1000) + time.Duration(i%40/5))
+		id := fmt.Sprintf("0190aaaa-%04x-7000-8000-%012x", i%7, i)
+		s := Summary{ID: id, Status: StatusCompleted, AgentID: "ag", Labels: map[string]string{},
+			CreatedAt: created, UpdatedAt: created}
+		want = append(want, s)
+		for _, put := range []struct {
+			key string
+			v   any
+		}{{summaryKey(created, id), s}, {indexKey(id), summaryKey(created, id)}, {idemKey(id, "k"), idemRecord{Hash: "h"}}} {
+			if err := b.Put(kindExec, put.key, put.v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := r.st.Write(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(want, func(a, b Summary) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	ids := func(ss []Summary) []string {
+		out := make([]string, len(ss))
+		for i, s := range ss {
+			out[i] = s.ID
+		}
+		return out
+	}
+	for _, limit := range []int{1, 7, 50, 200} {
+		var got []Summary
+		cursor := ""
+		for pages := 0; ; pages++ {
+			if pages > len(want) {
+				t.Fatalf("limit %d: the cursors go round", limit)
+			}
+			page, err := r.k.List(ctx, ListRequest{Limit: limit, Cursor: cursor})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, page.Executions...)
+			if page.NextCursor == "" {
+				break
+			}
+			cursor = page.NextCursor
+		}
+		if !slices.Equal(ids(got), ids(want)) {
+			t.Fatalf("limit %d: got\n %v\nwant\n %v", limit, ids(got), ids(want))
+		}
+	}
+	for _, i := range []int{0, 4, 5, 39, 40, 199, 238} {
+		cursor := base64.StdEncoding.EncodeToString([]byte(want[i].CreatedAt.Format(time.RFC3339Nano) + "|" + want[i].ID))
+		page, err := r.k.List(ctx, ListRequest{Limit: 2, Cursor: cursor})
+		if err != nil || len(page.Executions) == 0 || page.Executions[0].ID != want[i+1].ID {
+			t.Errorf("cursor of row %d: %v %v; want %s first", i, ids(page.Executions), err, want[i+1].ID)
+		}
+	}
+	if last, err := r.k.summary(want[239].ID); err != nil || last.ID != want[239].ID {
+		t.Errorf("summary by id through its index: %+v %v", last, err)
 	}
 }

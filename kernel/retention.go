@@ -17,7 +17,10 @@ func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, er
 	type victim struct{ key, id string }
 	var victims []victim
 	finished := 0
-	err := k.store.Records(kindSummary, func(key string, decode func(any) error) bool {
+	err := k.store.Records(kindExec, func(key string, decode func(any) error) bool {
+		if !isSummaryKey(key) {
+			return ctx.Err() == nil
+		}
 		var s Summary
 		if decode(&s) != nil || !s.Status.Terminal() {
 			return ctx.Err() == nil
@@ -41,16 +44,16 @@ func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, er
 			return deleted, err
 		}
 		var b store.Batch
-		b.Delete(kindSummary, v.key)
-		b.Delete(kindIndex, v.id)
+		b.Delete(kindExec, v.key)
+		b.Delete(kindExec, indexKey(v.id))
 		if err := k.store.Scan(streamOf(v.id), 0, func(seq uint64, _ []byte) bool {
 			b.DeleteEntry(streamOf(v.id), seq)
 			return true
 		}); err != nil {
 			return deleted, fmt.Errorf("prune %s: %w", v.id, err)
 		}
-		if err := k.store.RecordsWithPrefix(kindIdem, v.id+"/", func(id string, _ func(any) error) bool {
-			b.Delete(kindIdem, id)
+		if err := k.store.RecordsWithPrefix(kindExec, idemPrefix(v.id), func(id string, _ func(any) error) bool {
+			b.Delete(kindExec, id)
 			return true
 		}); err != nil {
 			return deleted, fmt.Errorf("prune %s: %w", v.id, err)

@@ -23,7 +23,7 @@ func TestPruneDeletesOldFinishedExecutions(t *testing.T) {
 	live := r.create("later")
 	idem := func(id string) int {
 		n := 0
-		if err := r.st.RecordsWithPrefix(kindIdem, id+"/", func(string, func(any) error) bool { n++; return true }); err != nil {
+		if err := r.st.RecordsWithPrefix(kindExec, idemPrefix(id), func(string, func(any) error) bool { n++; return true }); err != nil {
 			t.Fatal(err)
 		}
 		return n

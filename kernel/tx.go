@@ -11,21 +11,12 @@ import (
 	"github.com/gatehouse-dev/gatehouse/store"
 )
 
-// Record kinds and log streams in the store.
-const (
-	kindSummary = "xs"   // list index: desc(created) "/" id -> Summary
-	kindIndex   = "xk"   // id -> list index key
-	kindLive    = "live" // id -> nothing, for every non-terminal execution; written lazily, read at start-up
-	kindIdem    = "idem" // execution id "/" key -> idemRecord
-)
+// kindLive holds id -> nothing, for every non-terminal execution: written
+// lazily, read at start-up. The other records of executions are in
+// kindExec (keys.go).
+const kindLive = "live"
 
 func streamOf(execID string) string { return "x/" + execID }
-
-// summaryKey orders executions newest first: the list index is scanned in
-// key order, so the creation time is stored inverted.
-func summaryKey(created time.Time, id string) string {
-	return fmt.Sprintf("%016x/%s", uint64(1<<63-1-created.UnixNano()), id)
-}
 
 // Meta describes the request that writes a transaction's events.
 type Meta struct {
@@ -174,7 +165,7 @@ func (t *tx) remember(key string, rec idemRecord) {
 	if key == "" || t.err != nil {
 		return
 	}
-	if err := t.batch.Put(kindIdem, t.ex.ID+"/"+key, rec); err != nil {
+	if err := t.batch.Put(kindExec, idemKey(t.ex.ID, key), rec); err != nil {
 		t.err = err
 		return
 	}
@@ -276,7 +267,7 @@ func (t *tx) prepare() (empty bool, err error) {
 			sum.AgentID, sum.Labels, sum.Owner, sum.Tenant = p.AgentID, p.Labels, p.Owner, p.Tenant
 		}
 		key := summaryKey(sum.CreatedAt, ex.ID)
-		if err := t.batch.Put(kindIndex, ex.ID, key); err != nil {
+		if err := t.batch.Put(kindExec, indexKey(ex.ID), key); err != nil {
 			return false, err
 		}
 		// Created, not put: the id is new, so an execution that ends before
@@ -293,7 +284,7 @@ func (t *tx) prepare() (empty bool, err error) {
 		if sum.Labels == nil {
 			sum.Labels = map[string]string{}
 		}
-		if err := t.batch.Put(kindSummary, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
+		if err := t.batch.Put(kindExec, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
 			return false, err
 		}
 	}

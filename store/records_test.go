@@ -70,3 +70,51 @@ func TestEachRecord(t *testing.T) {
 		t.Errorf("undecodable record: got %q, %v; want nothing and an error naming note/a/0", got, err)
 	}
 }
+
+// TestRecordsAfter walks a kind from the first id greater than the one
+// given, in id order, and decodes only the records asked for: the walk
+// goes on where an earlier one stopped.
+func TestRecordsAfter(t *testing.T) {
+	s := open(t, t.TempDir(), SyncNone)
+	defer s.Close()
+	var b Batch
+	for _, id := range []string{"a", "b", "b/1", "c", "d"} {
+		if err := b.Put("note", id, id+"!"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Put("notes", "a", "another kind"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(t.Context(), &b); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		after string
+		want  []string
+	}{
+		{"", []string{"a=a!", "b", "b/1=b/1!", "c", "d=d!"}},
+		{"a", []string{"b", "b/1=b/1!", "c", "d=d!"}},
+		{"b/0", []string{"b/1=b/1!", "c", "d=d!"}},
+		{"b/1", []string{"c", "d=d!"}},
+		{"d", nil},
+		{"z", nil},
+	} {
+		var got []string
+		err := s.RecordsAfter("note", tc.after, func(id string, decode func(any) error) bool {
+			if id == "b" || id == "c" {
+				got = append(got, id) // skipped unread
+				return true
+			}
+			var v string
+			if err := decode(&v); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, id+"="+v)
+			return true
+		})
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("after %q: got %q, %v; want %q", tc.after, got, err, tc.want)
+		}
+	}
+}

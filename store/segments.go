@@ -38,12 +38,23 @@ func defaultSegmentLogs() []string { return []string{"x/", "s/", "chlog/"} }
 
 // Data folder formats. Format 2 keeps the logs in logs/; a folder without
 // a FORMAT file and with data is format 1, whose logs are in Badger: Open
-// moves them.
+// moves them. Format 3 is format 2 whose records may be laid out as the
+// kernel lays them out since (its executions' records in one kind, see
+// kernel/keys.go), which a build of format 2 would read as no executions
+// at all. The store cannot tell the layouts apart, so Open records format
+// 3 before anything else is written: a build that reads format 2 refuses
+// the folder from then on, whatever the kernel has moved yet, and the
+// kernel moves what is left of the earlier layout at every start until
+// none is left.
 const (
 	formatFile    = "FORMAT"
-	formatVersion = "2"
+	formatVersion = "3"
 	logsDir       = "logs"
 )
+
+// formatSegmentLogs is the format that first kept the logs in logs/: a
+// folder of it is opened as one of formatVersion, which it becomes.
+const formatSegmentLogs = "2"
 
 // ErrFormat means the data folder was written by a build that stores its
 // data differently, and this build cannot read it.
@@ -166,9 +177,9 @@ func readFormat(dir string, db *badger.DB) (string, error) {
 	switch {
 	case err == nil:
 		v := strings.TrimSpace(string(b))
-		if v != formatVersion {
-			return "", fmt.Errorf("%w: %s is format %q, and this build reads format %s (and moves format 1 on start): run the gatehouse that wrote it, or start afresh in an empty folder",
-				ErrFormat, dir, v, formatVersion)
+		if v != formatVersion && v != formatSegmentLogs {
+			return "", fmt.Errorf("%w: %s is format %q, and this build reads format %s (and moves formats 1 and %s on start): run the gatehouse that wrote it, or start afresh in an empty folder",
+				ErrFormat, dir, v, formatVersion, formatSegmentLogs)
 		}
 		return v, nil
 	case !errors.Is(err, os.ErrNotExist):
@@ -304,8 +315,8 @@ func (s *Store) clearMovedLogs() error {
 
 // openLogs opens the folder's segment log (emptied first in a format 1
 // folder, whose logs settleFormat moves once the journal is replayed),
-// records the format of a new folder, and reports whether the folder is of
-// format 1.
+// records the format of a new folder and of a format 2 one (see
+// formatVersion), and reports whether the folder is of format 1.
 func (s *Store) openLogs(z sizing) (legacy bool, err error) {
 	format, err := readFormat(s.opts.Dir, s.db)
 	if err != nil {
@@ -327,7 +338,7 @@ func (s *Store) openLogs(z sizing) (legacy bool, err error) {
 		return false, err
 	}
 	s.logs = logs
-	if format == "" {
+	if format == "" || format == formatSegmentLogs {
 		if err := writeFormat(s.opts.Dir); err != nil {
 			return false, err
 		}

@@ -161,7 +161,7 @@ func writeFormat1(t *testing.T, dir string) {
 
 // TestFormat1FolderIsMovedOnStart: a folder of the earlier layout opens:
 // its logs move from Badger to the segment log, the folder is recorded as
-// format 2, and a move cut short (a partial logs/ left, no FORMAT) starts
+// format 3 (formats 1 to 3 in one start), and a move cut short (a partial logs/ left, no FORMAT) starts
 // again from Badger.
 func TestFormat1FolderIsMovedOnStart(t *testing.T) {
 	for _, tc := range []struct {
@@ -212,19 +212,52 @@ func TestFormat1FolderIsMovedOnStart(t *testing.T) {
 	}
 }
 
+// TestFormat2FolderBecomesFormat3: a folder of format 2 opens, with its
+// logs and records, and is recorded as format 3 before anything is written,
+// so that a build of format 2 no longer opens it (the kernel moves its
+// records to their later layout once started).
+func TestFormat2FolderBecomesFormat3(t *testing.T) {
+	dir := t.TempDir()
+	s := openWith(t, Options{Dir: dir})
+	write(t, s, func(b *Batch) {
+		b.Append("x/old", 1, []byte("event"))
+		if err := b.Put("xs", "old", "summary"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, formatFile), []byte("2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s = openWith(t, Options{Dir: dir})
+	defer s.Close()
+	if f, err := os.ReadFile(filepath.Join(dir, formatFile)); err != nil || strings.TrimSpace(string(f)) != "3" {
+		t.Errorf("FORMAT %q, %v; want 3", f, err)
+	}
+	var v string
+	if err := s.Get("xs", "old", &v); err != nil || v != "summary" {
+		t.Errorf("record of the format 2 folder: %q %v", v, err)
+	}
+	if es, err := s.Read("x/old", 0, 0); err != nil || len(es) != 1 {
+		t.Errorf("log of the format 2 folder: %d entries, %v", len(es), err)
+	}
+}
+
 // TestUnknownFormatIsRefused: a folder written in a format this build does
 // not read is refused with ErrFormat, naming it, and nothing is changed.
 func TestUnknownFormatIsRefused(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, formatFile), []byte("3\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, formatFile), []byte("4\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s, err := Open(Options{Dir: dir})
 	if err == nil {
 		_ = s.Close()
-		t.Fatal("opened a format 3 folder")
+		t.Fatal("opened a format 4 folder")
 	}
-	if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), `"3"`) {
+	if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), `"4"`) {
 		t.Errorf("Open = %v; want ErrFormat naming the format", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, logsDir)); !errors.Is(err, os.ErrNotExist) {

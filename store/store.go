@@ -1891,23 +1891,48 @@ func (s *Store) Records(kind string, fn func(id string, decode func(v any) error
 
 // RecordsWithPrefix is Records limited to ids starting with idPrefix.
 func (s *Store) RecordsWithPrefix(kind, idPrefix string, fn func(id string, decode func(v any) error) bool) error {
+	return s.records(kind, idPrefix, idPrefix, fn)
+}
+
+// RecordsAfter is Records from the first id greater than after: a walk
+// that goes on where an earlier one stopped seeks there, without reading
+// the records before it.
+func (s *Store) RecordsAfter(kind, after string, fn func(id string, decode func(v any) error) bool) error {
+	return s.records(kind, "", after, fn)
+}
+
+// records calls fn for the records of kind whose ids start with idPrefix,
+// from from on, leaving out an id equal to from unless from is idPrefix.
+// A record's value is read only when fn decodes it, so a walk that skips
+// most records by their ids reads none of theirs (values are in Badger's
+// tables but for the rare large ones, so a read is a slice of the table).
+func (s *Store) records(kind, idPrefix, from string, fn func(id string, decode func(v any) error) bool) error {
 	if err := s.settle(recordSpace(kind)); err != nil {
 		return err
 	}
 	base := recordPrefix(kind)
 	prefix := append(append([]byte(nil), base...), idPrefix...)
+	start := append(append([]byte(nil), base...), from...)
 	return s.view(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 64})
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
-		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
+		for it.Seek(start); it.ValidForPrefix(prefix); it.Next() {
 			item := it.Item()
-			id := string(item.Key()[len(base):])
+			key := item.Key()
+			if from != idPrefix && bytes.Equal(key, start) {
+				continue
+			}
+			id := string(key[len(base):])
 			var verr error
-			cont := true
-			verr = item.Value(func(data []byte) error {
-				cont = fn(id, func(v any) error { return msgpack.Unmarshal(data, v) })
-				return nil
-			})
+			decode := func(v any) error {
+				var derr error
+				if err := item.Value(func(data []byte) error { derr = msgpack.Unmarshal(data, v); return nil }); err != nil {
+					verr = err
+					return err
+				}
+				return derr
+			}
+			cont := fn(id, decode)
 			if verr != nil {
 				return fmt.Errorf("store: read %s/%s: %w", kind, id, verr)
 			}
