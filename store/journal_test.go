@@ -382,6 +382,7 @@ func TestPowerCutFSCrashLoopKeepsTheJournalSmall(t *testing.T) {
 // A power cut after that keeps everything: the journal left, Badger's
 // tables and its synced log.
 func TestPowerCutFSIdleJournalLetsGo(t *testing.T) {
+	t.Parallel()
 	m := onCutFS(t)
 	dir := m.Dir()
 	s := openWith(t, Options{Dir: dir, idleAfter: 100 * time.Millisecond})
@@ -550,6 +551,7 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 // applied, not when it was acknowledged. Retention deleting a whole
 // gateway at once left every segment since its start behind this way.
 func TestIdleJournalLetsGoOfLazyWrites(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := openWith(t, Options{Dir: dir, idleAfter: 100 * time.Millisecond, lazyInterval: time.Hour})
 	defer s.Close()
@@ -585,6 +587,7 @@ func waitIdleJournal(t *testing.T, s *Store, dir, what string, ok func(os.DirEnt
 // idleFlushBytes of writes has Badger write its memory table out, so that
 // the folder holds a table instead of the table's log.
 func TestIdleStoreWritesItsMemoryTableOut(t *testing.T) {
+	t.Parallel()
 	s := openWith(t, Options{Dir: t.TempDir(), idleAfter: 100 * time.Millisecond})
 	defer s.Close()
 	const n = 80 // 1.25 MiB, far from filling a memory table
@@ -603,6 +606,7 @@ func TestIdleStoreWritesItsMemoryTableOut(t *testing.T) {
 // again as tables of duplicates; after a power cut that lost them, it
 // writes everything. Either way, every write is there.
 func TestPowerCutFSReplaySkipsWhatBadgerHolds(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		cut       cutfs.CutOptions
@@ -652,6 +656,7 @@ func TestPowerCutFSReplaySkipsWhatBadgerHolds(t *testing.T) {
 // level 0 against the count at which its writes wait, and the bytes of its
 // tables, which the metrics export.
 func TestStatsShowBadgersLevelZero(t *testing.T) {
+	t.Parallel()
 	s := openWith(t, Options{Dir: t.TempDir(), MemoryLimit: 256 * mib, idleAfter: 100 * time.Millisecond})
 	defer s.Close()
 	if st := s.Stats(); st.Level0Tables != 0 || st.TableBytes != 0 || st.Level0Stall < 2 || st.Level0Stall > 3 {
@@ -674,6 +679,7 @@ func TestStatsShowBadgersLevelZero(t *testing.T) {
 // every batch up to some point, each whole (three log entries of several
 // pages each and a record, all or none), none torn, none missing before it.
 func TestPowerCutFSBatchLosesOnlyTheLastInterval(t *testing.T) {
+	t.Parallel()
 	// The window docs/operations.md gives --sync batch.
 	const documented = 10 * time.Millisecond
 	// batchMargin is what the window may stretch beyond the interval: the

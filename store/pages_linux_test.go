@@ -47,6 +47,7 @@ func TestTableMapping(t *testing.T) {
 // TestPageOutTables: the pages of the tables Badger wrote leave the RSS,
 // and the data reads back the same.
 func TestPageOutTables(t *testing.T) {
+	t.Parallel()
 	dir := pageableDir(t)
 	// The store's own pass must not hand the pages back before the test
 	// has seen them resident.
@@ -94,6 +95,7 @@ func TestPageOutTables(t *testing.T) {
 // sees the pages of its files grow, as a compaction writes tables and a
 // read faults them in, and hands them back with no call from outside.
 func TestStorePagesOutByItself(t *testing.T) {
+	t.Parallel()
 	dir := pageableDir(t)
 	s := openWith(t, Options{Dir: dir, MemoryLimit: 256 * mib})
 	defer s.Close()

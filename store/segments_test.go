@@ -302,6 +302,7 @@ func TestPowerCutFSJournalRefillsTheSegmentLog(t *testing.T) {
 // logs, Compact gives their segments back, and copies forward the log
 // that lives on.
 func TestCompactDropsTheSegmentsOfPrunedLogs(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := openWith(t, Options{Dir: dir, segmentSize: 16 << 10})
 	defer s.Close()

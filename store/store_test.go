@@ -261,6 +261,7 @@ func BenchmarkWriteParallel(b *testing.B) {
 // transaction is split and still written whole, a key written twice in it
 // keeping its last write.
 func TestLargeGroupSpansTransactions(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := open(t, dir, SyncAlways)
 	var b Batch
