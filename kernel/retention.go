@@ -17,7 +17,16 @@ func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, er
 	type victim struct{ key, id string }
 	var victims []victim
 	finished := 0
-	err := k.store.Records(kindExec, func(key string, decode func(any) error) bool {
+	// Without a count to keep, only executions that ended before cutoff
+	// go, and each was created before it: its list entry lies in cutoff's
+	// bucket or an older one, so the walk starts there instead of reading
+	// every execution stored at every pass. (One whose clock went back
+	// between its creation and its end waits for a later pass.)
+	from := ""
+	if keep <= 0 {
+		from = bucket(cutoff.UnixMilli())
+	}
+	err := k.store.RecordsAfter(kindExec, from, func(key string, decode func(any) error) bool {
 		if !isSummaryKey(key) {
 			return ctx.Err() == nil
 		}

@@ -72,3 +72,36 @@ func TestPruneDeletesOldFinishedExecutions(t *testing.T) {
 		wantErr(t, err, ErrNotFound)
 	}
 }
+
+// TestPruneReadsOnlyWhatMayHaveExpired: with nothing old enough to go, a
+// pass costs the same with 300 finished executions stored as with 10: it
+// starts its walk at the cutoff instead of reading every execution.
+func TestPruneReadsOnlyWhatMayHaveExpired(t *testing.T) {
+	r, _ := newRigRunning(t, nil)
+	ctx := context.Background()
+	finish := func(n int) {
+		for range n {
+			v := r.create("later")
+			if _, err := r.k.Cancel(ctx, v.ID, Meta{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cutoff := time.Now().Add(-time.Hour)
+	allocs := func() float64 {
+		return testing.AllocsPerRun(5, func() {
+			if n, err := r.k.Prune(ctx, cutoff, 0); err != nil || n != 0 {
+				t.Fatalf("prune with nothing expired: %d %v", n, err)
+			}
+		})
+	}
+	finish(10)
+	few := allocs()
+	finish(290)
+	many := allocs()
+	// Each execution read costs several allocations (its id, its decoded
+	// entry): 290 more read would be well over a thousand.
+	if many > few+100 {
+		t.Fatalf("a pass with nothing to prune allocated %.0f times with 300 executions stored, %.0f with 10", many, few)
+	}
+}
