@@ -9,6 +9,10 @@
 #
 #   bash docs/edge-figures.sh
 #   PARTS="disk memory" bash docs/edge-figures.sh
+#
+# PROFILES=dir also has the memory part keep the gateway's heap profile
+# every 2 s in dir (10k-N.pb.gz while the first 10,000 run, 50k-N.pb.gz
+# after): `go tool pprof -sample_index=inuse_space -top dir/50k-N.pb.gz`.
 set -u
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -56,7 +60,9 @@ elif [ -w /sys/fs/cgroup/cgroup.subtree_control ] && mkdir -p /sys/fs/cgroup/gat
 	cg=/sys/fs/cgroup/gatehouse-figures
 	echo $((256 << 20)) > $cg/memory.max
 fi
-sh -c "[ -n '$cg' ] && echo \$\$ > $cg/cgroup.procs; exec '$gh' serve --addr 127.0.0.1:$port --data '$work/mem' --log-level warn --memory-limit 256MiB" & pid=$!
+pprof=""
+if [ -n "${PROFILES:-}" ]; then mkdir -p "$PROFILES"; pprof="--pprof-addr 127.0.0.1:$((port + 1))"; fi
+sh -c "[ -n '$cg' ] && echo \$\$ > $cg/cgroup.procs; exec '$gh' serve --addr 127.0.0.1:$port --data '$work/mem' --log-level warn --memory-limit 256MiB $pprof" & pid=$!
 up
 [ -n "$cg" ] && echo "in a 256 MiB cgroup ($cg)" || echo "no cgroup could be made: the limit is the flag's alone"
 # The peaks of RssAnon (the Go heap) and RssFile (mapped files) since the
@@ -66,9 +72,22 @@ report() {
 	echo "$1: $(grep -E 'VmHWM|VmRSS|RssAnon|RssFile' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ')$(awk '$1 > a {a = $1} $2 > f {f = $2} END {print "peak RssAnon", a, "kB, peak RssFile", f, "kB"}' "$work/samples")"
 	: > "$work/samples"
 }
+# profiles NAME keeps a heap profile every 2 s until killed (PROFILES).
+profiles() {
+	[ -n "${PROFILES:-}" ] || return 0
+	i=0
+	while kill -0 $pid 2>/dev/null; do
+		curl -s -o "$PROFILES/$1-$i.pb.gz" "localhost:$((port + 1))/debug/pprof/heap"
+		i=$((i + 1)); sleep 2
+	done
+}
+profiles 10k & prof=$!
 "$gh" bench --url "http://127.0.0.1:$port" --executions 10000 | grep -E "throughput|latency"
+kill $prof 2>/dev/null
 report "10,000 stored"
+profiles 50k & prof=$!
 "$gh" bench --url "http://127.0.0.1:$port" --executions 40000 --duration 10m | grep -E "throughput|latency"
+kill $prof 2>/dev/null
 report "50,000 stored"
 kill $pid; wait $pid
 [ -n "$cg" ] && { echo "cgroup peak: $(cat $cg/memory.max_usage_in_bytes 2>/dev/null || cat $cg/memory.peak 2>/dev/null) bytes, OOM kills: $(grep -E '^oom_kill ' $cg/memory.oom_control 2>/dev/null | cut -d' ' -f2)"; rmdir $cg; }
