@@ -410,3 +410,71 @@ func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
 		t.Fatalf("%d of 100 entries after a close on a full disk (%v)", len(got), err)
 	}
 }
+
+// TestPowerCutFSFullDiskIsNotAskedForATable: once something else took the
+// reserve, the store reacting to the full disk does not have Badger write
+// its memory tables out. Badger writes a table through a memory map and
+// syncs it; on a full disk the sync fails, and Badger leaves that table's
+// file open and mapped for as long as the process lives (the mount it is
+// on then cannot be let go). Here the disk is a FUSE mount (cutfs), where
+// the failure comes back from the sync; on tmpfs the write would fault.
+func TestPowerCutFSFullDiskIsNotAskedForATable(t *testing.T) {
+	mnt := t.TempDir()
+	fstest.Mount(t, mnt, 32*mib)
+	dir := filepath.Join(mnt, "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := cutfs.MountForTest(t, dir, cutfs.Options{})
+	var logs syncbuf.Buffer
+	s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for i := uint64(1); i <= 100; i++ {
+		write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 1000)) })
+	}
+	if _, err := s.Read("ev", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for size := int64(32 * mib); size >= 4*kib; size /= 2 {
+		f, err := os.Create(filepath.Join(mnt, fmt.Sprint("taken-", size)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if preallocate(f, size) != nil {
+			_ = os.Remove(f.Name())
+		}
+		f.Close()
+	}
+	eventually.True(t, "the store reacts to the full disk", func() bool {
+		return strings.Contains(logs.String(), "Badger's memory tables out")
+	})
+	known := map[string]bool{}
+	for _, tb := range s.db.Tables() {
+		known[fmt.Sprintf("%06d.sst", tb.ID)] = true
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		if i := strings.Index(line, m.Dir()+"/"); i >= 0 && strings.HasSuffix(line, ".sst") {
+			if name := filepath.Base(line[i:]); !known[name] {
+				t.Errorf("%s is mapped, and is none of Badger's tables: a table it could not write, left mapped\n%s", name, logs.String())
+			}
+		}
+	}
+	if err := s.Close(); !errors.Is(err, ErrStorageFull) {
+		t.Fatalf("Close on a full disk: %v, want ErrStorageFull", err)
+	}
+	taken, _ := filepath.Glob(filepath.Join(mnt, "taken-*"))
+	for _, p := range taken {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

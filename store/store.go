@@ -1018,7 +1018,7 @@ const idleFlushBytes = 1 << 20
 // flushIdle has Badger write its memory tables out when more than
 // idleFlushBytes went to it since they last were.
 func (s *Store) flushIdle() {
-	if s.unflushed.Load() < idleFlushBytes {
+	if s.unflushed.Load() < idleFlushBytes || s.roomToFlush() != nil {
 		return
 	}
 	if err := s.flush(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
@@ -1592,6 +1592,10 @@ func (s *Store) syncRelease() bool {
 // the journal keep one small segment: what the journal holds is what a
 // start after a crash must replay, and it should find room for that.
 func (s *Store) shedJournal() {
+	if err := s.roomToFlush(); err != nil {
+		s.log.Warn("storage: no room to write Badger's memory tables out; the journal is kept", "err", err)
+		return
+	}
 	if err := s.flush(context.Background()); err != nil {
 		if !errors.Is(err, ErrClosed) {
 			s.log.Warn("storage: cannot write Badger's memory tables out", "err", err)
@@ -1668,7 +1672,7 @@ func (s *Store) Close() error {
 			clean = false
 		}
 		defer func() { err = errors.Join(err, lerr) }()
-		if err = s.roomToClose(); err != nil {
+		if err = s.roomToFlush(); err != nil {
 			// Closing Badger writes its memory tables out through memory
 			// maps, which fault on a full disk: it is left as a crash
 			// would leave it, and the journal, kept, is replayed at the
@@ -1725,10 +1729,14 @@ func (s *Store) closeDB() error {
 	}
 }
 
-// roomToClose returns nil when the file system has room for Badger to write
-// its memory tables out, as it does when it closes: the reserve keeps that
-// room, unless something else took it.
-func (s *Store) roomToClose() error {
+// roomToFlush returns nil when the file system has room for Badger to
+// write its memory tables out, as it does when it closes or is asked to
+// flush: the reserve keeps that room, unless something else took it.
+// Without it Badger's table, written through a memory map, fails when it is
+// synced, and Badger leaves that table open and mapped (its file keeping
+// the blocks it got) for as long as the process lives; some file systems
+// fault the write instead.
+func (s *Store) roomToFlush() error {
 	if s.guard == nil {
 		return nil
 	}
