@@ -101,7 +101,6 @@ func (e *echoRuns) of(exec string) []string {
 // and exactly one answer wins; the followed stream has every event once,
 // in order; every job ran exactly once.
 func TestClusterEdgeBoxServedThroughItsHubAndCaughtUpAfterALinkCut(t *testing.T) {
-	t.Parallel()
 	const hubToken, edgeToken = "hub-token-0123456789", "edge-token-0123456789"
 	ca := tlscerttest.NewCA(t)
 	dir := t.TempDir()

@@ -81,7 +81,6 @@ func newExternalNode(t *testing.T, name, natsURL string, flags ...string) *natsN
 // follows, and (checked on three servers) the leader purges the journal
 // below what every member holds. /v0/cluster never shows the deployment's password.
 func TestClusterMembersOnAnExistingNATSDeployment(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name          string
 		servers, want int

@@ -26,12 +26,6 @@ import (
 
 // natsNode is a `gatehouse serve` process with a NATS side, which a test
 // can kill -9 and start again on the same data folder and ports.
-//
-// The cluster tests run in parallel with each other: most of their time
-// is spent waiting (on elections, a paused node, NATS servers starting),
-// and those under load (cluster_load_test.go) assert what a slower
-// machine does not change (every acknowledged execution completes); the
-// stalls they log are figures, not checks.
 type natsNode struct {
 	name string
 	base string // the gateway's URL
@@ -144,7 +138,6 @@ func startAll(t *testing.T, nodes ...*natsNode) {
 // stream takes writes. The node comes back on its data folder, rejoins,
 // and its replica catches up.
 func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
-	t.Parallel()
 	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	peers := strings.Join(routes, ",")
 	nodes := make([]*natsNode, 3)
