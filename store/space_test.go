@@ -355,11 +355,13 @@ func TestSegmentPrepareFailure(t *testing.T) {
 	}
 }
 
-// TestPowerCutFSCloseOnAFullDisk: a store closed with no room left for Badger to
-// write its memory tables out (something else took the reserve) leaves
-// Badger as a crash would rather than fault, keeps the journal, and opens
-// again with every write once there is room.
-func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
+// storeOnAFullDisk opens a store with options o on a cutfs mount over a
+// 32 MiB file system, writes 100 entries of 1,000 bytes to log "ev", and
+// then fills the file system with files beside the store (freeTheDisk
+// removes them). It returns the store, its mount and the file system's
+// folder.
+func storeOnAFullDisk(t *testing.T, o Options) (*Store, *cutfs.FS, string) {
+	t.Helper()
 	mnt := t.TempDir()
 	fstest.Mount(t, mnt, 32*mib)
 	dir := filepath.Join(mnt, "data")
@@ -367,7 +369,8 @@ func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := cutfs.MountForTest(t, dir, cutfs.Options{})
-	s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour})
+	o.Dir, o.idleAfter = m.Dir(), time.Hour
+	s := openWith(t, o)
 	for i := uint64(1); i <= 100; i++ {
 		write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 1000)) })
 	}
@@ -386,6 +389,27 @@ func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
 		}
 		f.Close()
 	}
+	return s, m, mnt
+}
+
+// freeTheDisk removes what storeOnAFullDisk filled the file system with.
+func freeTheDisk(t *testing.T, mnt string) {
+	t.Helper()
+	taken, _ := filepath.Glob(filepath.Join(mnt, "taken-*"))
+	for _, p := range taken {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPowerCutFSCloseOnAFullDisk: a store closed with no room left for Badger to
+// write its memory tables out (something else took the reserve) leaves
+// Badger as a crash would rather than fault, keeps the journal, and opens
+// again with every write once there is room.
+func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
+	s, m, mnt := storeOnAFullDisk(t, Options{})
+	dir := m.Backing()
 	if err := s.Close(); !errors.Is(err, ErrStorageFull) {
 		t.Fatalf("Close on a full disk: %v, want ErrStorageFull", err)
 	}
@@ -394,12 +418,7 @@ func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
 	if _, err := m.Cut(cutfs.CutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	taken, _ := filepath.Glob(filepath.Join(mnt, "taken-*"))
-	for _, p := range taken {
-		if err := os.Remove(p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	freeTheDisk(t, mnt)
 	_ = s.db.Close()
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
@@ -419,31 +438,11 @@ func TestPowerCutFSCloseOnAFullDisk(t *testing.T) {
 // on then cannot be let go). Here the disk is a FUSE mount (cutfs), where
 // the failure comes back from the sync; on tmpfs the write would fault.
 func TestPowerCutFSFullDiskIsNotAskedForATable(t *testing.T) {
-	mnt := t.TempDir()
-	fstest.Mount(t, mnt, 32*mib)
-	dir := filepath.Join(mnt, "data")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	m := cutfs.MountForTest(t, dir, cutfs.Options{})
 	var logs syncbuf.Buffer
-	s := openWith(t, Options{Dir: m.Dir(), idleAfter: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	for i := uint64(1); i <= 100; i++ {
-		write(t, s, func(b *Batch) { b.Append("ev", i, bytes.Repeat([]byte{byte(i)}, 1000)) })
-	}
-	if _, err := s.Read("ev", 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	for size := int64(32 * mib); size >= 4*kib; size /= 2 {
-		f, err := os.Create(filepath.Join(mnt, fmt.Sprint("taken-", size)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if preallocate(f, size) != nil {
-			_ = os.Remove(f.Name())
-		}
-		f.Close()
-	}
+	s, m, mnt := storeOnAFullDisk(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	// Either reaction to the full disk logs this: the build before this
+	// test asked Badger for the tables ("cannot write"), this one does not
+	// ("no room to write").
 	eventually.True(t, "the store reacts to the full disk", func() bool {
 		return strings.Contains(logs.String(), "Badger's memory tables out")
 	})
@@ -465,12 +464,7 @@ func TestPowerCutFSFullDiskIsNotAskedForATable(t *testing.T) {
 	if err := s.Close(); !errors.Is(err, ErrStorageFull) {
 		t.Fatalf("Close on a full disk: %v, want ErrStorageFull", err)
 	}
-	taken, _ := filepath.Glob(filepath.Join(mnt, "taken-*"))
-	for _, p := range taken {
-		if err := os.Remove(p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	freeTheDisk(t, mnt)
 	if err := s.db.Close(); err != nil {
 		t.Fatal(err)
 	}
