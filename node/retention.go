@@ -58,7 +58,9 @@ func (n *Node) retain(ctx context.Context) {
 		n.log.Warn("idempotency keys", "err", err)
 	}
 	if executions+sessions+keys == 0 {
-		n.Store.RunGC()
+		if err := n.Store.RunGC(ctx); err != nil && ctx.Err() == nil {
+			n.log.Warn("retention: value log collection", "err", err)
+		}
 		return
 	}
 	if err := n.Store.Compact(ctx); err != nil && ctx.Err() == nil {

@@ -128,12 +128,14 @@ type Options struct {
 	// after a crash: the journal, kept, is replayed at the next start.
 	CloseTimeout time.Duration
 
-	// segmentSize, memTableSize, lazyInterval and pageOutEvery override
-	// the journal's and the segment log's segment size, Badger's memory table size, how long
-	// lazy writes may wait and how often table pages are handed back, for
-	// tests; readSpace, how the file system's free space is read.
+	// segmentSize, memTableSize, vlogFileSize, lazyInterval and
+	// pageOutEvery override the journal's and the segment log's segment
+	// size, Badger's memory table and value log file sizes, how long lazy
+	// writes may wait and how often table pages are handed back, for tests;
+	// readSpace, how the file system's free space is read.
 	segmentSize  int64
 	memTableSize int64
+	vlogFileSize int64
 	lazyInterval time.Duration
 	pageOutEvery time.Duration
 	readSpace    func(dir string) (diskUsage, error)
@@ -142,6 +144,9 @@ type Options struct {
 	// journal segments go: from then on Badger's files alone hold their
 	// writes.
 	released func()
+	// committing, for tests, is called as the apply stage hands Badger a
+	// transaction at version ts, before Badger writes it.
+	committing func(ts uint64)
 }
 
 // maxGroupBytes bounds the keys and values one commit groups, so that a
@@ -276,9 +281,9 @@ type Store struct {
 	// unflushed counts the bytes given to Badger since the apply stage
 	// last had it write its memory tables out (see flushIdle).
 	unflushed atomic.Int64
-	// vlogDirty is set when a value went to Badger's value log, which
-	// takes values of valueThreshold bytes and more (see checkpoint).
-	vlogDirty      atomic.Bool
+	// vlog tracks what Badger's value log, which takes values of
+	// valueThreshold bytes and more, may not hold on disk yet.
+	vlog           valueLog
 	valueThreshold int64
 	// replayed is what the journal's replay at Open applied and skipped.
 	replayed replay
@@ -387,6 +392,9 @@ func Open(o Options) (*Store, error) {
 	if o.memTableSize > 0 {
 		z.memTable = o.memTableSize
 		z.derive()
+	}
+	if o.vlogFileSize > 0 {
+		z.vlogFile = o.vlogFileSize
 	}
 	bo := badger.DefaultOptions(o.Dir).
 		WithInMemory(o.InMemory).
@@ -1087,7 +1095,8 @@ func (s *Store) Compact(ctx context.Context) error {
 			return fmt.Errorf("store: compact: %w", err)
 		}
 	}
-	for ctx.Err() == nil && s.db.RunValueLogGC(0.5) == nil {
+	if err := s.collectValueLog(ctx); err != nil {
+		return fmt.Errorf("store: compact: %w", err)
 	}
 	// Badger's tables hold everything now: the journal can go to one
 	// small segment, as when idle.
@@ -1305,9 +1314,12 @@ func (s *Store) applyTxn(ts uint64, ops []op) error {
 	txn := s.db.NewTransactionAt(ts, true)
 	defer txn.Discard()
 	for _, o := range ops {
-		if err := s.setOp(txn, o); err != nil {
+		if err := s.setOp(txn, ts, o); err != nil {
 			return fmt.Errorf("store: write: %w", err)
 		}
+	}
+	if s.opts.committing != nil {
+		s.opts.committing(ts)
 	}
 	if err := txn.CommitAt(ts, nil); err != nil {
 		return fmt.Errorf("store: commit: %w", err)
@@ -1330,13 +1342,13 @@ func (s *Store) applySplit(ts uint64, ops []op) error {
 		if last[string(o.key)] != i {
 			continue
 		}
-		err := s.setOp(txn, o)
+		err := s.setOp(txn, ts, o)
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			if err = txn.CommitAt(ts, nil); err != nil {
 				return fmt.Errorf("store: commit: %w", err)
 			}
 			txn = s.db.NewTransactionAt(ts, true)
-			err = s.setOp(txn, o)
+			err = s.setOp(txn, ts, o)
 		}
 		if err != nil {
 			return fmt.Errorf("store: write: %w", err)
@@ -1348,12 +1360,12 @@ func (s *Store) applySplit(ts uint64, ops []op) error {
 	return nil
 }
 
-func (s *Store) setOp(txn *badger.Txn, o op) error {
+func (s *Store) setOp(txn *badger.Txn, ts uint64, o op) error {
 	if o.del {
 		return txn.Delete(o.key)
 	}
 	if int64(len(o.val)) >= s.valueThreshold {
-		s.vlogDirty.Store(true)
+		s.vlog.wrote(ts)
 	}
 	return txn.Set(o.key, o.val)
 }
@@ -1486,14 +1498,14 @@ func (s *Store) checkpoint(discard uint64) uint64 {
 			durable = max(durable, t.MaxVersion)
 		}
 		// Tables are synced when written, but values too large for the
-		// tree live in the value log, which only Sync makes durable. Sync
+		// tree live in the value log, which only a sync makes durable. It
 		// also msyncs the whole memory table, stalling Badger's writes for
-		// tens of milliseconds, so it runs only when such a value was
-		// written: every version up to durable was applied before this
-		// check.
-		if s.vlogDirty.Swap(false) {
-			if err := s.db.Sync(); err != nil {
-				s.vlogDirty.Store(true)
+		// tens of milliseconds, so it runs only when such a value may not
+		// be on disk. A version in a table was applied, and its value
+		// written, before durable was read, and every version below it
+		// before applied is read here (groups are applied in order).
+		if s.vlog.dirty() {
+			if err := s.syncBadger(s.applied.Load()); err != nil {
 				s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
 				return s.applied.Load()
 			}
@@ -1563,7 +1575,7 @@ func (s *Store) syncRelease() bool {
 	}
 	// The memory table's log is synced, and the folder, which names it
 	// and the tables written out before it.
-	if err := s.db.Sync(); err != nil {
+	if err := s.syncBadger(at); err != nil {
 		s.log.Warn("checkpoint: sync failed; journal kept", "err", err)
 		return false
 	}
@@ -1576,7 +1588,6 @@ func (s *Store) syncRelease() bool {
 	}
 	// Every version up to at is in Badger's tables or in the memory
 	// table whose log was just synced.
-	s.vlogDirty.Store(false)
 	n, err := s.journal.release(s.releasable(at + 1))
 	if err != nil {
 		s.log.Warn("checkpoint: journal segments kept", "err", err)
@@ -1684,7 +1695,7 @@ func (s *Store) Close() error {
 			return
 		}
 		if s.journal != nil && clean {
-			if err = s.db.Sync(); err != nil {
+			if err = s.syncBadger(s.applied.Load()); err != nil {
 				clean = false
 			}
 		}
@@ -1753,12 +1764,51 @@ func (s *Store) roomToFlush() error {
 }
 
 // RunGC reclaims value-log space; call it periodically.
-func (s *Store) RunGC() {
+func (s *Store) RunGC(ctx context.Context) error {
 	if s.opts.InMemory {
-		return
+		return nil
 	}
-	for s.db.RunValueLogGC(0.5) == nil {
+	s.compacting.Lock()
+	defer s.compacting.Unlock()
+	select {
+	case <-s.stop:
+		return ErrClosed
+	default:
 	}
+	return s.collectValueLog(ctx)
+}
+
+// collectValueLog has Badger collect its value log files that are half
+// garbage or more. Badger moves a file's live values to the file it
+// writes, and their pointers to its memory table, without syncing either,
+// then deletes the file: a power cut after the deletion reached the disk
+// would leave the tables pointing into a file that is gone. An open
+// iterator holds the deletion back (Badger waits for the last one to
+// close) until the memory tables are written out and the value log
+// synced. Compacting must be held.
+func (s *Store) collectValueLog(ctx context.Context) error {
+	if err := s.roomToFlush(); err != nil {
+		return err // collecting writes, and so does what makes it durable
+	}
+	txn := s.db.NewTransactionAt(s.applied.Load(), false)
+	defer txn.Discard()
+	pin := txn.NewIterator(badger.IteratorOptions{})
+	defer pin.Close()
+	moved := false
+	for ctx.Err() == nil && s.db.RunValueLogGC(0.5) == nil {
+		moved = true
+	}
+	if !moved {
+		return nil
+	}
+	if err := s.flush(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("store: value log: %w", err)
+	}
+	if err := s.syncBadger(s.applied.Load()); err != nil {
+		return fmt.Errorf("store: value log: %w", err)
+	}
+	// The folder names the tables just written.
+	return syncDir(s.opts.Dir)
 }
 
 // Batch is a set of writes applied atomically by Write. The zero value is an
