@@ -638,6 +638,7 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 				acked   = map[uint64]int{} // entry -> its size, acknowledged before the cut
 				deleted = map[uint64]bool{}
 				last    uint64 // the lazy record's value last acknowledged
+				tried   uint64 // the last write begun
 			)
 			cut := make(chan struct{})
 			var once sync.Once
@@ -688,6 +689,9 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 						t.Error(err)
 						return
 					}
+					mu.Lock()
+					tried = i
+					mu.Unlock()
 					if s.Write(context.Background(), &b) != nil {
 						return // the ghost, closed after the cut
 					}
@@ -714,10 +718,14 @@ func TestPowerCutFSRightAfterTheJournalLetsGo(t *testing.T) {
 				var rec []byte
 				recErr := r.Get("rec", fmt.Sprint(i), &rec)
 				got, err := r.Entry("ev", i)
+				// A write begun and not acknowledged before the cut may
+				// or may not be there, and with it its deletes.
+				mayBeDeleted := (i+3)%5 == 0 && i+3 > last && i+3 <= tried
 				switch {
 				case deleted[i] && (recErr == nil || err == nil):
 					t.Errorf("write %d, deleted, is back: record %v, entry %v", i, recErr, err)
 				case deleted[i]:
+				case mayBeDeleted && errors.Is(recErr, ErrNotFound) && errors.Is(err, ErrNotFound):
 				case recErr != nil || len(rec) != n || !bytes.Equal(rec, data(i)):
 					t.Errorf("record %d: %d of %d bytes, %v", i, len(rec), n, recErr)
 				case err != nil || !bytes.Equal(got, entry(i)):
