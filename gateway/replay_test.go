@@ -287,7 +287,9 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 	}
 
 	t.Run("agent-runtime/sse", func(t *testing.T) {
-		st := (&api{t: t, base: a.base}).openSSE("/agent-runtime/sessions/"+big+"/events", "Accept", "text/event-stream")
+		t.Parallel()
+		a := &api{t: t, base: a.base}
+		st := a.openSSE("/agent-runtime/sessions/"+big+"/events", "Accept", "text/event-stream")
 		var got []string
 		for len(got) == 0 || got[len(got)-1] != last {
 			got = append(got, head(t, []byte(st.next().Data)))
@@ -295,7 +297,9 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 		check(t, got)
 	})
 	t.Run("agent-runtime/ws", func(t *testing.T) {
-		c, _, err := (&api{t: t, base: a.base}).tryWS("/agent-runtime/sessions/"+big+"/ws", "")
+		t.Parallel()
+		a := &api{t: t, base: a.base}
+		c, _, err := a.tryWS("/agent-runtime/sessions/"+big+"/ws", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -312,6 +316,8 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 		check(t, got)
 	})
 	t.Run("agent-runtime/pages", func(t *testing.T) {
+		t.Parallel()
+		a := &api{t: t, base: a.base}
 		var got []string
 		pages := 0
 		for after := ""; ; pages++ {
@@ -337,6 +343,8 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 		}
 	})
 	t.Run("agent-runtime/exports-bounded", func(t *testing.T) {
+		t.Parallel()
+		a := &api{t: t, base: a.base}
 		// Two exports that nobody reads past their status line hold both
 		// slots; a third is refused until one of them ends.
 		var held []net.Conn
@@ -364,7 +372,9 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 	})
 	for _, mode := range []string{"delta", "message"} {
 		t.Run("aap/"+mode, func(t *testing.T) {
-			st := (&api{t: t, base: a.base}).openSSE("/aap/v1/session/"+big+"/stream?stream="+mode, "Accept", "text/event-stream")
+			t.Parallel()
+			a := &api{t: t, base: a.base}
+			st := a.openSSE("/aap/v1/session/"+big+"/stream?stream="+mode, "Accept", "text/event-stream")
 			var deltas, final strings.Builder
 			for {
 				f := st.next()
@@ -390,6 +400,8 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 		})
 	}
 	t.Run("runtime", func(t *testing.T) {
+		t.Parallel()
+		a := &api{t: t, base: a.base}
 		run := a.runner("big-runner", "r1", "big.direct")
 		arg := strings.Repeat("a", 900<<10)
 		ex := a.json("POST", "/v0/executions", obj{"tool": obj{"tool_id": "big.direct", "arguments": obj{"a": arg}}}, 201)
@@ -397,7 +409,7 @@ func TestEverySurfaceStreamsALargeSessionToItsEnd(t *testing.T) {
 		res := strings.Repeat("r", 900<<10)
 		a.json("POST", "/v0/runners/big-runner/results", obj{"job_id": job["id"], "execution_id": ex["id"], "step_id": job["step_id"], "success": true, "data": obj{"r": res}}, 200)
 		a.waitStatus(ex["id"].(string), "completed")
-		st := (&api{t: t, base: a.base}).openSSE("/runtime/v1/executions/"+ex["id"].(string)+"/events", "Accept", "text/event-stream")
+		st := a.openSSE("/runtime/v1/executions/"+ex["id"].(string)+"/events", "Accept", "text/event-stream")
 		var names []string
 		for len(names) == 0 || names[len(names)-1] != "done" {
 			f := st.next()

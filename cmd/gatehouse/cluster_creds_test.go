@@ -37,6 +37,7 @@ var gatehouseJWTRights = jwt.Permissions{
 // every stream, a user without JetStream's API) fails within seconds with
 // one line that says which, and no output shows a user's seed.
 func TestClusterMembersAuthenticateWithACredentialsFile(t *testing.T) {
+	t.Parallel()
 	op := natstest.NewOperator(t)
 	// Untiered limits count each replica of a stream's max_bytes: the
 	// journal's three of 4 GiB, and a byte for each of the buckets' (which

@@ -157,6 +157,7 @@ func rejoin(t *testing.T, nodes []*natsNode, lead, next int) {
 // are all there; the stream goes on with no gap and no duplicate. The
 // killed node comes back on its data folder as a follower and catches up.
 func TestClusterOneKernelServesClientsOfEveryNodeAndMovesOnLeaderKill(t *testing.T) {
+	t.Parallel()
 	nodes := kernelCluster(t)
 	lead := leaderOf(t, nodes)
 	f1, f2 := (lead+1)%3, (lead+2)%3
@@ -266,6 +267,7 @@ func TestClusterOneKernelServesClientsOfEveryNodeAndMovesOnLeaderKill(t *testing
 // cluster.TestJournalAppendsAreFencedByTheLastSequence and
 // store.TestRefusedGroupIsNotAppliedAndTheStoreStopsLeading.
 func TestClusterPausedLeaderStepsDownAndFollowsTheNewOne(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("pauses a node for 20 s")
 	}

@@ -165,6 +165,7 @@ func clusterKills(t *testing.T) int {
 // stretch without a completed execution is logged: the figure of new work
 // flowing again after a kill.
 func TestClusterNodeKillsUnderLoad(t *testing.T) {
+	t.Parallel()
 	kills := clusterKills(t)
 	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	nodes := make([]*natsNode, 3)
@@ -204,6 +205,7 @@ func TestClusterNodeKillsUnderLoad(t *testing.T) {
 // while kbench runs against all three: every acknowledged execution
 // completes.
 func TestClusterRollingRestartUnderLoad(t *testing.T) {
+	t.Parallel()
 	nodes := kernelCluster(t)
 	stop := startLoad(t, nodes)
 	time.Sleep(3 * time.Second)

@@ -81,6 +81,7 @@ func newExternalNode(t *testing.T, name, natsURL string, flags ...string) *natsN
 // follows, and (checked on three servers) the leader purges the journal
 // below what every member holds. /v0/cluster never shows the deployment's password.
 func TestClusterMembersOnAnExistingNATSDeployment(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name          string
 		servers, want int
@@ -253,6 +254,7 @@ func streamInfo(ctx context.Context, js jetstream.JetStream, name string) (*jets
 // naming --nats-url and --nats-creds, and without the password it was
 // given. A creds file that is not there is named as such.
 func TestClusterMemberRefusesToStartOnCredentialsTheDeploymentRefuses(t *testing.T) {
+	t.Parallel()
 	servers := natsDeployment(t, 1)
 	creds := filepath.Join(t.TempDir(), "user.creds")
 	if err := os.WriteFile(creds, []byte(unknownUserCreds), 0o600); err != nil {

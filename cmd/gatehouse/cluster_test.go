@@ -138,6 +138,7 @@ func startAll(t *testing.T, nodes ...*natsNode) {
 // stream takes writes. The node comes back on its data folder, rejoins,
 // and its replica catches up.
 func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
+	t.Parallel()
 	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	peers := strings.Join(routes, ",")
 	nodes := make([]*natsNode, 3)
@@ -262,6 +263,7 @@ func TestClusterOfThreeKeepsQuorumThroughANodeKill(t *testing.T) {
 // back on its folder and port: the edge links again by itself, and
 // requests cross again.
 func TestClusterEdgeWorksAloneWhileItsHubLinkIsCut(t *testing.T) {
+	t.Parallel()
 	ca := tlscerttest.NewCA(t)
 	caPath := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(caPath, ca.PEM, 0o600); err != nil {
@@ -332,6 +334,7 @@ func TestClusterEdgeWorksAloneWhileItsHubLinkIsCut(t *testing.T) {
 // TestClusterServeRefusesBadFlags: serve refuses NATS flags that cannot
 // work before it listens, with one line naming the flag.
 func TestClusterServeRefusesBadFlags(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		args []string
