@@ -118,7 +118,7 @@ func TestPowerCutFSLazyWritesSurvive(t *testing.T) {
 func testLazyWritesSurviveACrash(t *testing.T, inTable bool) {
 	m := onCutFS(t)
 	// Lazy writes wait until a read hands them over.
-	s := openWith(t, Options{Dir: m.Dir(), segmentSize: 256 << 10, memTableSize: 8 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
+	s := openWith(t, Options{Dir: m.Dir(), segmentSize: 256 << 10, memTableSize: 2 << 20, lazyInterval: time.Hour, idleAfter: time.Hour})
 	defer s.Close()
 	write(t, s, func(b *Batch) {
 		b.AppendLazy("o", 1, []byte("lazy entry"))
@@ -145,7 +145,7 @@ func testLazyWritesSurviveACrash(t *testing.T, inTable bool) {
 		_, err := os.Stat(first)
 		return errors.Is(err, os.ErrNotExist)
 	}
-	fill(20000)
+	fill(5000)
 	eventually.True(t, "Badger writes a table", func() bool { return len(s.db.Tables()) > 0 })
 	if released() {
 		t.Fatal("the lazy writes' segment went while they wait")
@@ -160,7 +160,7 @@ func testLazyWritesSurviveACrash(t *testing.T, inTable bool) {
 	}
 	if inTable {
 		// Once Badger's tables hold them, their segment goes.
-		fill(20000)
+		fill(5000)
 		eventually.True(t, "the lazy writes' segment is released", released)
 	}
 	r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
