@@ -424,3 +424,28 @@ func TestEdgesAnswerARequestTheEdgeBoxDroppedBeforeAnsweringIt(t *testing.T) {
 		})
 	}
 }
+
+// TestEdgesDialAgainWhenTheEdgeConnectionFailsBeforeTheRequest: a
+// connection to the edge box that fails before it takes any byte of the
+// request (a tunnel reset as it opened) cannot have passed the request
+// on, so the hub dials once more and the request is served.
+func TestEdgesDialAgainWhenTheEdgeConnectionFailsBeforeTheRequest(t *testing.T) {
+	_, addr := edgeBox(t, "e1", false)
+	var dials atomic.Int32
+	dial := dialTo("e1", addr)
+	_, hub := hubOf(t, func(ctx context.Context, name string) (net.Conn, error) {
+		c, err := dial(ctx, name)
+		if err == nil && dials.Add(1) == 1 {
+			_ = c.Close()
+		}
+		return c, err
+	})
+	rc := dialRaw(t, hub.URL)
+	rc.write(authed(get("/edge/e1/v0/executions", hostOf(hub.URL))))
+	if resp, body := rc.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2", n)
+	}
+}
