@@ -60,7 +60,7 @@ func newEdgeCollector(e *relay.Edges) prometheus.Collector {
 	c.Counter("gatehouse_edge_received_bytes_total", "Bytes passed from edge boxes to clients.", func(s relay.EdgeStats) float64 { return float64(s.ToClient) })
 	c.Counter("gatehouse_edge_not_linked_total", "Requests for an edge box that was not linked (503 EDGE_NOT_LINKED).", func(s relay.EdgeStats) float64 { return float64(s.NotLinked) })
 	c.Counter("gatehouse_edge_full_total", "Requests for an edge box refused while the hub passed on as many connections as it may (503 SERVICE_UNAVAILABLE).", func(s relay.EdgeStats) float64 { return float64(s.Full) })
-	c.Counter("gatehouse_edge_unreachable_total", "Requests for a linked edge box that could not be passed on (502 EDGE_UNREACHABLE).", func(s relay.EdgeStats) float64 { return float64(s.Unreachable) })
+	c.Counter("gatehouse_edge_unreachable_total", "Requests for a linked edge box that could not be passed on, or whose edge connection ended before their answer (502 EDGE_UNREACHABLE).", func(s relay.EdgeStats) float64 { return float64(s.Unreachable) })
 	return c
 }
 

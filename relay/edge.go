@@ -78,6 +78,10 @@ type Edges struct {
 	passed, toEdge, toClient atomic.Uint64
 	notLinked, unreachable   atomic.Uint64
 	full                     atomic.Uint64
+
+	// dropped is the answer to a request whose edge box connection ended
+	// before any byte of its answer (502 CodeEdgeUnreachable).
+	dropped []byte
 }
 
 // unclaimedAfter bounds how long a dialed edge connection waits for
@@ -93,7 +97,7 @@ func NewEdges(o EdgeOptions) *Edges {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Edges{o: o, log: o.Logger}
+	e := &Edges{o: o, log: o.Logger, dropped: droppedAnswer()}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e
 }
@@ -115,14 +119,13 @@ func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
 		e.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errHubFull, &e.full)
 		return
 	}
-	// Not ctx: fasthttp reuses a RequestCtx, which makes it no parent for
-	// a context that may outlive the request.
-	dctx, cancel := context.WithTimeout(e.base, e.o.DialTimeout)
-	far, err := e.o.Dial(dctx, name)
-	cancel()
+	sp, err := e.reach(ctx, name)
 	switch {
 	case errors.Is(err, ErrEdgeNotLinked):
 		e.refuse(ctx, fasthttp.StatusServiceUnavailable, CodeEdgeNotLinked, errEdgeNotLinked, &e.notLinked)
+		return
+	case errors.Is(err, errSplicesClosing):
+		e.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errHubShuttingDown, nil)
 		return
 	case err != nil:
 		// At debug level: clients set the pace of these, and
@@ -131,20 +134,8 @@ func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
 		e.refuse(ctx, fasthttp.StatusBadGateway, CodeEdgeUnreachable, errEdgeUnreachable, &e.unreachable)
 		return
 	}
-	sp, ok := e.splices.add(ctx.Conn(), far)
-	if !ok {
-		_ = far.Close()
-		e.refuse(ctx, fasthttp.StatusServiceUnavailable, gateway.CodeUnavailable, errHubShuttingDown, nil)
-		return
-	}
-	n, err := writeFirst(ctx, far, false)
-	e.toEdge.Add(uint64(n))
-	if err != nil {
-		e.log.Debug("edge unreachable", "edge", name, "err", err)
-		e.splices.drop(sp)
-		e.refuse(ctx, fasthttp.StatusBadGateway, CodeEdgeUnreachable, errEdgeUnreachable, &e.unreachable)
-		return
-	}
+	// The request is the edge box's to answer now. sp is not yet shared.
+	sp.waiting = true
 	e.passed.Add(1)
 	var claimed atomic.Bool
 	unclaimed := time.AfterFunc(unclaimedAfter, func() {
@@ -157,11 +148,66 @@ func (e *Edges) Pass(ctx *fasthttp.RequestCtx, name string) {
 	ctx.Hijack(func(c net.Conn) {
 		unclaimed.Stop()
 		if claimed.CompareAndSwap(false, true) {
-			e.splices.run(sp, c, &e.toEdge, &e.toClient, e.o.WriteTimeout)
+			e.splices.run(sp, c, &e.toEdge, &e.toClient, e.o.WriteTimeout, e.answerDropped)
 		} else {
 			_ = c.Close()
 		}
 	})
+}
+
+// reach dials the edge box named name and writes ctx's request to it, and
+// returns the splice of the client's connection and the edge box's. A
+// connection that failed before it took any byte of the request, such as a
+// tunnel reset as it opened, is dialed once more: the edge box cannot have
+// seen the request, so sending it again cannot repeat it. A connection
+// that took some may have passed them on, and is not retried.
+func (e *Edges) reach(ctx *fasthttp.RequestCtx, name string) (*splice, error) {
+	for attempt := 1; ; attempt++ {
+		// Not ctx: fasthttp reuses a RequestCtx, which makes it no parent
+		// for a context that may outlive the request.
+		dctx, cancel := context.WithTimeout(e.base, e.o.DialTimeout)
+		far, err := e.o.Dial(dctx, name)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		sp, ok := e.splices.add(ctx.Conn(), far)
+		if !ok {
+			_ = far.Close()
+			return nil, errSplicesClosing
+		}
+		n, err := writeFirst(ctx, far, false)
+		e.toEdge.Add(uint64(n))
+		if err == nil {
+			return sp, nil
+		}
+		e.splices.drop(sp)
+		if n > 0 || attempt == 2 {
+			return nil, err
+		}
+		e.log.Debug("edge connection failed before the request; dialing again", "edge", name, "err", err)
+	}
+}
+
+// answerDropped answers, on the client's connection c, a request whose
+// edge box connection ended before any byte of its answer.
+func (e *Edges) answerDropped(c net.Conn) error {
+	e.unreachable.Add(1)
+	_, err := c.Write(e.dropped)
+	return err
+}
+
+// droppedAnswer is the 502 CodeEdgeUnreachable answer, whole, that closes
+// the connection, for a request the edge box's connection dropped.
+func droppedAnswer() []byte {
+	var r fasthttp.Response
+	r.SetStatusCode(fasthttp.StatusBadGateway)
+	r.Header.SetServer("gatehouse")
+	r.Header.SetContentType("application/json")
+	r.Header.Set(fasthttp.HeaderRetryAfter, "1")
+	r.SetConnectionClose()
+	r.SetBodyString(envelope(CodeEdgeUnreachable, errEdgeDropped.Error()))
+	return []byte(r.String())
 }
 
 // Shutdown closes every connection passed on (their clients reconnect)
@@ -181,8 +227,12 @@ func (e *Edges) Shutdown(ctx context.Context) error {
 var (
 	errEdgeNotLinked   = errors.New("edge not linked: no edge box of this name is linked to this hub now; retry shortly")
 	errEdgeUnreachable = errors.New("edge unreachable: the edge box did not take the connection; retry shortly")
+	errEdgeDropped     = errors.New("edge unreachable: the connection to the edge box ended before it answered; the request may or may not have reached it")
 	errHubFull         = errors.New("service unavailable: this hub passes on as many connections to edge boxes as it may; retry shortly")
 	errHubShuttingDown = errors.New("service unavailable: this node is shutting down; retry shortly")
+	// errSplicesClosing: shutdown has begun and no connection is passed
+	// on any more.
+	errSplicesClosing = errors.New("relay: shutting down")
 )
 
 // refuse answers a request that could not be passed on, counting it into

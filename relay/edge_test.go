@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -286,5 +287,165 @@ func TestEdgesReadTheBodyUnderTheHubsBounds(t *testing.T) {
 	}
 	if n := dials.Load(); n != 0 {
 		t.Fatalf("%d dials for a body over the hub's limit", n)
+	}
+}
+
+// scriptedEdge listens on loopback as an edge box that plays play on each
+// connection a hub dials to it, and returns the hub's Dial for the edge
+// box named e1.
+func scriptedEdge(t *testing.T, play func(c *net.TCPConn, br *bufio.Reader)) func(ctx context.Context, name string) (net.Conn, error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				play(c.(*net.TCPConn), bufio.NewReader(c))
+			}()
+		}
+	}()
+	return dialTo("e1", ln.Addr().String())
+}
+
+// readRequest reads one request, body included, as an edge box would.
+func readRequest(br *bufio.Reader) bool {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return false
+	}
+	_, err = io.Copy(io.Discard, req.Body)
+	return err == nil
+}
+
+// TestEdgesAnswerARequestTheEdgeBoxDroppedBeforeAnsweringIt: when the
+// connection to the edge box ends (closed or reset) while a request of the
+// client's has had no byte of its answer, on the first request of a
+// connection or a later one on the connection passed on, the hub answers
+// it with 502 EDGE_UNREACHABLE, Retry-After and Connection: close, rather
+// than closing the client's connection with no answer. An answer already
+// begun, or a connection switched to another protocol, is only closed: the
+// hub adds nothing to the edge box's bytes.
+func TestEdgesAnswerARequestTheEdgeBoxDroppedBeforeAnsweringIt(t *testing.T) {
+	const okAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	closeIt := func(c *net.TCPConn) { _ = c.Close() }
+	resetIt := func(c *net.TCPConn) { _ = c.SetLinger(0); _ = c.Close() }
+	for _, tc := range []struct {
+		name string
+		// answered is how many requests the edge box answers before it
+		// drops the connection on the next.
+		answered int
+		drop     func(*net.TCPConn)
+	}{
+		{"the first request, closed", 0, closeIt},
+		{"the first request, reset", 0, resetIt},
+		{"a later request on the passed connection, closed", 1, closeIt},
+		{"a later request on the passed connection, reset", 2, resetIt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			edges, hub := hubOf(t, scriptedEdge(t, func(c *net.TCPConn, br *bufio.Reader) {
+				for range tc.answered {
+					if !readRequest(br) {
+						return
+					}
+					_, _ = io.WriteString(c, okAnswer)
+				}
+				if readRequest(br) {
+					tc.drop(c)
+				}
+			}))
+			rc := dialRaw(t, hub.URL)
+			for range tc.answered {
+				rc.write(post("/edge/e1/v0/actions/a1/respond", hostOf(hub.URL), `{"decision":"allow_once"}`))
+				if resp, body := rc.read(); resp.StatusCode != http.StatusOK || body != "ok" {
+					t.Fatalf("an answered request: %d %s", resp.StatusCode, body)
+				}
+			}
+			rc.write(post("/edge/e1/v0/actions/a1/respond", hostOf(hub.URL), `{"decision":"allow_once"}`))
+			resp, err := http.ReadResponse(rc.br, nil)
+			if err != nil {
+				t.Fatalf("the dropped request got no answer: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"code":"`+relay.CodeEdgeUnreachable+`"`) {
+				t.Fatalf("the dropped request: %d %s", resp.StatusCode, body)
+			}
+			if resp.Header.Get("Retry-After") != "1" || !resp.Close {
+				t.Fatalf("headers %v close=%v", resp.Header, resp.Close)
+			}
+			if rest, err := io.ReadAll(rc.br); err != nil || len(rest) != 0 {
+				t.Fatalf("after the answer: %q %v, want the connection closed", rest, err)
+			}
+			eventually.True(t, "the splice ended", func() bool { return edges.Stats().Open == 0 })
+			if s := edges.Stats(); s.Unreachable != 1 {
+				t.Fatalf("stats %+v, want the dropped request counted unreachable", s)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name     string
+		request  string // with %s for the hub's host
+		edgeSent string
+	}{
+		{"an answer begun", get("/edge/e1/v0/executions", "%s"), "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\npart"},
+		{"a switched protocol", "GET /edge/e1/v0/ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+			"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, hub := hubOf(t, scriptedEdge(t, func(c *net.TCPConn, br *bufio.Reader) {
+				if !readRequest(br) {
+					return
+				}
+				_, _ = io.WriteString(c, tc.edgeSent)
+				// The client's next bytes reach the edge box, which drops
+				// the connection without a word.
+				if _, err := br.ReadByte(); err == nil {
+					_ = c.Close()
+				}
+			}))
+			rc := dialRaw(t, hub.URL)
+			rc.write(fmt.Sprintf(tc.request, hostOf(hub.URL)))
+			got := make([]byte, len(tc.edgeSent))
+			if _, err := io.ReadFull(rc.br, got); err != nil || string(got) != tc.edgeSent {
+				t.Fatalf("the edge box's bytes: %q %v", got, err)
+			}
+			rc.write("more bytes of the client's")
+			if rest, err := io.ReadAll(rc.br); len(rest) != 0 {
+				t.Fatalf("the hub added %q (%v) to what the edge box sent", rest, err)
+			}
+		})
+	}
+}
+
+// TestEdgesDialAgainWhenTheEdgeConnectionFailsBeforeTheRequest: a
+// connection to the edge box that fails before it takes any byte of the
+// request (a tunnel reset as it opened) cannot have passed the request
+// on, so the hub dials once more and the request is served.
+func TestEdgesDialAgainWhenTheEdgeConnectionFailsBeforeTheRequest(t *testing.T) {
+	_, addr := edgeBox(t, "e1", false)
+	var dials atomic.Int32
+	dial := dialTo("e1", addr)
+	_, hub := hubOf(t, func(ctx context.Context, name string) (net.Conn, error) {
+		c, err := dial(ctx, name)
+		if err == nil && dials.Add(1) == 1 {
+			_ = c.Close()
+		}
+		return c, err
+	})
+	rc := dialRaw(t, hub.URL)
+	rc.write(authed(get("/edge/e1/v0/executions", hostOf(hub.URL))))
+	if resp, body := rc.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2", n)
 	}
 }

@@ -433,7 +433,7 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		if r.unpend(client) {
-			r.splices.run(sp, c, &r.toLeader, &r.toClient, r.o.WriteTimeout)
+			r.splices.run(sp, c, &r.toLeader, &r.toClient, r.o.WriteTimeout, nil)
 		}
 	})
 }

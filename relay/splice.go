@@ -28,6 +28,40 @@ type splice struct {
 	client net.Conn
 	far    net.Conn
 	once   sync.Once
+
+	// mu orders the two copies' marks of who spoke last.
+	mu sync.Mutex
+	// waiting: the client sent bytes after the far side's last, so it
+	// waits for an answer of which it has had no byte, if those ended an
+	// answer.
+	waiting bool
+	// answers follows where the far side's answers end.
+	answers answers
+}
+
+// sending marks that the client sent bytes.
+func (sp *splice) sending([]byte) {
+	sp.mu.Lock()
+	sp.waiting = true
+	sp.mu.Unlock()
+}
+
+// answering marks that the far side sent p. It is called before p is
+// written to the client, so that the client's next request, which follows
+// it, is marked after.
+func (sp *splice) answering(p []byte) {
+	sp.mu.Lock()
+	sp.waiting = false
+	sp.answers.feed(p)
+	sp.mu.Unlock()
+}
+
+// owed says whether the client sent a request after the far side's last
+// whole answer and has had no byte of its answer.
+func (sp *splice) owed() bool {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.waiting && sp.answers.whole()
 }
 
 // close closes both connections, which ends both directions of the copy.
@@ -103,20 +137,54 @@ func (s *splices) wait() <-chan struct{} {
 // side, counting the bytes into up and down, until either side is done,
 // and then finishes sp. A side that ends its sending (EOF) is half-closed
 // through to the other, which may still answer; any error closes both.
-func (s *splices) run(sp *splice, c net.Conn, up, down *atomic.Uint64, timeout time.Duration) {
+//
+// With unanswered set, a far side that ends (closed or failed) while the
+// client waits for an answer of which it has had no byte gets unanswered
+// instead of a bare close, and the client's connection then closes as
+// after any answer of the far side's. A client is taken to wait when it
+// sent bytes after the far side's last, and those ended a whole answer
+// (answers): HTTP/1.1 clients send a request once the previous answer is
+// whole. Where that cannot be told (a pipelined request, an answer of
+// unknown length, a switch of protocols), the client's connection is only
+// closed, as without unanswered.
+func (s *splices) run(sp *splice, c net.Conn, up, down *atomic.Uint64, timeout time.Duration, unanswered func(net.Conn) error) {
 	defer s.finish(sp)
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		if err := pipe(sp.far, c, up, timeout); err != nil {
+		rerr, werr := pipe(sp.far, c, up, timeout, sp.sending)
+		switch {
+		case rerr == nil && werr == nil:
+			closeWrite(sp.far)
+		case werr != nil && unanswered != nil:
+			// The far side failed: the copy the other way reads what it
+			// still sent, bounded, then answers the client or closes it.
+			// What the client still sends is read and dropped meanwhile,
+			// so that its connection is not reset with the answer unread.
+			_ = sp.far.SetReadDeadline(time.Now().Add(lingerTime))
+			_, _ = io.Copy(io.Discard, c)
+		default:
 			sp.close()
-			return
 		}
-		closeWrite(sp.far)
 	}()
-	if err := pipe(c, sp.far, down, timeout); err != nil {
+	rerr, werr := pipe(c, sp.far, down, timeout, sp.answering)
+	switch {
+	case werr != nil:
 		sp.close()
-	} else {
+	case unanswered != nil && sp.owed():
+		// Nothing more can come from the far side: close it, so that the
+		// copy towards it stops too.
+		_ = sp.far.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(timeout))
+		if err := unanswered(c); err != nil {
+			sp.close()
+			break
+		}
+		closeWrite(sp.client)
+		_ = sp.client.SetReadDeadline(time.Now().Add(lingerTime))
+	case rerr != nil:
+		sp.close()
+	default:
 		closeWrite(sp.client)
 		// The far side is done with this connection: the client's side
 		// lingers only briefly.
@@ -127,27 +195,30 @@ func (s *splices) run(sp *splice, c net.Conn, up, down *atomic.Uint64, timeout t
 
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}
 
-// pipe copies src to dst, counting into n as it goes, until src ends: nil
-// for EOF, the error otherwise, or a write to dst blocked for timeout.
-func pipe(dst net.Conn, src io.Reader, n *atomic.Uint64, timeout time.Duration) error {
+// pipe copies src to dst, counting into n as it goes, until src ends, and
+// calls read with each of src's reads before it is written. It returns
+// src's error (nil for EOF) or dst's, which may be a write blocked for
+// timeout.
+func pipe(dst net.Conn, src io.Reader, n *atomic.Uint64, timeout time.Duration, read func([]byte)) (rerr, werr error) {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
 	for {
-		nr, rerr := src.Read(buf)
+		nr, err := src.Read(buf)
 		if nr > 0 {
+			read(buf[:nr])
 			_ = dst.SetWriteDeadline(time.Now().Add(timeout))
-			nw, werr := dst.Write(buf[:nr])
+			nw, err := dst.Write(buf[:nr])
 			n.Add(uint64(nw))
-			if werr != nil {
-				return werr
+			if err != nil {
+				return nil, err
 			}
 		}
-		if errors.Is(rerr, io.EOF) {
-			return nil
+		if errors.Is(err, io.EOF) {
+			return nil, nil
 		}
-		if rerr != nil {
-			return rerr
+		if err != nil {
+			return err, nil
 		}
 	}
 }
