@@ -148,6 +148,13 @@ func (w *writeSide) endHeld() {
 // closing is called before the connection closes: what is held leaves,
 // when the response it belongs to has ended, and what waited for a write
 // runs.
+// holdingBack reports whether bytes wait for a response's end.
+func (w *writeSide) holdingBack() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.holding
+}
+
 func (w *writeSide) closing(conn net.Conn) {
 	w.mu.Lock()
 	w.closed = true

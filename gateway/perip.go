@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -89,6 +90,18 @@ func (c *perIPConn) Read(p []byte) (int, error) {
 }
 
 func (c *perIPConn) Write(p []byte) (int, error) { return c.w.write(c.Conn, p) }
+
+// CloseWrite half-closes the connection, so that a client told the
+// connection ends (a relay's last answer) reads its end at once rather
+// than when the gateway closes it. It refuses while a response's end is
+// held back, which must leave first.
+func (c *perIPConn) CloseWrite() error {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok || c.w.holdingBack() {
+		return errors.ErrUnsupported
+	}
+	return cw.CloseWrite()
+}
 
 func (c *perIPConn) afterWrite(f func()) { c.w.afterWrite(f) }
 func (c *perIPConn) holdToEnd()          { c.w.holdToEnd() }

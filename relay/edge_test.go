@@ -384,6 +384,9 @@ func TestEdgesAnswerARequestTheEdgeBoxDroppedBeforeAnsweringIt(t *testing.T) {
 			if rest, err := io.ReadAll(rc.br); err != nil || len(rest) != 0 {
 				t.Fatalf("after the answer: %q %v, want the connection closed", rest, err)
 			}
+			// Told to close, the client does; the splice would otherwise
+			// end after its linger.
+			_ = rc.c.Close()
 			eventually.True(t, "the splice ended", func() bool { return edges.Stats().Open == 0 })
 			if s := edges.Stats(); s.Unreachable != 1 {
 				t.Fatalf("stats %+v, want the dropped request counted unreachable", s)
