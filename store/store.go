@@ -1763,7 +1763,10 @@ func (s *Store) roomToFlush() error {
 	return nil
 }
 
-// RunGC reclaims value-log space; call it periodically.
+// RunGC gives back the space of Badger's value log files that are half
+// garbage or more, keeping what it moves durable (see collectValueLog);
+// call it periodically. It returns ErrClosed once the store is closed, and
+// a *SpaceError when the disk has no room for the writes it takes.
 func (s *Store) RunGC(ctx context.Context) error {
 	if s.opts.InMemory {
 		return nil
