@@ -77,6 +77,7 @@ type Options struct {
 
 	// WebSocket and admission control; docs/websocket.md describes them.
 	PingInterval  time.Duration // WebSocket pings; a ping unanswered this long closes the socket
+	CloseTimeout  time.Duration // a closing WebSocket lets the frame it is writing finish this long, then cuts it
 	MaxFrameBytes int64         // zero: MaxBodyBytes + 4 KiB; a larger WebSocket frame closes the socket with 1009
 	ConnectRate   float64       // new SSE and WebSocket connections admitted per second; negative: no limit
 	ConnectBurst  int           // zero: 2 s worth of ConnectRate; connections admitted at once
@@ -96,6 +97,7 @@ func Defaults() Options {
 		MaxConns:      10000,
 		MaxConnsPerIP: 1024,
 		PingInterval:  15 * time.Second,
+		CloseTimeout:  5 * time.Second,
 		ConnectRate:   2000,
 	}
 }

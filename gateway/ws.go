@@ -60,6 +60,7 @@ const frameSlack = 4 << 10
 func (o *Options) streamDefaults() {
 	d := Defaults()
 	option.Default(&o.PingInterval, d.PingInterval)
+	option.Default(&o.CloseTimeout, d.CloseTimeout)
 	option.Default(&o.MaxFrameBytes, int64(o.MaxBodyBytes)+frameSlack)
 	if o.ConnectRate == 0 {
 		o.ConnectRate = d.ConnectRate
@@ -281,6 +282,7 @@ func (w *wsConn) open(typ string, closeFor func(stream.Reason, error) (websocket
 		Encode:       w.encoder(typ),
 		WriteTimeout: w.s.opts.WriteTimeout,
 		PingInterval: w.s.opts.PingInterval,
+		CloseTimeout: w.s.opts.CloseTimeout,
 		CloseFor:     closeFor,
 	})
 }
@@ -736,7 +738,7 @@ func (s *Server) WebSocket(req *protocol.Request, kind string, r stream.Renderer
 	s.upgrade(c, kind, func(w *wsConn) {
 		w.WS = stream.NewWS(w.raw, stream.WSOptions{
 			Encode:       func(dst []byte, f *stream.Frame) ([]byte, error) { return append(dst, f.Data...), nil },
-			WriteTimeout: s.opts.WriteTimeout, PingInterval: s.opts.PingInterval,
+			WriteTimeout: s.opts.WriteTimeout, PingInterval: s.opts.PingInterval, CloseTimeout: s.opts.CloseTimeout,
 		})
 		st := stream.New(src, r, w, stream.Options{})
 		w.OnEnd(st.Stop)

@@ -1031,15 +1031,23 @@ func (w *wsClient) waitReply(id string) (obj, bool) {
 	}
 }
 
+// coderCloseWindow is how long coder/websocket's Conn.Close lets a write in
+// progress hold its close frame up before it cuts the connection mid-frame.
+const coderCloseWindow = 5 * time.Second
+
 // TestWSSlowConsumer: an agent that stops reading while large deliveries
 // pile up is closed with 4001 once a write has been stuck past the write
 // timeout; memory stays bounded (the outbox is the queue), and the next
-// connection resumes from the first unacknowledged delivery.
+// connection resumes from the first unacknowledged delivery. The agent
+// starts reading only once the server has given up on it, and only after
+// coder/websocket's own close window has passed: within the gateway's
+// CloseTimeout, which alone decides how long the frame in flight and the
+// close frame may take, whatever the machine's speed.
 func TestWSSlowConsumer(t *testing.T) {
 	t.Parallel()
 	ko := testKernel()
 	ko.AgentGrace = time.Minute
-	s := start(t, node.Options{Kernel: ko, Server: gateway.Options{WriteTimeout: 300 * time.Millisecond, PingInterval: time.Minute}})
+	s := start(t, node.Options{Kernel: ko, Server: gateway.Options{WriteTimeout: 300 * time.Millisecond, CloseTimeout: time.Minute, PingInterval: time.Minute}})
 	a := newAPI(t, s)
 	const path = "/v0/agents/ws?agent_id=slow-agent&consumer_id=c1"
 	c := dialSmallBuffer(t, s.URL+path)
@@ -1066,6 +1074,10 @@ func TestWSSlowConsumer(t *testing.T) {
 		}
 		return false
 	})
+	// A sleep, as nothing on the server marks the moment: a reader late by
+	// more than coder/websocket's window still gets the frame in flight
+	// whole and the close frame.
+	time.Sleep(coderCloseWindow + time.Second)
 	w := &wsClient{t: t, c: c, proto: gateway.SubprotocolJSON, frames: make(chan wsFrame, 4096)}
 	go w.read()
 	w.expect("hello")

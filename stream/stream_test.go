@@ -335,12 +335,19 @@ func TestFlushedReportsTheLastFlushedSequence(t *testing.T) {
 
 // wsServer streams log on a WebSocket carried by Start.
 func wsServer(t *testing.T, log *memLog, onStream func(*stream.Stream, *stream.WS)) string {
+	return wsServerWith(t, log, stream.WSOptions{WriteTimeout: 200 * time.Millisecond}, onStream)
+}
+
+// wsServerWith is wsServer with the socket's options o; frames are encoded
+// as encodeText does.
+func wsServerWith(t *testing.T, log *memLog, o stream.WSOptions, onStream func(*stream.Stream, *stream.WS)) string {
+	o.Encode = encodeText
 	var tr wsaccept.Tracker
 	t.Cleanup(func() { _ = tr.Shutdown(context.Background(), "bye") })
 	return serve(t, func(ctx *fasthttp.RequestCtx) {
 		src := log.readerFor(ctx)
 		err := tr.Accept(ctx, &websocket.AcceptOptions{}, func(ctx context.Context, c *websocket.Conn) {
-			ws := stream.NewWS(c, stream.WSOptions{Encode: encodeText, WriteTimeout: 200 * time.Millisecond})
+			ws := stream.NewWS(c, o)
 			s := stream.New(src, render, ws, stream.Options{})
 			ws.OnEnd(s.Stop)
 			s.Start()
@@ -442,26 +449,80 @@ func TestWSSwitchWritesNoticesThenTheNewSource(t *testing.T) {
 	}
 }
 
-func TestWSSlowConsumerClosesWith4001(t *testing.T) {
+// slowConsumer opens a socket with options o to a client that reads
+// nothing while 64 frames of 256 KiB are written to it, and waits until the
+// server gives up on the client. It returns the client and the server's
+// socket.
+func slowConsumer(t *testing.T, o stream.WSOptions) (*websocket.Conn, *stream.WS) {
+	t.Helper()
 	log := &memLog{}
+	sockets := make(chan *stream.WS, 1)
+	c := dialWS(t, wsServerWith(t, log, o, func(_ *stream.Stream, ws *stream.WS) { sockets <- ws }))
+	ws := <-sockets
 	big := strings.Repeat("x", 256<<10)
-	url := wsServer(t, log, nil)
-	c := dialWS(t, url)
 	for range 64 {
 		log.append("big", big)
 	}
-	// Read nothing for a while: the server's writes stall and time out.
-	time.Sleep(time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	select {
+	case <-ws.Ending():
+	case <-time.After(eventually.Deadline):
+		t.Fatalf("the server did not give up on a client that reads nothing within %v", eventually.Deadline)
+	}
+	return c, ws
+}
+
+// readAll reads c until it fails, checking that the frames it gets are the
+// log's, whole and in order; it returns how many it got and the error.
+func readAll(t *testing.T, c *websocket.Conn) (int, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), eventually.Deadline)
 	defer cancel()
-	for {
-		_, _, err := c.Read(ctx)
+	for got := 0; ; got++ {
+		_, data, err := c.Read(ctx)
 		if err != nil {
-			if websocket.CloseStatus(err) != stream.CloseSlowConsumer {
-				t.Fatalf("closed with %v, want 4001", err)
-			}
-			return
+			return got, err
 		}
+		if want := strconv.Itoa(got+1) + " big "; !strings.HasPrefix(string(data), want) || len(data) != len(want)+256<<10 {
+			t.Fatalf("frame %d: %.20q... (%d bytes)", got+1, data, len(data))
+		}
+	}
+}
+
+// TestWSSlowConsumerClosesWith4001: once a write has been stuck past the
+// write timeout the server gives up on the client; a client that then
+// reads, within the close timeout, gets the frame that was stuck whole and
+// then 4001. The client starts reading only once the server has given up,
+// however long that took, rather than after a fixed sleep.
+func TestWSSlowConsumerClosesWith4001(t *testing.T) {
+	c, _ := slowConsumer(t, stream.WSOptions{WriteTimeout: 200 * time.Millisecond, CloseTimeout: time.Minute})
+	got, err := readAll(t, c)
+	if websocket.CloseStatus(err) != stream.CloseSlowConsumer {
+		t.Fatalf("closed with %v after %d frames, want 4001", err, got)
+	}
+	if got == 64 {
+		t.Fatal("all 64 frames arrived: the client was never slow")
+	}
+}
+
+// TestWSCloseTimeoutCutsAClientThatNeverReads: the server does not wait for
+// a slow client past the close timeout. A client that still reads nothing
+// is cut off without a close frame, the frame that was stuck cut short,
+// and the socket is done on the server's side, holding nothing more.
+func TestWSCloseTimeoutCutsAClientThatNeverReads(t *testing.T) {
+	c, ws := slowConsumer(t, stream.WSOptions{WriteTimeout: 200 * time.Millisecond, CloseTimeout: 100 * time.Millisecond})
+	done := make(chan struct{})
+	go func() {
+		ws.Finish(context.Background())
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(eventually.Deadline):
+		t.Fatalf("the server still holds the socket of a client that read nothing, %v after giving up on it", eventually.Deadline)
+	}
+	got, err := readAll(t, c)
+	if websocket.CloseStatus(err) != -1 || !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		t.Fatalf("ended with %v after %d frames, want the connection cut without a close frame", err, got)
 	}
 }
 

@@ -47,6 +47,11 @@ type WSOptions struct {
 	// PingInterval is how often StartPings pings; a ping unanswered this
 	// long ends the socket with ClosePingTimeout. Zero means 15s.
 	PingInterval time.Duration
+	// CloseTimeout is how long, from the moment the socket starts to
+	// close, the message being written may take to finish; the close frame
+	// goes out after it. Past it the connection is cut without a close
+	// frame, the message cut short. Zero means 5s.
+	CloseTimeout time.Duration
 	// CloseFor gives the close code and reason text for the end of a
 	// stream carried on the socket; nil closes with 1000 (finished), 1001
 	// (shutdown), CloseTokenExpired, CloseSlowConsumer or 1011 (failed).
@@ -68,8 +73,14 @@ type WS struct {
 	// closed is closed once the close handshake is over.
 	closed chan struct{}
 
-	hookMu sync.Mutex
-	onEnd  []func()
+	// mu guards the hooks and the count of messages being written, and
+	// orders both against the close of stop.
+	mu    sync.Mutex
+	onEnd []func()
+	// sending counts the messages being written. drained is made by the
+	// end when some are, and closed once the last of them is done.
+	sending int
+	drained chan struct{}
 
 	bufMu sync.Mutex
 	buf   []byte
@@ -86,6 +97,7 @@ type WS struct {
 func NewWS(ws *websocket.Conn, o WSOptions) *WS {
 	option.Default(&o.WriteTimeout, 10*time.Second)
 	option.Default(&o.PingInterval, 15*time.Second)
+	option.Default(&o.CloseTimeout, 5*time.Second)
 	return &WS{ws: ws, o: o, stop: make(chan struct{}), closed: make(chan struct{})}
 }
 
@@ -97,16 +109,16 @@ var ErrEnding = errors.New("stream: websocket is closing")
 // may wait seconds for a peer that is gone or stuck. f runs at once if the
 // socket is closing already.
 func (w *WS) OnEnd(f func()) {
-	w.hookMu.Lock()
+	w.mu.Lock()
 	select {
 	case <-w.stop:
-		w.hookMu.Unlock()
+		w.mu.Unlock()
 		f()
 		return
 	default:
 	}
 	w.onEnd = append(w.onEnd, f)
-	w.hookMu.Unlock()
+	w.mu.Unlock()
 }
 
 // Ending is closed when the socket starts to close.
@@ -133,11 +145,10 @@ func (w *WS) Write(f *Frame) error {
 // Send writes one message as it is. A write that does not complete within
 // the write timeout ends the socket with CloseSlowConsumer.
 func (w *WS) Send(msg []byte) error {
-	select {
-	case <-w.stop:
+	if !w.startSending() {
 		return ErrEnding
-	default:
 	}
+	defer w.doneSending()
 	typ := websocket.MessageText
 	if w.o.Binary {
 		typ = websocket.MessageBinary
@@ -148,6 +159,30 @@ func (w *WS) Send(msg []byte) error {
 		return ErrSlowConsumer
 	}
 	return err
+}
+
+// startSending counts a message in as being written, unless the socket is
+// closing.
+func (w *WS) startSending() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case <-w.stop:
+		return false
+	default:
+	}
+	w.sending++
+	return true
+}
+
+func (w *WS) doneSending() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sending--
+	if w.sending == 0 && w.drained != nil {
+		close(w.drained)
+		w.drained = nil
+	}
 }
 
 // Flush does nothing: every message is written whole.
@@ -184,25 +219,48 @@ func (w *WS) closeFor(reason Reason, err error) (websocket.StatusCode, string) {
 }
 
 // End closes the socket with code and reason unless it is already ending.
-// The close handshake runs in the background: End is also called from
-// timers while a write is stuck behind a peer that stopped reading, and the
-// close frame can only go out once that write completes or the handshake
-// gives up (coder/websocket waits 5 s for each half).
+// The close runs in the background: End is also called from timers while a
+// write is stuck behind a peer that stopped reading, and the close frame
+// can only go out once that write completes.
 func (w *WS) End(code websocket.StatusCode, reason string) {
 	w.endOnce.Do(func() {
-		w.hookMu.Lock()
+		w.mu.Lock()
 		close(w.stop)
 		hooks := w.onEnd
 		w.onEnd = nil
-		w.hookMu.Unlock()
+		var drained chan struct{}
+		if w.sending > 0 {
+			drained = make(chan struct{})
+			w.drained = drained
+		}
+		w.mu.Unlock()
 		for _, f := range hooks {
 			f()
 		}
-		go func() {
-			defer close(w.closed)
-			_ = w.ws.Close(code, CloseReason(reason))
-		}()
+		go w.close(code, reason, drained)
 	})
+}
+
+// close waits for the messages being written, drained, for at most the
+// close timeout, then runs the close handshake; past the timeout it cuts
+// the connection, which fails those writes. The wait is the socket's own:
+// coder/websocket's Close gives a write in progress only its fixed 5 s to
+// make way for the close frame and then cuts the connection mid-message.
+// Once the close frame can go out, coder/websocket gives it 5 s to do so
+// and waits 5 s more for the peer's close frame.
+func (w *WS) close(code websocket.StatusCode, reason string, drained <-chan struct{}) {
+	defer close(w.closed)
+	if drained != nil {
+		t := time.NewTimer(w.o.CloseTimeout)
+		select {
+		case <-drained:
+			t.Stop()
+		case <-t.C:
+			_ = w.ws.CloseNow()
+			return
+		}
+	}
+	_ = w.ws.Close(code, CloseReason(reason))
 }
 
 // Finish ends the socket if nothing else did, stops its timers, which would
