@@ -97,7 +97,7 @@ func NewEdges(o EdgeOptions) *Edges {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Edges{o: o, log: o.Logger, dropped: droppedAnswer()}
+	e := &Edges{o: o, log: o.Logger, dropped: droppedAnswer(CodeEdgeUnreachable, errEdgeDropped)}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e
 }
@@ -197,16 +197,17 @@ func (e *Edges) answerDropped(c net.Conn) error {
 	return err
 }
 
-// droppedAnswer is the 502 CodeEdgeUnreachable answer, whole, that closes
-// the connection, for a request the edge box's connection dropped.
-func droppedAnswer() []byte {
+// droppedAnswer is the 502 answer, whole, that closes the connection, for
+// a request whose connection to the far side (an edge box, a leader)
+// ended before it answered.
+func droppedAnswer(code string, err error) []byte {
 	var r fasthttp.Response
 	r.SetStatusCode(fasthttp.StatusBadGateway)
 	r.Header.SetServer("gatehouse")
 	r.Header.SetContentType("application/json")
 	r.Header.Set(fasthttp.HeaderRetryAfter, "1")
 	r.SetConnectionClose()
-	r.SetBodyString(envelope(CodeEdgeUnreachable, errEdgeDropped.Error()))
+	r.SetBodyString(envelope(code, err.Error()))
 	return []byte(r.String())
 }
 

@@ -36,8 +36,9 @@ const (
 	// CodeNoLeader: no node of the cluster was leading within Options.Wait
 	// (503, Retry-After: 1).
 	CodeNoLeader = "CLUSTER_NO_LEADER"
-	// CodeLeaderUnreachable: a leader is known but could not be dialed, or
-	// the request could not be written to it (502, Retry-After: 1).
+	// CodeLeaderUnreachable: a leader is known but could not be dialed,
+	// the request could not be written to it, or the connection to it
+	// ended before it answered a request (502, Retry-After: 1).
 	CodeLeaderUnreachable = "CLUSTER_LEADER_UNREACHABLE"
 )
 
@@ -121,7 +122,8 @@ type Stats struct {
 	// request included.
 	ToLeader, ToClient uint64
 	// NoLeader, Unreachable and PerIP count refusals: no leader within
-	// Wait (503), a leader that could not be reached (502), a connection
+	// Wait (503), a leader that could not be reached or whose connection
+	// ended before it answered (502), a connection
 	// past MaxConnsPerIP (429); Full counts first requests refused (503)
 	// while MaxConns connections were relayed.
 	NoLeader, Unreachable, PerIP, Full uint64
@@ -155,6 +157,10 @@ type Relay struct {
 	relayed, toLeader, toClient              atomic.Uint64
 	refusedNoLeader, refusedUnreachable, ipN atomic.Uint64
 	refusedFull                              atomic.Uint64
+
+	// dropped is the answer to a request whose connection to the leader
+	// ended before it answered (see answerDropped).
+	dropped []byte
 }
 
 // New builds a Relay; Options.Leader is required.
@@ -186,6 +192,7 @@ func New(o Options) *Relay {
 		local:   make(map[string]struct{}, len(o.LocalPaths)),
 		fresh:   map[net.Conn]struct{}{},
 		pending: map[net.Conn]*splice{},
+		dropped: droppedAnswer(CodeLeaderUnreachable, errLeaderDropped),
 	}
 	for _, p := range o.LocalPaths {
 		r.local[p] = struct{}{}
@@ -428,14 +435,24 @@ func (r *Relay) serve(ctx *fasthttp.RequestCtx) {
 		r.refuse(ctx, fasthttp.StatusBadGateway, CodeLeaderUnreachable, errUnreachable, &r.refusedUnreachable)
 		return
 	}
+	// The request is the leader's to answer now.
+	sp.sending(nil)
 	r.relayed.Add(1)
 	// No answer of fasthttp's: the leader's comes through the splice.
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		if r.unpend(client) {
-			r.splices.run(sp, c, &r.toLeader, &r.toClient, r.o.WriteTimeout, nil)
+			r.splices.run(sp, c, &r.toLeader, &r.toClient, r.o.WriteTimeout, r.answerDropped)
 		}
 	})
+}
+
+// answerDropped answers a request whose connection to the leader ended
+// before its answer began (a leader killed or stepping down mid-request).
+func (r *Relay) answerDropped(c net.Conn) error {
+	r.refusedUnreachable.Add(1)
+	_, err := c.Write(r.dropped)
+	return err
 }
 
 // isLocal says whether the request's path is one this node answers.
@@ -507,12 +524,13 @@ func clientIP(a net.Addr) string {
 
 // Errors answered to clients.
 var (
-	errNoLeader     = errors.New("no leader: no node of the cluster is leading; retry shortly")
-	errUnreachable  = errors.New("leader unreachable: the leading node cannot be reached from this node; retry shortly")
-	errRelayLoop    = errors.New("no leader: this request was relayed to a node that is not leading; retry shortly")
-	errShuttingDown = errors.New("no leader: this node is shutting down; retry shortly")
-	errNoHost       = errors.New("validation error: the request has no Host header, which a relayed request needs")
-	errFull         = errors.New("service unavailable: this node relays as many connections as it may; retry shortly")
+	errNoLeader      = errors.New("no leader: no node of the cluster is leading; retry shortly")
+	errUnreachable   = errors.New("leader unreachable: the leading node cannot be reached from this node; retry shortly")
+	errLeaderDropped = errors.New("leader unreachable: the connection to the leading node ended before it answered; the request may or may not have reached it")
+	errRelayLoop     = errors.New("no leader: this request was relayed to a node that is not leading; retry shortly")
+	errShuttingDown  = errors.New("no leader: this node is shutting down; retry shortly")
+	errNoHost        = errors.New("validation error: the request has no Host header, which a relayed request needs")
+	errFull          = errors.New("service unavailable: this node relays as many connections as it may; retry shortly")
 )
 
 // refuse answers a request the relay could not pass on, and closes the
