@@ -91,8 +91,9 @@ type Options struct {
 	// before it relays; give it the gateway's MaxBodyBytes, so that the
 	// relay does not refuse what the leader would take.
 	MaxBodyBytes int
-	// MaxConns bounds the connections being read and relayed at once; past
-	// it a new one gets 503 SERVICE_UNAVAILABLE (zero: the gateway's).
+	// MaxConns bounds the connections relayed at once; past it a new one
+	// gets 503 SERVICE_UNAVAILABLE (zero: the gateway's). As many again may
+	// be read at once before they are relayed or refused.
 	MaxConns int
 	// MaxConnsPerIP bounds the connections open at once from one address,
 	// relayed ones included (past it: 429, then closed); negative: no bound.
@@ -212,8 +213,12 @@ func New(o Options) *Relay {
 		DisablePreParseMultipartForm: true,
 		MaxRequestBodySize:           o.MaxBodyBytes,
 		// Counts the connections before they are relayed; begin counts
-		// the relayed ones, which fasthttp no longer does.
-		Concurrency:           o.MaxConns,
+		// the relayed ones, which fasthttp no longer does once the handler
+		// has hijacked them. Twice MaxConns: fasthttp's own refusal past
+		// it is plain text, and a connection just relayed still counts
+		// here for a moment, which at MaxConns alone had fasthttp refuse
+		// the next one before serve could answer SERVICE_UNAVAILABLE.
+		Concurrency:           2 * o.MaxConns,
 		ErrorHandler:          r.serveError,
 		CloseOnShutdown:       true,
 		MaxIdleWorkerDuration: time.Second,
