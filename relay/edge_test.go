@@ -295,6 +295,13 @@ func TestEdgesReadTheBodyUnderTheHubsBounds(t *testing.T) {
 // box named e1.
 func scriptedEdge(t *testing.T, play func(c *net.TCPConn, br *bufio.Reader)) func(ctx context.Context, name string) (net.Conn, error) {
 	t.Helper()
+	return dialTo("e1", scriptedServer(t, play))
+}
+
+// scriptedServer listens on loopback, plays play on each connection it
+// accepts, and returns its address.
+func scriptedServer(t *testing.T, play func(c *net.TCPConn, br *bufio.Reader)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +320,52 @@ func scriptedEdge(t *testing.T, play func(c *net.TCPConn, br *bufio.Reader)) fun
 			}()
 		}
 	}()
-	return dialTo("e1", ln.Addr().String())
+	return ln.Addr().String()
+}
+
+// answerThenDrop is a far side's script: it answers answered requests
+// with 200 and drops its connection with drop on the next.
+func answerThenDrop(answered int, drop func(*net.TCPConn)) func(c *net.TCPConn, br *bufio.Reader) {
+	return func(c *net.TCPConn, br *bufio.Reader) {
+		for range answered {
+			if !readRequest(br) {
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+		if readRequest(br) {
+			drop(c)
+		}
+	}
+}
+
+// closeConn and resetConn drop a connection, with a FIN and a reset.
+func closeConn(c *net.TCPConn) { _ = c.Close() }
+func resetConn(c *net.TCPConn) { _ = c.SetLinger(0); _ = c.Close() }
+
+// expectDropped writes path's request on rc after answered requests
+// answered 200, and reads the answer a dropped request gets: 502 with
+// code, Retry-After: 1 and Connection: close.
+func expectDropped(t *testing.T, rc *rawConn, host, path string, answered int, code string) {
+	t.Helper()
+	for range answered {
+		rc.write(post(path, host, `{}`))
+		if resp, body := rc.read(); resp.StatusCode != http.StatusOK || body != "ok" {
+			t.Fatalf("an answered request: %d %s", resp.StatusCode, body)
+		}
+	}
+	rc.write(post(path, host, `{}`))
+	resp, err := http.ReadResponse(rc.br, nil)
+	if err != nil {
+		t.Fatalf("the dropped request got no answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"code":"`+code+`"`) {
+		t.Fatalf("the dropped request: %d %s", resp.StatusCode, body)
+	}
+	if resp.Header.Get("Retry-After") != "1" || !resp.Close {
+		t.Fatalf("headers %v close=%v", resp.Header, resp.Close)
+	}
 }
 
 // readRequest reads one request, body included, as an edge box would.
@@ -335,9 +387,6 @@ func readRequest(br *bufio.Reader) bool {
 // begun, or a connection switched to another protocol, is only closed: the
 // hub adds nothing to the edge box's bytes.
 func TestEdgesAnswerARequestTheEdgeBoxDroppedBeforeAnsweringIt(t *testing.T) {
-	const okAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-	closeIt := func(c *net.TCPConn) { _ = c.Close() }
-	resetIt := func(c *net.TCPConn) { _ = c.SetLinger(0); _ = c.Close() }
 	for _, tc := range []struct {
 		name string
 		// answered is how many requests the edge box answers before it
@@ -345,42 +394,15 @@ func TestEdgesAnswerARequestTheEdgeBoxDroppedBeforeAnsweringIt(t *testing.T) {
 		answered int
 		drop     func(*net.TCPConn)
 	}{
-		{"the first request, closed", 0, closeIt},
-		{"the first request, reset", 0, resetIt},
-		{"a later request on the passed connection, closed", 1, closeIt},
-		{"a later request on the passed connection, reset", 2, resetIt},
+		{"the first request, closed", 0, closeConn},
+		{"the first request, reset", 0, resetConn},
+		{"a later request on the passed connection, closed", 1, closeConn},
+		{"a later request on the passed connection, reset", 2, resetConn},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			edges, hub := hubOf(t, scriptedEdge(t, func(c *net.TCPConn, br *bufio.Reader) {
-				for range tc.answered {
-					if !readRequest(br) {
-						return
-					}
-					_, _ = io.WriteString(c, okAnswer)
-				}
-				if readRequest(br) {
-					tc.drop(c)
-				}
-			}))
+			edges, hub := hubOf(t, scriptedEdge(t, answerThenDrop(tc.answered, tc.drop)))
 			rc := dialRaw(t, hub.URL)
-			for range tc.answered {
-				rc.write(post("/edge/e1/v0/actions/a1/respond", hostOf(hub.URL), `{"decision":"allow_once"}`))
-				if resp, body := rc.read(); resp.StatusCode != http.StatusOK || body != "ok" {
-					t.Fatalf("an answered request: %d %s", resp.StatusCode, body)
-				}
-			}
-			rc.write(post("/edge/e1/v0/actions/a1/respond", hostOf(hub.URL), `{"decision":"allow_once"}`))
-			resp, err := http.ReadResponse(rc.br, nil)
-			if err != nil {
-				t.Fatalf("the dropped request got no answer: %v", err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"code":"`+relay.CodeEdgeUnreachable+`"`) {
-				t.Fatalf("the dropped request: %d %s", resp.StatusCode, body)
-			}
-			if resp.Header.Get("Retry-After") != "1" || !resp.Close {
-				t.Fatalf("headers %v close=%v", resp.Header, resp.Close)
-			}
+			expectDropped(t, rc, hostOf(hub.URL), "/edge/e1/v0/actions/a1/respond", tc.answered, relay.CodeEdgeUnreachable)
 			if rest, err := io.ReadAll(rc.br); err != nil || len(rest) != 0 {
 				t.Fatalf("after the answer: %q %v, want the connection closed", rest, err)
 			}

@@ -483,64 +483,22 @@ func TestRelayEndsTheClientStreamWhenTheLeaderGoes(t *testing.T) {
 // used to close the client's connection without a word.
 func TestRelayAnswersARequestTheLeaderDroppedBeforeAnsweringIt(t *testing.T) {
 	t.Parallel()
-	const okAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-	closeIt := func(c *net.TCPConn) { _ = c.Close() }
-	resetIt := func(c *net.TCPConn) { _ = c.SetLinger(0); _ = c.Close() }
 	for _, tc := range []struct {
 		name     string
 		answered int // requests the leader answers before it drops the next
 		drop     func(*net.TCPConn)
 	}{
-		{"the first request, closed", 0, closeIt},
-		{"the first request, reset", 0, resetIt},
-		{"a later request, closed", 1, closeIt},
-		{"a later request, reset", 2, resetIt},
+		{"the first request, closed", 0, closeConn},
+		{"the first request, reset", 0, resetConn},
+		{"a later request, closed", 1, closeConn},
+		{"a later request, reset", 2, resetConn},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = ln.Close() })
-			go func() {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				br := bufio.NewReader(c)
-				for range tc.answered {
-					if !readRequest(br) {
-						return
-					}
-					_, _ = io.WriteString(c, okAnswer)
-				}
-				if readRequest(br) {
-					tc.drop(c.(*net.TCPConn))
-				}
-			}()
-			r, base := startRelay(t, relay.Options{Leader: fixedLeader(ln.Addr().String())})
+			leader := scriptedServer(t, answerThenDrop(tc.answered, tc.drop))
+			r, base := startRelay(t, relay.Options{Leader: fixedLeader(leader)})
 			rc := dialRaw(t, base)
-			for range tc.answered {
-				rc.write(post("/v0/executions", hostOf(base), `{}`))
-				if resp, body := rc.read(); resp.StatusCode != http.StatusOK || body != "ok" {
-					t.Fatalf("an answered request: %d %s", resp.StatusCode, body)
-				}
-			}
-			rc.write(post("/v0/executions", hostOf(base), `{}`))
-			resp, err := http.ReadResponse(rc.br, nil)
-			if err != nil {
-				t.Fatalf("the dropped request got no answer: %v", err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"code":"`+relay.CodeLeaderUnreachable+`"`) {
-				t.Fatalf("the dropped request: %d %s", resp.StatusCode, body)
-			}
-			if resp.Header.Get("Retry-After") != "1" || !resp.Close {
-				t.Fatalf("headers %v close=%v", resp.Header, resp.Close)
-			}
+			expectDropped(t, rc, hostOf(base), "/v0/executions", tc.answered, relay.CodeLeaderUnreachable)
 			_ = rc.c.Close()
 			eventually.True(t, "the splice ended", func() bool { return r.Stats().Open == 0 })
 			if s := r.Stats(); s.Unreachable != 1 {

@@ -434,6 +434,42 @@ func writeAllOut(t *testing.T, s *Store) {
 	}
 }
 
+// largeValues is how many values the value-log tests write, each
+// largeValue(i): 200 KiB, over the value threshold of 1 MiB memory
+// tables, and together over three 1 MiB value log files.
+const largeValues = 16
+
+func largeValue(i uint64) []byte { return bytes.Repeat([]byte{byte(i)}, 200<<10) }
+
+// storeOfLargeValues opens a store on a power-cut file system, with 1 MiB
+// memory tables and value log files, and appends the large values to the
+// log "big". The caller closes the store.
+func storeOfLargeValues(t *testing.T) (*cutfs.FS, *Store) {
+	t.Helper()
+	m := onCutFS(t)
+	s := openWith(t, Options{
+		Dir: m.Dir(), segmentSize: 16 << 10, memTableSize: 1 << 20, vlogFileSize: 1 << 20, idleAfter: time.Hour,
+	})
+	for i := uint64(1); i <= largeValues; i++ {
+		write(t, s, func(b *Batch) { b.Append("big", i, largeValue(i)) })
+	}
+	return m, s
+}
+
+// expectLargeValues checks that r holds, whole, every large value i for
+// which want(i).
+func expectLargeValues(t *testing.T, r *Store, want func(i uint64) bool) {
+	t.Helper()
+	for i := uint64(1); i <= largeValues; i++ {
+		if !want(i) {
+			continue
+		}
+		if got, err := r.Entry("big", i); err != nil || !bytes.Equal(got, largeValue(i)) {
+			t.Errorf("large value %d after the cut: %d of %d bytes, %v", i, len(got), len(largeValue(i)), err)
+		}
+	}
+}
+
 // TestPowerCutFSLargeValuesInFullValueLogFilesAreKept: a checkpoint's sync
 // reaches only the value log file Badger writes to, and the journal lets
 // go of values in the files before it: those must be on disk. They are
@@ -441,16 +477,8 @@ func writeAllOut(t *testing.T, s *Store) {
 // it); this holds the store to it, with 1 MiB files and 200 KiB values.
 func TestPowerCutFSLargeValuesInFullValueLogFilesAreKept(t *testing.T) {
 	t.Parallel()
-	m := onCutFS(t)
-	s := openWith(t, Options{
-		Dir: m.Dir(), segmentSize: 16 << 10, memTableSize: 1 << 20, vlogFileSize: 1 << 20, idleAfter: time.Hour,
-	})
+	m, s := storeOfLargeValues(t)
 	defer s.Close()
-	value := func(i uint64) []byte { return bytes.Repeat([]byte{byte(i)}, 200<<10) }
-	const large = 16 // over three value log files
-	for i := uint64(1); i <= large; i++ {
-		write(t, s, func(b *Batch) { b.Append("big", i, value(i)) })
-	}
 	for i := uint64(1); i <= 20; i++ {
 		write(t, s, func(b *Batch) { b.Append("small", i, bytes.Repeat([]byte{byte(i)}, 2000)) })
 	}
@@ -464,11 +492,7 @@ func TestPowerCutFSLargeValuesInFullValueLogFilesAreKept(t *testing.T) {
 	}
 	r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
 	defer r.Close()
-	for i := uint64(1); i <= large; i++ {
-		if got, err := r.Entry("big", i); err != nil || !bytes.Equal(got, value(i)) {
-			t.Errorf("large value %d after the cut: %d of %d bytes, %v", i, len(got), 200<<10, err)
-		}
-	}
+	expectLargeValues(t, r, func(uint64) bool { return true })
 }
 
 // TestPowerCutFSValueLogCollectionKeepsTheValuesItMoves: collecting the
@@ -479,16 +503,8 @@ func TestPowerCutFSLargeValuesInFullValueLogFilesAreKept(t *testing.T) {
 // into the deleted file, and the values read back as errors.
 func TestPowerCutFSValueLogCollectionKeepsTheValuesItMoves(t *testing.T) {
 	t.Parallel()
-	m := onCutFS(t)
-	s := openWith(t, Options{
-		Dir: m.Dir(), segmentSize: 16 << 10, memTableSize: 1 << 20, vlogFileSize: 1 << 20, idleAfter: time.Hour,
-	})
+	m, s := storeOfLargeValues(t)
 	defer s.Close()
-	value := func(i uint64) []byte { return bytes.Repeat([]byte{byte(i)}, 200<<10) }
-	const large = 16
-	for i := uint64(1); i <= large; i++ {
-		write(t, s, func(b *Batch) { b.Append("big", i, value(i)) })
-	}
 	// Their pointers in a level below the first, so that the compaction
 	// below has a level to merge the deletions into: level 0 is compacted
 	// once it holds enough tables.
@@ -502,8 +518,9 @@ func TestPowerCutFSValueLogCollectionKeepsTheValuesItMoves(t *testing.T) {
 		}
 	}
 	// Three of every four go: every value log file is mostly garbage.
-	for i := uint64(1); i <= large; i++ {
-		if i%4 != 0 {
+	kept := func(i uint64) bool { return i%4 == 0 }
+	for i := uint64(1); i <= largeValues; i++ {
+		if !kept(i) {
 			write(t, s, func(b *Batch) { b.DeleteEntry("big", i) })
 		}
 	}
@@ -538,11 +555,7 @@ func TestPowerCutFSValueLogCollectionKeepsTheValuesItMoves(t *testing.T) {
 	s.checkpoint(s.applied.Load())
 	r := openWith(t, Options{Dir: powerCut(t, m, s, cutfs.CutOptions{})})
 	defer r.Close()
-	for i := uint64(4); i <= large; i += 4 {
-		if got, err := r.Entry("big", i); err != nil || !bytes.Equal(got, value(i)) {
-			t.Errorf("large value %d after the cut: %d of %d bytes, %v", i, len(got), 200<<10, err)
-		}
-	}
+	expectLargeValues(t, r, kept)
 }
 
 // lowerLevel reports whether Badger has a table below level 0.
