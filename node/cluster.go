@@ -8,6 +8,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cluster"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
 	"github.com/gatehouse-dev/gatehouse/protocol"
+	"github.com/gatehouse-dev/gatehouse/relay"
 )
 
 // ClusterPath is where a node with a NATS side reports it.
@@ -68,8 +69,32 @@ type clusterAnswer struct {
 	Role    string `json:"role,omitempty"`
 	Leader  string `json:"leader,omitempty"`
 	Journal uint64 `json:"journal,omitempty"`
-	Error   string `json:"error,omitempty"`
-	Code    string `json:"code,omitempty"`
+	// Relay is what this member has relayed to the leaders while it
+	// followed; a follower's /metrics are the leader's, since it relays
+	// them, so its own counters are here.
+	Relay *relayAnswer `json:"relay,omitempty"`
+	Error string       `json:"error,omitempty"`
+	Code  string       `json:"code,omitempty"`
+}
+
+// relayAnswer is relay.Stats as /v0/cluster shows them: connections open
+// now, and totals since the node started.
+type relayAnswer struct {
+	Open          int64  `json:"open"`
+	Relayed       uint64 `json:"relayed"`
+	ToLeaderBytes uint64 `json:"to_leader_bytes"`
+	ToClientBytes uint64 `json:"to_client_bytes"`
+	// Refused counts refusals by their reason: no_leader (503
+	// CLUSTER_NO_LEADER), unreachable (502 CLUSTER_LEADER_UNREACHABLE),
+	// per_ip (429, --max-conns-per-ip), full (503, --max-conns).
+	Refused map[string]uint64 `json:"refused"`
+}
+
+func newRelayAnswer(s relay.Stats) *relayAnswer {
+	return &relayAnswer{
+		Open: s.Open, Relayed: s.Relayed, ToLeaderBytes: s.ToLeader, ToClientBytes: s.ToClient,
+		Refused: map[string]uint64{"no_leader": s.NoLeader, "unreachable": s.Unreachable, "per_ip": s.PerIP, "full": s.Full},
+	}
 }
 
 func (s clusterSurface) status(r *protocol.Request) error {
@@ -79,6 +104,7 @@ func (s clusterSurface) status(r *protocol.Request) error {
 	a := clusterAnswer{Status: s.c.Status(r.Ctx)}
 	if s.m != nil {
 		a.Role, a.Leader, a.Journal = "leader", s.m.o.Cluster.NodeName, s.m.store.Replicated()
+		a.Relay = newRelayAnswer(s.m.relays.sum())
 	}
 	status := fasthttp.StatusOK
 	if !a.Healthy {

@@ -74,6 +74,9 @@ type Member struct {
 	// gap is set when the journal no longer holds groups this node's
 	// store needs: it cannot follow, nor lead.
 	gap atomic.Bool
+	// relays counts what this member's relays have done, across the
+	// periods it followed.
+	relays relayCounts
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run has returned
@@ -277,6 +280,7 @@ func (m *Member) startRelay() relayed {
 	})
 	ln := m.board.take()
 	served := make(chan error, 1)
+	m.relays.start(r)
 	go func() { served <- r.Serve(ln) }()
 	return relayed{r: r, served: served}
 }
@@ -289,6 +293,53 @@ func (m *Member) stopRelay(r relayed) {
 		m.log.Warn("relay shutdown", "err", err)
 	}
 	<-r.served
+	m.relays.stop(r.r)
+}
+
+// relayCounts sums the counters of a member's relays: a relay serves one
+// period of following, and a node may follow many times in its life.
+type relayCounts struct {
+	mu   sync.Mutex
+	past relay.Stats // the stopped relays', Open aside
+	cur  *relay.Relay
+}
+
+func (c *relayCounts) start(r *relay.Relay) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cur = r
+}
+
+// stop adds r's final counters to the sum.
+func (c *relayCounts) stop(r *relay.Relay) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := r.Stats()
+	s.Open = 0
+	c.past = addRelayStats(c.past, s)
+	if c.cur == r {
+		c.cur = nil
+	}
+}
+
+// sum returns the counters of every relay so far, and the connections the
+// running one relays now.
+func (c *relayCounts) sum() relay.Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return c.past
+	}
+	return addRelayStats(c.past, c.cur.Stats())
+}
+
+func addRelayStats(a, b relay.Stats) relay.Stats {
+	return relay.Stats{
+		Open: a.Open + b.Open, Relayed: a.Relayed + b.Relayed,
+		ToLeader: a.ToLeader + b.ToLeader, ToClient: a.ToClient + b.ToClient,
+		NoLeader: a.NoLeader + b.NoLeader, Unreachable: a.Unreachable + b.Unreachable,
+		PerIP: a.PerIP + b.PerIP, Full: a.Full + b.Full,
+	}
 }
 
 // leaderAddr returns the leader's address, waiting for one within ctx.
@@ -581,7 +632,7 @@ func (m *Member) local(c *fasthttp.RequestCtx) {
 			c.SetBodyString("{\"error\":\"unauthorized\",\"code\":\"UNAUTHORIZED\"}\n")
 			return
 		}
-		a := clusterAnswer{Status: m.nats.Status(c)}
+		a := clusterAnswer{Status: m.nats.Status(c), Relay: newRelayAnswer(m.relays.sum())}
 		a.Role, a.Journal = "follower", m.store.Replicated()
 		// Bounded: while the lease's bucket elects a leader, the answer
 		// goes out without one.

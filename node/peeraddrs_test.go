@@ -36,7 +36,8 @@ func ready(t *testing.T, addr, from string) string {
 // from each of three addresses, within its own bound) to the leader, all
 // from the follower's one address: the leader, which knows that address
 // from its route to the follower, lets every one through. A client of
-// another address on the leader is still held to two.
+// another address on the leader is still held to two, and the follower's
+// /v0/cluster counts what it relayed and refused.
 func TestLeaderDoesNotBoundItsFollowersRelayedConnectionsPerAddress(t *testing.T) {
 	routes := []string{loopback.FreeAddr(t), loopback.FreeAddr(t)}
 	members := make([]*node.Member, 2)
@@ -93,5 +94,34 @@ func TestLeaderDoesNotBoundItsFollowersRelayedConnectionsPerAddress(t *testing.T
 	}
 	if got := ready(t, direct, "127.0.0.6"); !strings.HasPrefix(got, "HTTP/1.1 429") {
 		t.Fatalf("third client of 127.0.0.6 on the leader: %q", got)
+	}
+	if got := ready(t, via, "127.0.0.3"); !strings.HasPrefix(got, "HTTP/1.1 429") {
+		t.Fatalf("third client of 127.0.0.3 through the follower: %q", got)
+	}
+
+	// The follower's own counters are in its /v0/cluster (its /metrics are
+	// the leader's): at least the seven connections above relayed, six
+	// of them still open, bytes both ways, the one refusal per address.
+	status, body := getCluster(t, "http://"+via, "")
+	rel, _ := body["relay"].(map[string]any)
+	refused, _ := rel["refused"].(map[string]any)
+	if status != 200 || body["role"] != "follower" || rel == nil || refused == nil {
+		t.Fatalf("GET /v0/cluster on the follower: %d %v", status, body)
+	}
+	for _, c := range []struct {
+		name string
+		got  any
+		min  float64
+	}{
+		{"open", rel["open"], 6}, {"relayed", rel["relayed"], 7},
+		{"to_leader_bytes", rel["to_leader_bytes"], 7 * 40}, {"to_client_bytes", rel["to_client_bytes"], 7 * 40},
+		{"refused.per_ip", refused["per_ip"], 1},
+	} {
+		if n, ok := c.got.(float64); !ok || n < c.min {
+			t.Errorf("relay %s = %v, want at least %v (%v)", c.name, c.got, c.min, rel)
+		}
+	}
+	if n := refused["no_leader"].(float64) + refused["unreachable"].(float64) + refused["full"].(float64); n != 0 {
+		t.Errorf("relay refusals other than per address: %v", refused)
 	}
 }
