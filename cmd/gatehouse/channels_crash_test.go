@@ -103,8 +103,10 @@ func TestTelegramAnswerSurvivesAKill(t *testing.T) {
 		m := api.WaitMessage(t, user, execID, nil)
 		allow := m.Buttons()["Allow once"]
 
-		// The press, and the kill delay after it set off.
-		go func() { _, _ = press(c.base, m, allow) }()
+		// The press, and the kill delay after it set off. The press goes
+		// to this child only: c names the next one once it has started.
+		base := c.base
+		go func() { _, _ = press(base, m, allow) }()
 		time.Sleep(delay)
 		_ = c.cmd.Process.Kill()
 		_ = c.cmd.Wait()
