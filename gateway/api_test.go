@@ -22,7 +22,7 @@ func TestHealthReadyMetricsAndRouting(t *testing.T) {
 		t.Fatalf("ready: %v", got)
 	}
 	status, body, hdr := a.do("GET", "/metrics", nil)
-	if status != 200 || !strings.Contains(string(body), "gatehouse_executions_live") || !strings.Contains(string(body), "gatehouse_store_commits_total") || !strings.Contains(string(body), "gatehouse_store_level0_stall_tables") || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
+	if status != 200 || !strings.Contains(string(body), "gatehouse_executions_live") || !strings.Contains(string(body), "gatehouse_store_commits_total") || !strings.Contains(string(body), "gatehouse_store_level0_stall_tables") || !strings.Contains(string(body), "\ngatehouse_store_sync_duration_seconds_bucket{le=\"0.000512\"} ") || !strings.Contains(string(body), "\ngatehouse_store_sync_duration_seconds_count ") || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
 		t.Fatalf("metrics: %d %s %q", status, hdr.Get("Content-Type"), body[:min(200, len(body))])
 	}
 	a.fail("GET", "/v0/nowhere", nil, 404, "NOT_FOUND")

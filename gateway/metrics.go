@@ -82,6 +82,18 @@ type snapshotSeries[S any] struct {
 	desc  *prometheus.Desc
 	kind  prometheus.ValueType
 	value func(S) float64
+	// hist, when set, makes the series a histogram instead.
+	hist func(S) Histogram
+}
+
+// Histogram is a histogram's figures as read from a snapshot.
+type Histogram struct {
+	// Buckets maps each bucket's upper bound to the observations at most
+	// that large, the smaller buckets' included (cumulative).
+	Buckets map[float64]uint64
+	// Count and Sum are of every observation.
+	Count uint64
+	Sum   float64
 }
 
 // NewSnapshotCollector returns a collector with no series yet, reading
@@ -100,8 +112,13 @@ func (c *SnapshotCollector[S]) Counter(name, help string, v func(S) float64) {
 	c.add(name, help, prometheus.CounterValue, v)
 }
 
+// Histogram adds a histogram read from the snapshot.
+func (c *SnapshotCollector[S]) Histogram(name, help string, h func(S) Histogram) {
+	c.series = append(c.series, snapshotSeries[S]{desc: prometheus.NewDesc(name, help, nil, nil), hist: h})
+}
+
 func (c *SnapshotCollector[S]) add(name, help string, kind prometheus.ValueType, v func(S) float64) {
-	c.series = append(c.series, snapshotSeries[S]{prometheus.NewDesc(name, help, nil, nil), kind, v})
+	c.series = append(c.series, snapshotSeries[S]{desc: prometheus.NewDesc(name, help, nil, nil), kind: kind, value: v})
 }
 
 // Describe implements prometheus.Collector.
@@ -115,6 +132,11 @@ func (c *SnapshotCollector[S]) Describe(ch chan<- *prometheus.Desc) {
 func (c *SnapshotCollector[S]) Collect(ch chan<- prometheus.Metric) {
 	snap := c.snapshot()
 	for _, s := range c.series {
+		if s.hist != nil {
+			h := s.hist(snap)
+			ch <- prometheus.MustNewConstHistogram(s.desc, h.Count, h.Sum, h.Buckets)
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, s.value(snap))
 	}
 }

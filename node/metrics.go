@@ -18,6 +18,7 @@ func newStoreCollector(st *store.Store) *gateway.SnapshotCollector[store.Stats] 
 	c.Counter("gatehouse_store_writes_total", "Writes committed; writes/commits is the group-commit batch size.", func(s store.Stats) float64 { return float64(s.Writes) })
 	c.Counter("gatehouse_store_syncs_total", "fsyncs of the store (one per batch under --sync always).", func(s store.Stats) float64 { return float64(s.Syncs) })
 	c.Counter("gatehouse_store_sync_seconds_total", "Time the journal's durable writes and fsyncs took; over gatehouse_store_syncs_total, the latency of one durable point.", func(s store.Stats) float64 { return s.SyncTime.Seconds() })
+	c.Histogram("gatehouse_store_sync_duration_seconds", "How long each durable point took (the journal's synchronous write, or its fsync): what an answer waits for on the disk, its stalls included.", syncHistogram)
 	c.Gauge("gatehouse_store_last_commit_seconds", "Duration of the last group commit, its fsync included.", func(s store.Stats) float64 { return s.LastCommit.Seconds() })
 	c.Gauge("gatehouse_storage_full", "0: room; 1: below the low-water mark, new work is refused with 507 STORAGE_FULL; 2: below the reserve, every write that grows the data is refused.",
 		func(s store.Stats) float64 { return float64(s.Space.State) })
@@ -86,4 +87,16 @@ func (c *channelCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(s.Queued))
+}
+
+// syncHistogram is the store's sync latencies as a Prometheus histogram.
+func syncHistogram(s store.Stats) gateway.Histogram {
+	h := gateway.Histogram{Buckets: make(map[float64]uint64, store.SyncBuckets), Sum: s.SyncTime.Seconds()}
+	for i, n := range s.SyncLatency {
+		h.Count += n
+		if i < store.SyncBuckets {
+			h.Buckets[store.SyncBucketBound(i).Seconds()] = h.Count
+		}
+	}
+	return h
 }

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -328,6 +329,11 @@ type Stats struct {
 	// SyncTime is the time the journal's durable writes took, in all:
 	// over Syncs, the latency of one durable point (a disk's fsync).
 	SyncTime time.Duration
+	// SyncLatency counts the Syncs by how long each took: bucket i those
+	// of at most SyncBucketBound(i), the last those of longer. The mean
+	// hides what an answer waits for when the disk stalls; the buckets
+	// show it.
+	SyncLatency [SyncBuckets + 1]uint64
 	// LastBatch is the number of writes in the last batch.
 	LastBatch int
 	// LastCommit is how long the last commit (with its sync) took.
@@ -344,6 +350,22 @@ type Stats struct {
 	Level0Tables, Level0Stall int
 	// TableBytes is the size of Badger's tables, every level.
 	TableBytes int64
+}
+
+// SyncBuckets is the number of bounded buckets of Stats.SyncLatency.
+const SyncBuckets = 14
+
+// SyncBucketBound is the upper bound of Stats.SyncLatency's bucket i:
+// 64 µs doubled i times, from a fast disk's durable write to a stalled
+// one's half second.
+func SyncBucketBound(i int) time.Duration { return 64 * time.Microsecond << i }
+
+// syncBucket is the bucket of Stats.SyncLatency that a sync of d counts in.
+func syncBucket(d time.Duration) int {
+	if d <= SyncBucketBound(0) {
+		return 0
+	}
+	return min(bits.Len64(uint64((d-1)/SyncBucketBound(0))), SyncBuckets)
 }
 
 type request struct {
@@ -1182,6 +1204,7 @@ func (s *Store) countCommit(g *group) {
 	if s.journal != nil && s.opts.Sync == SyncAlways {
 		s.stats.Syncs++ // the group's own write was synchronous
 		s.stats.SyncTime += g.wrote
+		s.stats.SyncLatency[syncBucket(g.wrote)]++
 	}
 	writes := max(len(g.reqs), 1) // an inline commit's group has one writer, unnamed
 	s.stats.Commits++
@@ -1374,6 +1397,7 @@ func (s *Store) countSync(took time.Duration) {
 	s.statsMu.Lock()
 	s.stats.Syncs++
 	s.stats.SyncTime += took
+	s.stats.SyncLatency[syncBucket(took)]++
 	s.statsMu.Unlock()
 }
 

@@ -120,6 +120,32 @@ func TestFreshFolderGetsNewEpoch(t *testing.T) {
 	}
 }
 
+func TestSyncBucket(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int
+	}{
+		{0, 0},
+		{time.Microsecond, 0},
+		{64 * time.Microsecond, 0},
+		{64*time.Microsecond + 1, 1},
+		{128 * time.Microsecond, 1},
+		{128*time.Microsecond + 1, 2},
+		{time.Millisecond, 4}, // at most 1,024 µs
+		{SyncBucketBound(SyncBuckets - 1), SyncBuckets - 1},
+		{SyncBucketBound(SyncBuckets-1) + 1, SyncBuckets},
+		{time.Hour, SyncBuckets},
+	} {
+		got := syncBucket(c.d)
+		if got != c.want {
+			t.Errorf("syncBucket(%v) = %d, want %d", c.d, got, c.want)
+		}
+		if got < SyncBuckets && c.d > SyncBucketBound(got) || got > 0 && c.d <= SyncBucketBound(got-1) {
+			t.Errorf("%v in bucket %d, outside (%v, %v]", c.d, got, SyncBucketBound(max(got-1, 0)), SyncBucketBound(got))
+		}
+	}
+}
+
 // TestGroupCommitSharesSyncs checks that concurrent writers are batched:
 // far fewer fsyncs than writes, and every write is readable after.
 func TestGroupCommitSharesSyncs(t *testing.T) {
@@ -154,6 +180,13 @@ func TestGroupCommitSharesSyncs(t *testing.T) {
 	}
 	if st.SyncTime <= before.SyncTime {
 		t.Fatalf("%d durable writes took no time: %v", st.Syncs, st.SyncTime)
+	}
+	var counted uint64
+	for i, n := range st.SyncLatency {
+		counted += n - before.SyncLatency[i]
+	}
+	if counted != st.Syncs {
+		t.Fatalf("the sync latencies count %d syncs of %d: %v", counted, st.Syncs, st.SyncLatency)
 	}
 	for w := range writers {
 		if last, _ := s.Last(fmt.Sprintf("w/%d", w)); last != each {
