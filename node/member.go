@@ -316,7 +316,7 @@ func (c *relayCounts) stop(r *relay.Relay) {
 	defer c.mu.Unlock()
 	s := r.Stats()
 	s.Open = 0
-	c.past = addRelayStats(c.past, s)
+	c.past = c.past.Add(s)
 	if c.cur == r {
 		c.cur = nil
 	}
@@ -330,16 +330,7 @@ func (c *relayCounts) sum() relay.Stats {
 	if c.cur == nil {
 		return c.past
 	}
-	return addRelayStats(c.past, c.cur.Stats())
-}
-
-func addRelayStats(a, b relay.Stats) relay.Stats {
-	return relay.Stats{
-		Open: a.Open + b.Open, Relayed: a.Relayed + b.Relayed,
-		ToLeader: a.ToLeader + b.ToLeader, ToClient: a.ToClient + b.ToClient,
-		NoLeader: a.NoLeader + b.NoLeader, Unreachable: a.Unreachable + b.Unreachable,
-		PerIP: a.PerIP + b.PerIP, Full: a.Full + b.Full,
-	}
+	return c.past.Add(c.cur.Stats())
 }
 
 // leaderAddr returns the leader's address, waiting for one within ctx.

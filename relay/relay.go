@@ -130,6 +130,17 @@ type Stats struct {
 	NoLeader, Unreachable, PerIP, Full uint64
 }
 
+// Add returns the sum of s's counters and o's: a node that relays in
+// several periods, with a Relay for each, adds them up.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{
+		Open: s.Open + o.Open, Relayed: s.Relayed + o.Relayed,
+		ToLeader: s.ToLeader + o.ToLeader, ToClient: s.ToClient + o.ToClient,
+		NoLeader: s.NoLeader + o.NoLeader, Unreachable: s.Unreachable + o.Unreachable,
+		PerIP: s.PerIP + o.PerIP, Full: s.Full + o.Full,
+	}
+}
+
 // Relay relays a follower's client connections to the leading node.
 // Create it with New.
 type Relay struct {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -653,6 +654,32 @@ func TestRelayRefusesABodyOverTheLimitWithItsAnswerNotAReset(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), gateway.CodeTooLarge) {
 			t.Fatalf("round %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestStatsAddSumsEveryCounter sets every field of two Stats to distinct
+// values and checks each field of the sum, so that a counter added to
+// Stats and not to Add is caught.
+func TestStatsAddSumsEveryCounter(t *testing.T) {
+	var a, b relay.Stats
+	va, vb := reflect.ValueOf(&a).Elem(), reflect.ValueOf(&b).Elem()
+	for i := range va.NumField() {
+		switch va.Field(i).Kind() {
+		case reflect.Int64:
+			va.Field(i).SetInt(int64(i + 1))
+			vb.Field(i).SetInt(int64(100 * (i + 1)))
+		default:
+			va.Field(i).SetUint(uint64(i + 1))
+			vb.Field(i).SetUint(uint64(100 * (i + 1)))
+		}
+	}
+	sum := reflect.ValueOf(a.Add(b))
+	for i := range sum.NumField() {
+		got := sum.Field(i)
+		want := uint64(101 * (i + 1))
+		if got.Kind() == reflect.Int64 && got.Int() != int64(want) || got.Kind() != reflect.Int64 && got.Uint() != want {
+			t.Errorf("%s: %v, want %d", sum.Type().Field(i).Name, got, want)
 		}
 	}
 }
