@@ -9,6 +9,11 @@
 #
 #   bench/cluster.sh                         # 3 pairs of remote_k1_c32
 #   REPS=5 CLUSTER_FLAGS="--cluster-election-timeout 1s" bench/cluster.sh
+#   CLIENTS=leader bench/cluster.sh          # kbench on the leader's URL only
+#
+# CLIENTS=leader takes the relays out of the figure: no connection lands
+# on a follower, so what is left is the leader's work and the journal's
+# replication (the followers' raft, their stores' apply).
 #
 # Every server listens on 127.0.0.1 only; every run is bounded by kbench's
 # -timeout. The table of medians and ratios is printed at the end
@@ -21,6 +26,7 @@ REPS=${REPS:-3}
 CLUSTER_FLAGS=${CLUSTER_FLAGS:-}
 ARGS=${ARGS:-"-agents 4 -runners 4 -executions 3000 -concurrency 32 -remote -tools 1"}
 CASE=${CASE:-remote_k1_c32}
+CLIENTS=${CLIENTS:-all}
 BASE=${BASE:-28280}
 
 mkdir -p "$OUT"
@@ -38,6 +44,19 @@ cpu_s() {
     total=$((total + f[13] + f[14]))
   done
   echo "scale=3; $total / $hz" | bc
+}
+
+# leader_index: which of the three nodes (1-3) holds the lease, once one
+# does.
+leader_index() {
+  local l=""
+  for _ in $(seq 1 100); do
+    l=$(curl -sf "http://127.0.0.1:$((BASE + 1))/v0/cluster" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("leader",""))' || true)
+    case $l in n[123]) echo "${l#n}"; return 0 ;; esac
+    sleep 0.1
+  done
+  echo "no leader" >&2
+  return 1
 }
 
 run_single() {
@@ -63,6 +82,9 @@ run_cluster() {
     urls="$urls${urls:+,}http://127.0.0.1:$((BASE + i))"
   done
   for i in 1 2 3; do wait_ready "http://127.0.0.1:$((BASE + i))/v0/ready"; done
+  if [ "$CLIENTS" = leader ]; then
+    urls="http://127.0.0.1:$((BASE + $(leader_index)))"
+  fi
   local before after line
   before=$(cpu_s "${PIDS[@]}")
   # shellcheck disable=SC2086

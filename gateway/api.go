@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 
+	segjson "github.com/segmentio/encoding/json"
 	"github.com/valyala/fasthttp"
 
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
@@ -399,11 +401,17 @@ func decodeBody(body []byte, v any, max int) error {
 		return kernelValidation("invalid JSON: empty body")
 	}
 	// A body of one JSON value, the usual case, decodes without a
-	// Decoder's buffer and copy. Anything else goes to a Decoder, which
-	// reads the first value only, as the kernel API does, and whose
-	// errors the answers quote.
-	if json.Unmarshal(body, v) == nil {
+	// Decoder's buffer and copy, with segmentio's decoder (the same
+	// results as encoding/json's, in about half the CPU). Anything else
+	// goes to encoding/json's Decoder, which reads the first value only,
+	// as the kernel API does, and whose errors the answers quote; it
+	// starts from v's zero value, not from what the failed attempt
+	// filled in.
+	if segjson.Unmarshal(body, v) == nil {
 		return nil
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv.Elem().SetZero()
 	}
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(v); err != nil {
 		return kernelValidation("invalid JSON: " + err.Error())

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/kernel"
@@ -10,7 +12,9 @@ import (
 // FuzzDecodeBody feeds the decoders of the main routes what a client may
 // send, as the server does: the JSON text check first, then the body into
 // each request type. A body is refused with a 400 or a 413, never a 500 or
-// a panic, and what is taken re-encodes.
+// a panic, and what is taken re-encodes. The decoder of the usual case is
+// not encoding/json's: what decodeBody takes or refuses must be what
+// encoding/json's Decoder takes or refuses, with the same result.
 func FuzzDecodeBody(f *testing.F) {
 	for _, s := range []string{
 		`{"agent_id":"a","input":{"q":"x"},"labels":{"k":"v"},"session_id":"s"}`,
@@ -23,6 +27,8 @@ func FuzzDecodeBody(f *testing.F) {
 		`{"tools":["t","u@acct"],"tool_info":[{"name":"t","input_schema":{}}]}`,
 		`{"agent_id":1e999999}`, "{\"agent_id\":\"\xff\"}", `{"input":"\ud800"}`, `{"sequence":-1}`,
 		`{"started_at":"not a time"}`, `[]`, `null`, ``, `{} {}`, `{"agent_id":"a"`,
+		`{"agent_id":"a","input":{"q":1}} trailing`, `{"agent_id":"a","input":{"q":1},"labels":5}`,
+		`{"AGENT_ID":"a","Input":{"<b>":"&"}}`, `{"agent_id":"a","agent_id":"b"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -43,8 +49,16 @@ func FuzzDecodeBody(f *testing.F) {
 			if textErr != nil {
 				continue // the server refused it before any decoder
 			}
-			if _, err := json.Marshal(v); err != nil {
+			got, err := json.Marshal(v)
+			if err != nil {
 				t.Fatalf("%T from %q does not re-encode: %v", v, data, err)
+			}
+			w := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+			if err := json.NewDecoder(bytes.NewReader(data)).Decode(w); err != nil {
+				t.Fatalf("%T from %q: taken, but encoding/json refuses it: %v", v, data, err)
+			}
+			if want, _ := json.Marshal(w); !bytes.Equal(got, want) {
+				t.Fatalf("%T from %q: decoded as %s, encoding/json decodes %s", v, data, got, want)
 			}
 		}
 	})

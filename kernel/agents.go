@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/segmentio/encoding/json"
 )
 
 // agentSet is every consumer of one agent_id and its unassigned executions.

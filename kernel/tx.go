@@ -2,13 +2,13 @@ package kernel
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/event"
 	"github.com/gatehouse-dev/gatehouse/store"
+	"github.com/segmentio/encoding/json"
 )
 
 // kindLive holds id -> nothing, for every non-terminal execution: written
