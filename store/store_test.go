@@ -468,3 +468,56 @@ func TestBadgerLoggerFormatsOnlyWhatIsLogged(t *testing.T) {
 		t.Errorf("a warning at the level was not logged: %q", out.String())
 	}
 }
+
+// TestNothingWaitsOutTheApplyGather: acknowledged groups gather before they
+// are applied to Badger, and with a gather of an hour a read of what was
+// just written, Compact (whose flush runs in the apply stage) and Close
+// still finish: whoever waits for the apply has it run at once.
+func TestNothingWaitsOutTheApplyGather(t *testing.T) {
+	s := openWith(t, Options{Dir: t.TempDir(), Sync: SyncNone, ApplyGather: time.Hour})
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			ctx := context.Background()
+			for i := uint64(1); i <= 20; i++ {
+				var b Batch
+				b.Append("x/a", i, []byte(fmt.Sprint("event-", i)))
+				if err := b.Put("kind", fmt.Sprint("id", i), map[string]uint64{"n": i}); err != nil {
+					return err
+				}
+				if err := s.Write(ctx, &b); err != nil {
+					return err
+				}
+				var rec map[string]uint64
+				if err := s.Get("kind", fmt.Sprint("id", i), &rec); err != nil || rec["n"] != i {
+					return fmt.Errorf("Get after write %d: %v, %w", i, rec, err)
+				}
+				if got, err := s.Read("x/a", i-1, 1); err != nil || len(got) != 1 || got[0].Seq != i {
+					return fmt.Errorf("Read after write %d: %+v, %w", i, got, err)
+				}
+			}
+			var b Batch
+			if err := b.Put("kind", "last", map[string]int{"n": 0}); err != nil {
+				return err
+			}
+			if err := s.Write(ctx, &b); err != nil {
+				return err
+			}
+			if err := s.Compact(ctx); err != nil {
+				return fmt.Errorf("compact: %w", err)
+			}
+			if err := s.Write(ctx, &b); err != nil {
+				return err
+			}
+			return s.Close()
+		}()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("still waiting after a minute: something waited out the apply stage's gather")
+	}
+}
