@@ -618,7 +618,7 @@ func (s *Store) awaitApplied() uint64 {
 }
 
 // hurryApply has the apply stage apply what it gathered without waiting
-// out applyGather: someone waits for it.
+// out Options.ApplyGather: someone waits for it.
 func (s *Store) hurryApply() {
 	select {
 	case s.applyNow <- struct{}{}:
@@ -980,10 +980,10 @@ func (s *Store) applyLoop() {
 	// hands them to Badger in one transaction. No answer waits for the
 	// apply (acknowledgements need only the journal), and whoever waits
 	// for it asks for it at once (hurryApply), so the gather delays
-	// nobody; what it saves is the hand-overs of a transaction per group:
-	// this stage's wake-up, Badger's writer's and this stage's again,
-	// which one request at a time were a good part of the server's CPU
-	// (the scheduler's futex and findRunnable, a fifth of it).
+	// nobody; what it saves is the hand-overs of a transaction per group
+	// (this stage's wake-up, Badger's writer's and this stage's again):
+	// about 3% of the server's CPU one request at a time (see
+	// docs/decisions.md).
 	gather := time.NewTimer(s.opts.ApplyGather)
 	gather.Stop()
 	for {
