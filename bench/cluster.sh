@@ -82,10 +82,11 @@ run_cluster() {
     urls="$urls${urls:+,}http://127.0.0.1:$((BASE + i))"
   done
   for i in 1 2 3; do wait_ready "http://127.0.0.1:$((BASE + i))/v0/ready"; done
+  local before after line lead
   if [ "$CLIENTS" = leader ]; then
-    urls="http://127.0.0.1:$((BASE + $(leader_index)))"
+    lead=$(leader_index) || { echo "cluster rep $1: no leader" >&2; stop; return; }
+    urls="http://127.0.0.1:$((BASE + lead))"
   fi
-  local before after line
   before=$(cpu_s "${PIDS[@]}")
   # shellcheck disable=SC2086
   line=$("$WORK/kbench" -url "$urls" $ARGS -warmup 100 -timeout 300s 2>>"$WORK/kbench.log") || echo "cluster rep $1: kbench failed" >&2
