@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,5 +154,41 @@ func TestKbenchEndsItsRunOnSIGINT(t *testing.T) {
 				t.Fatalf("%d executions, %d ok, %d completed by the gateway; fail reasons %v", s.Executions, s.OK, started, s.FailReasons)
 			}
 		})
+	}
+}
+
+// TestKbenchMovesOnFromAServerWithoutALeader runs kbench with two URLs, a
+// gateway and a server that answers every request 503 CLUSTER_NO_LEADER,
+// as a cluster member does between leaders: the actors whose turn is the
+// second open their streams there, move to the first, and the run
+// completes every execution instead of ending at the first 503.
+func TestKbenchMovesOnFromAServerWithoutALeader(t *testing.T) {
+	gw := nodetest.Start(t, node.Options{Data: t.TempDir()})
+	var streams atomic.Int32
+	leaderless := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/stream") {
+			streams.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":"no leader","code":"CLUSTER_NO_LEADER"}`))
+	}))
+	t.Cleanup(leaderless.Close)
+	cmd := exec.Command(os.Args[0], "-url", gw.URL+","+leaderless.URL, "-agents", "2", "-runners", "2",
+		"-remote", "-tools", "1", "-concurrency", "4", "-duration", "2s", "-exec-timeout", "20s", "-timeout", "40s",
+		"-max-err-logs", "-1", "-q")
+	cmd.Env = append(os.Environ(), "KBENCH_TEST_AS_MAIN=1")
+	var out bytes.Buffer
+	var logs syncbuf.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &logs
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kbench: %v\n%s\n%s", err, out.String(), logs.String())
+	}
+	var s summary
+	if err := json.Unmarshal(out.Bytes(), &s); err != nil {
+		t.Fatalf("kbench output %q: %v", out.String(), err)
+	}
+	if s.Executions == 0 || s.OK != s.Executions || streams.Load() == 0 {
+		t.Fatalf("%d executions, %d ok, %d streams opened on the leaderless server; fail reasons %v\n%s", s.Executions, s.OK, streams.Load(), s.FailReasons, logs.String())
 	}
 }
