@@ -1,6 +1,7 @@
 package seglog
 
 import (
+	"bufio"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -104,6 +105,12 @@ func bloomHas(bits []uint64, k int, h uint64) bool {
 // writeSidecar writes the sidecar of segment num, whose records end at end
 // and hold versions up to maxVersion, from its index in memory, at path:
 // through a temporary file, synced, renamed. The caller syncs the folder.
+//
+// The rows, names and entries are written as they are encoded, through a
+// small buffer: a sidecar is as large as the index it is written from, and
+// a copy of it in memory would be one more transient of its size (4 MB of
+// the memory peak under --memory-limit 256MiB, docs/performance.md) at each
+// segment's seal.
 func writeSidecar(path string, num, end, maxVersion uint64, m *memIndex) error {
 	type stream struct {
 		name string
@@ -121,35 +128,22 @@ func writeSidecar(path string, num, end, maxVersion uint64, m *memIndex) error {
 	})
 	words := max(1, (len(streams)*bloomBits+63)/64)
 	bloom := make([]uint64, words)
-	var drops, rows, names, entries []byte
+	fences := make([]uint64, 0, (len(streams)+rowsPerBlock-1)/rowsPerBlock)
+	var drops []byte
 	for _, d := range m.drops {
 		drops = binary.AppendUvarint(drops, uint64(len(d.stream)))
 		drops = append(drops, d.stream...)
 		drops = binary.AppendUvarint(drops, d.before)
 		drops = binary.AppendUvarint(drops, d.version)
 	}
-	var fences []uint64
-	n := 0
+	entries, names := 0, 0
 	for i, s := range streams {
 		bloomAdd(bloom, bloomHashes, s.hash)
 		if i%rowsPerBlock == 0 {
 			fences = append(fences, s.hash)
 		}
-		rows = binary.LittleEndian.AppendUint64(rows, s.hash)
-		rows = binary.LittleEndian.AppendUint64(rows, s.locs[0].seq)
-		rows = binary.LittleEndian.AppendUint64(rows, s.locs[len(s.locs)-1].seq)
-		rows = binary.LittleEndian.AppendUint32(rows, uint32(n))
-		rows = binary.LittleEndian.AppendUint32(rows, uint32(len(s.locs)))
-		rows = binary.LittleEndian.AppendUint32(rows, uint32(len(names)))
-		rows = binary.LittleEndian.AppendUint32(rows, uint32(len(s.name)))
-		names = append(names, s.name...)
-		for _, l := range s.locs {
-			entries = binary.LittleEndian.AppendUint64(entries, l.seq)
-			entries = binary.LittleEndian.AppendUint64(entries, l.version)
-			entries = binary.LittleEndian.AppendUint32(entries, l.off)
-			entries = binary.LittleEndian.AppendUint32(entries, l.len)
-		}
-		n += len(s.locs)
+		entries += len(s.locs)
+		names += len(s.name)
 	}
 	head := make([]byte, sidecarHeader, sidecarHeader+words*8+len(fences)*8+len(drops))
 	copy(head, sidecarMagic)
@@ -157,12 +151,12 @@ func writeSidecar(path string, num, end, maxVersion uint64, m *memIndex) error {
 	binary.LittleEndian.PutUint64(head[16:], end)
 	binary.LittleEndian.PutUint64(head[24:], maxVersion)
 	binary.LittleEndian.PutUint32(head[32:], uint32(len(streams)))
-	binary.LittleEndian.PutUint32(head[36:], uint32(n))
+	binary.LittleEndian.PutUint32(head[36:], uint32(entries))
 	binary.LittleEndian.PutUint32(head[40:], uint32(len(m.drops)))
 	binary.LittleEndian.PutUint32(head[44:], uint32(words))
 	binary.LittleEndian.PutUint32(head[48:], bloomHashes)
 	binary.LittleEndian.PutUint32(head[52:], uint32(len(drops)))
-	binary.LittleEndian.PutUint32(head[56:], uint32(len(names)))
+	binary.LittleEndian.PutUint32(head[56:], uint32(names))
 	for _, w := range bloom {
 		head = binary.LittleEndian.AppendUint64(head, w)
 	}
@@ -177,8 +171,36 @@ func writeSidecar(path string, num, end, maxVersion uint64, m *memIndex) error {
 	if err != nil {
 		return fmt.Errorf("seglog: sidecar: %w", err)
 	}
-	body := slices.Concat(head, rows, names, entries)
-	_, err = f.Write(body)
+	w := bufio.NewWriterSize(f, 64<<10)
+	_, _ = w.Write(head) // a bufio.Writer keeps its first error for Flush
+	var r [rowSize]byte
+	first, nameOff := 0, 0
+	for _, s := range streams {
+		binary.LittleEndian.PutUint64(r[0:], s.hash)
+		binary.LittleEndian.PutUint64(r[8:], s.locs[0].seq)
+		binary.LittleEndian.PutUint64(r[16:], s.locs[len(s.locs)-1].seq)
+		binary.LittleEndian.PutUint32(r[24:], uint32(first))
+		binary.LittleEndian.PutUint32(r[28:], uint32(len(s.locs)))
+		binary.LittleEndian.PutUint32(r[32:], uint32(nameOff))
+		binary.LittleEndian.PutUint32(r[36:], uint32(len(s.name)))
+		_, _ = w.Write(r[:])
+		first += len(s.locs)
+		nameOff += len(s.name)
+	}
+	for _, s := range streams {
+		_, _ = w.WriteString(s.name)
+	}
+	var e [entrySize]byte
+	for _, s := range streams {
+		for _, l := range s.locs {
+			binary.LittleEndian.PutUint64(e[0:], l.seq)
+			binary.LittleEndian.PutUint64(e[8:], l.version)
+			binary.LittleEndian.PutUint32(e[16:], l.off)
+			binary.LittleEndian.PutUint32(e[20:], l.len)
+			_, _ = w.Write(e[:])
+		}
+	}
+	err = w.Flush()
 	if err == nil {
 		err = fdatasync(f)
 	}
