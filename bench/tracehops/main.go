@@ -1,9 +1,11 @@
 // Command tracehops reads a Go execution trace of a server under a
 // one-at-a-time load and says where its hops wait: how long goroutines
 // stay runnable after they are woken, by who woke them and where they
-// slept, and how long a request (a goroutine woken by the network) and a
-// push (a stream's goroutine woken by another) take from that wake-up to
-// the write that answers it, split by the goroutine's state meanwhile.
+// slept; for a stream woken by another goroutine, whether it ran on its
+// waker's thread (once the waker blocked) or was handed to another; and
+// how long a request (a goroutine woken by the network) and a push (a
+// stream's goroutine woken by another) take from that wake-up to the
+// write that answers it, split by the goroutine's state meanwhile.
 //
 //	curl -o c1.trace 'http://127.0.0.1:6060/debug/pprof/trace?seconds=3'   # gatehouse serve --pprof-addr
 //	cd bench/tracehops && go run . ../../c1.trace
@@ -71,6 +73,9 @@ type analysis struct {
 	hops        map[string]durations // wake-up → the answering write
 	hopStates   map[string]map[string]float64
 	hopsByKind  map[string]int
+	// pushRuns: a woken stream's wait, by whether it ran on its waker's
+	// thread and what the waker was doing by then.
+	pushRuns map[string]durations
 }
 
 func analyse(r io.Reader) (*analysis, error) {
@@ -79,7 +84,7 @@ func analyse(r io.Reader) (*analysis, error) {
 		return nil, err
 	}
 	a := &analysis{wakes: map[string]durations{}, hops: map[string]durations{},
-		hopStates: map[string]map[string]float64{}}
+		hopStates: map[string]map[string]float64{}, pushRuns: map[string]durations{}}
 	var (
 		readyAt = map[trace.GoID]trace.Time{}
 		readyBy = map[trace.GoID]string{}
@@ -87,6 +92,8 @@ func analyse(r io.Reader) (*analysis, error) {
 		since   = map[trace.GoID]trace.Time{}
 		state   = map[trace.GoID]trace.GoState{}
 		open    = map[trace.GoID]*hop{}
+		wakerM  = map[trace.GoID]trace.ThreadID{}
+		wakerG  = map[trace.GoID]trace.GoID{}
 	)
 	for {
 		ev, err := tr.ReadEvent()
@@ -123,6 +130,7 @@ func analyse(r io.Reader) (*analysis, error) {
 				by = "by the network poller"
 			}
 			readyAt[id], readyBy[id] = now, by+" -> "+sleptAt[id]
+			wakerM[id], wakerG[id] = ev.Thread(), ev.Goroutine()
 			switch slept := sleptAt[id]; {
 			case strings.Contains(slept, "netFD).Read"):
 				open[id] = &hop{kind: "request", start: now, states: map[string]float64{}}
@@ -132,6 +140,14 @@ func analyse(r io.Reader) (*analysis, error) {
 		case from == trace.GoRunnable && to == trace.GoRunning:
 			if t, ok := readyAt[id]; ok {
 				a.wakes[readyBy[id]] = append(a.wakes[readyBy[id]], float64(now-t)/1e3)
+				if w := wakerG[id]; w != trace.NoGoroutine && strings.Contains(sleptAt[id], "Stream).Run") {
+					where := "another thread"
+					if ev.Thread() == wakerM[id] {
+						where = "the waker's thread"
+					}
+					k := "on " + where + ", the waker by then " + state[w].String()
+					a.pushRuns[k] = append(a.pushRuns[k], float64(now-t)/1e3)
+				}
 				delete(readyAt, id)
 			}
 		case from == trace.GoRunning && to == trace.GoSyscall:
@@ -179,6 +195,10 @@ func (a *analysis) print(w io.Writer) {
 	fmt.Fprintln(w, "wake-ups (runnable until running), by waker -> where the goroutine slept:")
 	for _, k := range byCount(a.wakes, 20) {
 		fmt.Fprintf(w, "  %s\n      %s\n", k, a.wakes[k])
+	}
+	fmt.Fprintln(w, "streams woken by a goroutine (runnable until running), by the thread that ran them:")
+	for _, k := range byCount(a.pushRuns, 10) {
+		fmt.Fprintf(w, "  %s\n      %s\n", k, a.pushRuns[k])
 	}
 	fmt.Fprintln(w, "hops (woken until the write that answers):")
 	for _, k := range byCount(a.hops, 10) {
