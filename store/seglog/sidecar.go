@@ -108,9 +108,9 @@ func bloomHas(bits []uint64, k int, h uint64) bool {
 //
 // The rows, names and entries are written as they are encoded, through a
 // small buffer: a sidecar is as large as the index it is written from, and
-// a copy of it in memory would be one more transient of its size (4 MB of
-// the memory peak under --memory-limit 256MiB, docs/performance.md) at each
-// segment's seal.
+// building it whole in memory first allocated six times its size at each
+// segment's seal (BenchmarkWriteSidecar), a transient on the memory peak of
+// a box under --memory-limit.
 func writeSidecar(path string, num, end, maxVersion uint64, m *memIndex) error {
 	type stream struct {
 		name string
