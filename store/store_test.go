@@ -403,7 +403,7 @@ func TestCloseIsBoundedWhenBadgerCannotFinish(t *testing.T) {
 			t.Fatalf("Close on a removed folder: %v, want ErrCloseTimeout", err)
 		}
 	case <-time.After(time.Minute):
-		t.Fatal("Close still waits for Badger after 30s")
+		t.Fatal("Close still waits for Badger after a minute")
 	}
 }
 
