@@ -184,7 +184,7 @@ func moveRecord(b *store.Batch, kind, id string, raw msgpack.RawMessage) error {
 		}
 		key = idemKey(execID, idem)
 	}
-	if err := b.Put(kindExec, key, val); err != nil {
+	if err := b.PutLazy(kindExec, key, val); err != nil {
 		return err
 	}
 	b.Delete(kind, id)

@@ -53,8 +53,8 @@ func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, er
 			return deleted, err
 		}
 		var b store.Batch
-		b.Delete(kindExec, v.key)
-		b.Delete(kindExec, indexKey(v.id))
+		b.DeleteLazy(kindExec, v.key)
+		b.DeleteLazy(kindExec, indexKey(v.id))
 		if err := k.store.Scan(streamOf(v.id), 0, func(seq uint64, _ []byte) bool {
 			b.DeleteEntry(streamOf(v.id), seq)
 			return true
@@ -62,7 +62,7 @@ func (k *Kernel) Prune(ctx context.Context, cutoff time.Time, keep int) (int, er
 			return deleted, fmt.Errorf("prune %s: %w", v.id, err)
 		}
 		if err := k.store.RecordsWithPrefix(kindExec, idemPrefix(v.id), func(id string, _ func(any) error) bool {
-			b.Delete(kindExec, id)
+			b.DeleteLazy(kindExec, id)
 			return true
 		}); err != nil {
 			return deleted, fmt.Errorf("prune %s: %w", v.id, err)

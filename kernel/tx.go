@@ -165,7 +165,7 @@ func (t *tx) remember(key string, rec idemRecord) {
 	if key == "" || t.err != nil {
 		return
 	}
-	if err := t.batch.Put(kindExec, idemKey(t.ex.ID, key), rec); err != nil {
+	if err := t.batch.PutLazy(kindExec, idemKey(t.ex.ID, key), rec); err != nil {
 		t.err = err
 		return
 	}
@@ -267,7 +267,7 @@ func (t *tx) prepare() (empty bool, err error) {
 			sum.AgentID, sum.Labels, sum.Owner, sum.Tenant = p.AgentID, p.Labels, p.Owner, p.Tenant
 		}
 		key := summaryKey(sum.CreatedAt, ex.ID)
-		if err := t.batch.Put(kindExec, indexKey(ex.ID), key); err != nil {
+		if err := t.batch.CreateLazy(kindExec, indexKey(ex.ID), key); err != nil {
 			return false, err
 		}
 		// Created, not put: the id is new, so an execution that ends before
@@ -284,7 +284,11 @@ func (t *tx) prepare() (empty bool, err error) {
 		if sum.Labels == nil {
 			sum.Labels = map[string]string{}
 		}
-		if err := t.batch.Put(kindExec, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
+		put := t.batch.PutLazy
+		if ex.Seq == 0 {
+			put = t.batch.CreateLazy
+		}
+		if err := put(kindExec, summaryKey(sum.CreatedAt, ex.ID), &sum); err != nil {
 			return false, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -452,6 +453,10 @@ func storeOfLargeValues(t *testing.T) (*cutfs.FS, *Store) {
 	})
 	for i := uint64(1); i <= largeValues; i++ {
 		write(t, s, func(b *Batch) { b.Append("big", i, largeValue(i)) })
+		// Each value in a Badger write of its own: Badger moves to a new
+		// value log file only between writes, and the apply stage of a
+		// loaded machine would gather several groups into one.
+		s.awaitApplied()
 	}
 	return m, s
 }
@@ -857,10 +862,10 @@ func TestPowerCutFSReplaySkipsWhatBadgerHolds(t *testing.T) {
 					}
 				})
 			}
-			var p uint64
-			if err := s.Get("peer", "p", &p); err != nil { // hands the lazy writes over
+			if err := s.settle("r/peer"); err != nil { // hands the lazy writes over
 				t.Fatal(err)
 			}
+			var p uint64
 			r := openWith(t, Options{Dir: powerCut(t, m, s, tc.cut)})
 			defer r.Close()
 			if r.replayed.applied > tc.maxWrites || !tc.cut.KeepPageCache && r.replayed.applied < 600 {
@@ -882,13 +887,17 @@ func TestPowerCutFSReplaySkipsWhatBadgerHolds(t *testing.T) {
 // tables, which the metrics export.
 func TestStatsShowBadgersLevelZero(t *testing.T) {
 	t.Parallel()
-	s := openWith(t, Options{Dir: t.TempDir(), MemoryLimit: 256 * mib, idleAfter: 100 * time.Millisecond})
+	s := openWith(t, Options{Dir: t.TempDir(), MemoryLimit: 256 * mib, idleAfter: time.Hour})
 	defer s.Close()
 	if st := s.Stats(); st.Level0Tables != 0 || st.TableBytes != 0 || st.Level0Stall < 2 || st.Level0Stall > 3 {
 		t.Fatalf("empty store: %d tables in level 0 (stall at %d), %d bytes of tables", st.Level0Tables, st.Level0Stall, st.TableBytes)
 	}
-	for i := range 80 { // 1.25 MiB: the idle store writes its memory table out
-		write(t, s, func(b *Batch) { b.Append("ev", uint64(i+1), bytes.Repeat([]byte{byte(i)}, 16<<10)) })
+	for i := range 80 { // 1.25 MiB: Badger writes its memory table (1 MiB under this limit) out
+		write(t, s, func(b *Batch) {
+			if err := b.Put("rec", strconv.Itoa(i), bytes.Repeat([]byte{byte(i)}, 16<<10)); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 	eventually.True(t, "a table in level 0", func() bool {
 		st := s.Stats()

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,11 +29,13 @@ import (
 // the delete alone, and an entry appended, or a record created, and deleted
 // before it is handed over never reaches Badger at all.
 //
-// Two rules keep it exact. A read of a log or kind with lazy writes
-// waiting first makes the apply stage hand them over (see settle), so
-// reads see every acknowledged write, lazy or not. And a journal segment is
-// released only once Badger's tables hold every lazy write from it (see
-// late). A key must be written either always lazily or never.
+// Two rules keep it exact. Reads see every acknowledged write, lazy or
+// not: a read of records looks among the lazy writes waiting, or being
+// handed over, before Badger (see get and between), and a read of a log
+// with lazy writes waiting first makes the apply stage hand them over (see
+// settle). And a journal segment is released only once Badger's tables
+// hold every lazy write from it (see late). A key must be written either
+// always lazily or never.
 
 const (
 	// lazyInterval bounds how long a lazy write waits for Badger.
@@ -48,9 +52,12 @@ type lazyWrites struct {
 	mu     sync.Mutex
 	ops    map[string]op  // key -> its last lazy write
 	spaces map[string]int // log or kind (see keySpace) -> its writes in ops
-	bytes  int
-	oldest uint64    // version of the group of the oldest write in ops
-	since  time.Time // when that write was applied
+	// landing holds the writes taken from ops until readers find them in
+	// Badger (see landed): a read between the two finds them here.
+	landing map[string]op
+	bytes   int
+	oldest  uint64    // version of the group of the oldest write in ops
+	since   time.Time // when that write was applied
 }
 
 // keep takes o, written by the group at version ts.
@@ -109,10 +116,55 @@ func (l *lazyWrites) take(ops []op, at uint64, lt *late) []op {
 		ops = append(ops, o)
 	}
 	lt.add(l.oldest, at)
-	clear(l.ops)
+	// The apply stage takes, applies and lands in turn: landing is empty.
+	l.ops, l.landing = l.landing, l.ops
+	if l.ops == nil {
+		l.ops = map[string]op{}
+	}
 	clear(l.spaces)
 	l.bytes, l.oldest = 0, 0
 	return ops
+}
+
+// landed says that the writes last taken are where reads find them in
+// Badger: applied at a version readers read at.
+func (l *lazyWrites) landed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.landing)
+}
+
+// get returns the last lazy write of key acknowledged, if Badger may not
+// show it yet.
+func (l *lazyWrites) get(key []byte) (op, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if o, ok := l.ops[string(key)]; ok {
+		return o, true
+	}
+	o, ok := l.landing[string(key)]
+	return o, ok
+}
+
+// between returns, in key order, the lazy writes Badger may not show yet
+// of the keys with prefix from start on.
+func (l *lazyWrites) between(prefix, start []byte) []op {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []op
+	pick := func(m map[string]op, shadow map[string]op) {
+		for k, o := range m {
+			if _, newer := shadow[k]; !newer && strings.HasPrefix(k, string(prefix)) && k >= string(start) {
+				out = append(out, o)
+			}
+		}
+	}
+	if l.spaces[keySpace(prefix)] > 0 {
+		pick(l.ops, nil)
+	}
+	pick(l.landing, l.ops)
+	slices.SortFunc(out, func(a, b op) int { return bytes.Compare(a.key, b.key) })
+	return out
 }
 
 // oldestWaiting returns the version of the group of the oldest write
@@ -124,8 +176,10 @@ func (l *lazyWrites) oldestWaiting() uint64 {
 }
 
 // settle makes Badger hold every lazy write to space acknowledged so far,
-// before a read of it: with some waiting, it commits an empty group that
-// asks the apply stage to hand them over.
+// before a read of a log (a log is read in pages and by position, where
+// merging the waiting writes in would cost more than the rare hand-over):
+// with some waiting, it commits an empty group that asks the apply stage to
+// hand them over.
 func (s *Store) settle(space string) error {
 	// Writes acknowledged before the read may still be on their way to
 	// the lazy set; once applied, they are in it.
@@ -157,8 +211,7 @@ func keySpace(key []byte) string {
 	return string(key)
 }
 
-func logSpace(stream string) string  { return "l/" + stream }
-func recordSpace(kind string) string { return "r/" + kind }
+func logSpace(stream string) string { return "l/" + stream }
 
 // AppendLazy is Append for a new entry that is seldom read: Badger gets it
 // late (see lazy.go), a read still sees it. seq must never have been used

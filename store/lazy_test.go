@@ -2,9 +2,13 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,11 +73,7 @@ func TestLazyDeletedNeverReachesBadger(t *testing.T) {
 		b.DeleteLazy("live", "c")
 		b.DeleteLazy("live", "p")
 	})
-	// Reads hand the waiting writes over.
-	if _, err := s.Read("o", 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Records("live", func(string, func(any) error) bool { return true }); err != nil {
+	if err := s.flush(context.Background()); err != nil { // hands the waiting writes over
 		t.Fatal(err)
 	}
 	versions := map[string]int{}
@@ -296,5 +296,136 @@ func TestGroupsAppliedTogetherAreLate(t *testing.T) {
 	}
 	if got := s.late.limit(groups[1].ts + 1); got != groups[1].ts {
 		t.Fatalf("with tables past it, releasable up to %d; want %d", got, groups[1].ts)
+	}
+}
+
+// TestRecordReadsSeeLazyWritesWithoutHandingThemOver: Get and every walk of
+// records merge the lazy writes waiting with what Badger holds, in key
+// order, with the walks' bounds, without a group that hands them over: the
+// journal takes no write for a read.
+func TestRecordReadsSeeLazyWritesWithoutHandingThemOver(t *testing.T) {
+	s := openWith(t, Options{Dir: t.TempDir(), lazyInterval: time.Hour, idleAfter: time.Hour})
+	defer s.Close()
+	put := func(b *Batch, create bool, id string, v int) {
+		f := b.PutLazy
+		if create {
+			f = b.CreateLazy
+		}
+		if err := f("k", id, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, s, func(b *Batch) {
+		for i, id := range []string{"a", "c", "e", "g"} {
+			put(b, true, id, i+1)
+		}
+	})
+	if err := s.flush(context.Background()); err != nil { // into Badger
+		t.Fatal(err)
+	}
+	write(t, s, func(b *Batch) {
+		put(b, false, "b", 20)
+		put(b, false, "c", 30)
+		b.DeleteLazy("k", "e")
+		put(b, true, "h", 80)
+	})
+	commits := s.Stats().Commits
+
+	walk := func(f func(fn func(id string, decode func(any) error) bool) error, stopAfter int) string {
+		var got []string
+		err := f(func(id string, decode func(any) error) bool {
+			var v int
+			if err := decode(&v); err != nil {
+				t.Fatalf("decode %s: %v", id, err)
+			}
+			got = append(got, fmt.Sprintf("%s=%d", id, v))
+			return len(got) != stopAfter
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(got, " ")
+	}
+	for _, tc := range []struct {
+		name string
+		walk func(fn func(id string, decode func(any) error) bool) error
+		stop int
+		want string
+	}{
+		{"all", func(fn func(string, func(any) error) bool) error { return s.Records("k", fn) }, 0, "a=1 b=20 c=30 g=4 h=80"},
+		{"after a key in Badger", func(fn func(string, func(any) error) bool) error { return s.RecordsAfter("k", "a", fn) }, 0, "b=20 c=30 g=4 h=80"},
+		{"after a key waiting", func(fn func(string, func(any) error) bool) error { return s.RecordsAfter("k", "c", fn) }, 0, "g=4 h=80"},
+		{"after a deleted key", func(fn func(string, func(any) error) bool) error { return s.RecordsAfter("k", "e", fn) }, 0, "g=4 h=80"},
+		{"with a prefix", func(fn func(string, func(any) error) bool) error { return s.RecordsWithPrefix("k", "c", fn) }, 0, "c=30"},
+		{"stopped", func(fn func(string, func(any) error) bool) error { return s.Records("k", fn) }, 3, "a=1 b=20 c=30"},
+	} {
+		if got := walk(tc.walk, tc.stop); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	for id, want := range map[string]int{"a": 1, "b": 20, "c": 30, "e": -1, "h": 80} {
+		var v int
+		err := s.Get("k", id, &v)
+		switch {
+		case want < 0 && !errors.Is(err, ErrNotFound):
+			t.Errorf("Get %s (deleted) = %d, %v", id, v, err)
+		case want >= 0 && (err != nil || v != want):
+			t.Errorf("Get %s = %d, %v; want %d", id, v, err, want)
+		}
+	}
+	if got := s.Stats().Commits; got != commits {
+		t.Errorf("the reads committed %d groups", got-commits)
+	}
+	if !s.lazy.waiting("r/k") {
+		t.Error("the reads handed the lazy writes over")
+	}
+}
+
+// TestRecordReadDuringAHandOverSeesTheWrite: a lazy write on its way into
+// Badger (taken from the waiting ones, not yet committed there) is still
+// found by a read.
+func TestRecordReadDuringAHandOverSeesTheWrite(t *testing.T) {
+	var armed atomic.Bool
+	type result struct {
+		v   int
+		err error
+	}
+	seen := make(chan result, 1)
+	var s *Store
+	s = openWith(t, Options{
+		Dir: t.TempDir(), lazyInterval: time.Hour, idleAfter: time.Hour,
+		committing: func(uint64) {
+			if !armed.CompareAndSwap(true, false) {
+				return
+			}
+			// Another goroutine, as a reader would be; the apply stage
+			// waits for it, bounded, so that a read that waited for this
+			// hand-over fails rather than hangs.
+			done := make(chan result, 1)
+			go func() {
+				var r result
+				r.err = s.Get("k", "a", &r.v)
+				done <- r
+			}()
+			select {
+			case r := <-done:
+				seen <- r
+			case <-time.After(5 * time.Second):
+				seen <- result{err: errors.New("the read waited for the hand-over")}
+			}
+		},
+	})
+	defer s.Close()
+	write(t, s, func(b *Batch) {
+		if err := b.CreateLazy("k", "a", 7); err != nil {
+			t.Fatal(err)
+		}
+	})
+	armed.Store(true)
+	if err := s.flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-seen; r.err != nil || r.v != 7 {
+		t.Fatalf("read during the hand-over: %d, %v", r.v, r.err)
 	}
 }

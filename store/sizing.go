@@ -113,9 +113,15 @@ func sized(budget, memory int64) sizing {
 	if memory > 0 {
 		// Each memory table costs its arena and as much again in the
 		// pages of its log file, and writing it out builds its table in
-		// memory, twice over when compressed: a sixty-fourth of the limit
-		// each. The caches take a sixteenth and a thirty-second.
-		z.memTable = min(z.memTable, pow2(memory/64, 2*mib, 32*mib))
+		// memory, four times over when compressed (Badger's builder keeps
+		// every block, and its compressed copy, in buffers that grow by
+		// doubling): a 256th of the limit each, 1 MiB under 256 MiB. Badger
+		// takes about 300 bytes per execution since their records reach
+		// it once (kernel's kindExec), so such a table still holds three
+		// thousand. The caches take a sixteenth and a thirty-second, and
+		// the lazy writes waiting for Badger a memory table's worth.
+		z.memTable = min(z.memTable, pow2(memory/256, mib, 32*mib))
+		z.lazyBytes = min(z.lazyBytes, int(z.memTable))
 		z.numMemtables = min(z.numMemtables, max(2, int(memory/(8*z.memTable))))
 		z.blockCache = min(z.blockCache, pow2(memory/16, mib, 32*mib))
 		z.indexCache = min(z.indexCache, pow2(memory/32, mib, 16*mib))
@@ -164,8 +170,8 @@ func (z *sizing) derive() {
 		if z.memory >= roomyMemory {
 			// With four or more tables in level 0, Badger may merge them
 			// into one table built in memory, up to the stall's worth of
-			// memory tables: eight of them, a sixty-fourth of the limit
-			// each, built with its compressed copy, stay within a quarter
+			// memory tables: eight of them, a 256th of the limit each,
+			// built with its compressed copy, stay well within a quarter
 			// of the limit. Writes then wait for level 0 less often: over
 			// 150 s at full load under a 512 MiB limit (bench/soak.sh,
 			// medians of six runs against four), 1.08 times the

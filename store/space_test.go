@@ -35,11 +35,11 @@ func TestSized(t *testing.T) {
 		{"256 MiB partition", 256 * mib, 0, 4 * mib, 8 * mib, 2, 80 * mib, 0},
 		{"1 GiB partition", gib, 0, 16 * mib, 32 * mib, 2, 320 * mib, 0},
 		{"8 GiB partition", 8 * gib, 0, 32 * mib, 16 * mib, 3, gib, 0},
-		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, 4 * mib, 5, 1 << 62, 3},
-		{"a 512 MiB memory cap: a deeper level 0", 0, 512 * mib, 32 * mib, 8 * mib, 5, 1 << 62, 8},
+		{"a 256 MiB memory cap on a roomy disk", 0, 256 * mib, 32 * mib, mib, 5, 1 << 62, 3},
+		{"a 512 MiB memory cap: a deeper level 0", 0, 512 * mib, 32 * mib, 2 * mib, 5, 1 << 62, 8},
 		{"a 4 GiB memory cap", 0, 4 * gib, 32 * mib, 16 * mib, 5, 1 << 62, 8},
-		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, 2 * mib, 4, 1 << 62, 3},
-		{"both small", 64 * mib, 256 * mib, mib, 2 * mib, 2, 20 * mib, 2},
+		{"a 64 MiB memory cap", 0, 64 * mib, 32 * mib, mib, 5, 1 << 62, 3},
+		{"both small", 64 * mib, 256 * mib, mib, mib, 2, 20 * mib, 2},
 		{"a small disk under a roomy memory cap", 64 * mib, gib, mib, 2 * mib, 2, 20 * mib, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,6 +67,9 @@ func TestSized(t *testing.T) {
 					(z.l0Stall >= 4 && int64(z.l0Stall)*z.memTable*2 > tc.memory/4) {
 					t.Errorf("tables of %d KiB growing %dx per level, level 0 compacted at %d and stalled at %d tables",
 						z.baseTable/kib, z.tableGrowth, z.l0Tables, z.l0Stall)
+				}
+				if int64(z.lazyBytes) > z.memTable {
+					t.Errorf("%d KiB of lazy writes may wait, over a %d KiB memory table", z.lazyBytes/kib, z.memTable/kib)
 				}
 				if z.l0Stall != tc.l0Stall {
 					t.Errorf("level 0 stalls at %d tables, want %d", z.l0Stall, tc.l0Stall)

@@ -1038,6 +1038,7 @@ func (s *Store) applyLoop() {
 		s.backlog -= int64(size)
 		if err == nil {
 			s.applied.Store(groups[len(groups)-1].ts)
+			s.lazy.landed()
 		} else {
 			s.stuck = true
 		}
@@ -1057,7 +1058,9 @@ func (s *Store) applyLast() {
 		if ops := s.lazy.take(nil, at, &s.late); len(ops) > 0 {
 			if err := s.apply(at, ops); err != nil {
 				s.fail(err)
+				return
 			}
+			s.lazy.landed()
 		}
 	}
 }
@@ -1079,6 +1082,7 @@ func (s *Store) flushBadger() error {
 	if err := s.apply(at, ops); err != nil {
 		return s.fail(err)
 	}
+	s.lazy.landed()
 	if err := s.db.DropPrefix(flushKey); err != nil {
 		return fmt.Errorf("store: write memory tables out: %w", err)
 	}
@@ -2000,11 +2004,21 @@ func recordKey(kind, id string) []byte {
 
 // Get decodes record id of kind into v.
 func (s *Store) Get(kind, id string, v any) error {
-	if err := s.settle(recordSpace(kind)); err != nil {
-		return err
+	key := recordKey(kind, id)
+	// Writes acknowledged before the read may still be on their way to
+	// the lazy writes; once applied, they are there or in Badger.
+	s.awaitApplied()
+	if o, ok := s.lazy.get(key); ok {
+		if o.del {
+			return fmt.Errorf("%w: %s/%s", ErrNotFound, kind, id)
+		}
+		if err := msgpack.Unmarshal(o.val, v); err != nil {
+			return fmt.Errorf("store: get %s/%s: %w", kind, id, err)
+		}
+		return nil
 	}
 	err := s.view(func(txn *badger.Txn) error {
-		item, err := txn.Get(recordKey(kind, id))
+		item, err := txn.Get(key)
 		if err != nil {
 			return err
 		}
@@ -2042,27 +2056,51 @@ func (s *Store) RecordsAfter(kind, after string, fn func(id string, decode func(
 // A record's value is read only when fn decodes it, so a walk that skips
 // most records by their ids reads none of theirs (values are in Badger's
 // tables but for the rare large ones, so a read is a slice of the table).
+//
+// The lazy writes Badger may not show yet are merged in, in key order: a
+// walk sees every write acknowledged before it, as Get does.
 func (s *Store) records(kind, idPrefix, from string, fn func(id string, decode func(v any) error) bool) error {
-	if err := s.settle(recordSpace(kind)); err != nil {
-		return err
-	}
 	base := recordPrefix(kind)
 	prefix := append(append([]byte(nil), base...), idPrefix...)
 	start := append(append([]byte(nil), base...), from...)
+	s.awaitApplied()
+	waiting := s.lazy.between(prefix, start)
 	return s.view(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
-		for it.Seek(start); it.ValidForPrefix(prefix); it.Next() {
-			item := it.Item()
-			key := item.Key()
+		it.Seek(start)
+		for {
+			var key []byte
+			var value func(fn func([]byte) error) error
+			next := false // Badger's item, valid until the iterator moves
+			switch {
+			case len(waiting) > 0 && (!it.ValidForPrefix(prefix) || bytes.Compare(waiting[0].key, it.Item().Key()) <= 0):
+				o := waiting[0]
+				waiting = waiting[1:]
+				if it.ValidForPrefix(prefix) && bytes.Equal(o.key, it.Item().Key()) {
+					it.Next() // Badger's is older
+				}
+				if o.del {
+					continue
+				}
+				key, value = o.key, func(fn func([]byte) error) error { return fn(o.val) }
+			case it.ValidForPrefix(prefix):
+				item := it.Item()
+				key, value, next = item.Key(), item.Value, true
+			default:
+				return nil
+			}
 			if from != idPrefix && bytes.Equal(key, start) {
+				if next {
+					it.Next()
+				}
 				continue
 			}
 			id := string(key[len(base):])
 			var verr error
 			decode := func(v any) error {
 				var derr error
-				if err := item.Value(func(data []byte) error { derr = msgpack.Unmarshal(data, v); return nil }); err != nil {
+				if err := value(func(data []byte) error { derr = msgpack.Unmarshal(data, v); return nil }); err != nil {
 					verr = err
 					return err
 				}
@@ -2075,8 +2113,10 @@ func (s *Store) records(kind, idPrefix, from string, fn func(id string, decode f
 			if !cont {
 				return nil
 			}
+			if next {
+				it.Next()
+			}
 		}
-		return nil
 	})
 }
 
