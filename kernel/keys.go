@@ -31,12 +31,12 @@ import (
 // a to w), and a record that grows with the executions stored belongs here.
 //
 // Every write to this kind is lazy (store.Batch.PutLazy): an execution's
-// list entry changes with its status two or three times in its first
-// second, and Badger gets only the last of them, with its index entry and
-// idempotency records, in one hand-over a second; reads find the waiting
-// ones first. Before, Badger took five versions per execution, 90% of its
-// bytes, and their flushes and compactions were most of the memory peak
-// under a limit (docs/performance.md, 2026-11-28, evening).
+// list entry changes with its status in its first second, and Badger gets
+// only the last of its writes, with its index entry and keyed answers, in
+// one hand-over a second rather than a transaction per commit; reads find
+// the waiting ones first. In the bench that is one version of each key,
+// four per execution, where Badger took five (docs/decisions.md,
+// "Executions' records reach Badger once").
 //
 // An id that is not a UUIDv7 (event.NewID falls back to a random UUIDv4
 // when the system's random source fails; an id from elsewhere) has no time

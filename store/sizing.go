@@ -115,11 +115,11 @@ func sized(budget, memory int64) sizing {
 		// pages of its log file, and writing it out builds its table in
 		// memory, four times over when compressed (Badger's builder keeps
 		// every block, and its compressed copy, in buffers that grow by
-		// doubling): a 256th of the limit each, 1 MiB under 256 MiB. Badger
-		// takes about 300 bytes per execution since their records reach
-		// it once (kernel's kindExec), so such a table still holds three
-		// thousand. The caches take a sixteenth and a thirty-second, and
-		// the lazy writes waiting for Badger a memory table's worth.
+		// doubling): a 256th of the limit each, 1 MiB under 256 MiB, the
+		// records of about 1,300 executions (Badger keeps only records;
+		// the logs are in the segment log). The caches take a sixteenth
+		// and a thirty-second, and the lazy writes waiting for Badger a
+		// memory table's worth.
 		z.memTable = min(z.memTable, pow2(memory/256, mib, 32*mib))
 		z.lazyBytes = min(z.lazyBytes, int(z.memTable))
 		z.numMemtables = min(z.numMemtables, max(2, int(memory/(8*z.memTable))))
