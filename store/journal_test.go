@@ -865,6 +865,7 @@ func TestPowerCutFSReplaySkipsWhatBadgerHolds(t *testing.T) {
 			if err := s.settle("r/peer"); err != nil { // hands the lazy writes over
 				t.Fatal(err)
 			}
+			s.awaitApplied() // and Badger has them
 			var p uint64
 			r := openWith(t, Options{Dir: powerCut(t, m, s, tc.cut)})
 			defer r.Close()

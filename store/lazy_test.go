@@ -429,3 +429,33 @@ func TestRecordReadDuringAHandOverSeesTheWrite(t *testing.T) {
 		t.Fatalf("read during the hand-over: %d, %v", r.v, r.err)
 	}
 }
+
+// BenchmarkRecordWalkWithLazyWritesWaiting: a narrow walk of records (one
+// execution's keyed answers, as retention makes for each execution it
+// deletes) while a full second of lazy writes of the same kind waits, and
+// the same walk with none waiting.
+func BenchmarkRecordWalkWithLazyWritesWaiting(b *testing.B) {
+	for _, waiting := range []int{0, 40000} {
+		b.Run(fmt.Sprintf("waiting=%d", waiting), func(b *testing.B) {
+			s := openWith(b, Options{Dir: b.TempDir(), Sync: SyncNone, lazyInterval: time.Hour, idleAfter: time.Hour})
+			defer s.Close()
+			for i := 0; i < waiting; i += 1000 {
+				var batch Batch
+				for j := i; j < i+1000; j++ {
+					if err := batch.CreateLazy("x", fmt.Sprintf("%08d/k/%d/key", j, j), j); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := s.Write(context.Background(), &batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if err := s.RecordsWithPrefix("x", fmt.Sprintf("%08d/k/%d/", i%1000+1<<20, i), func(string, func(any) error) bool { return true }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
