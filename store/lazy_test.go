@@ -459,3 +459,55 @@ func BenchmarkRecordWalkWithLazyWritesWaiting(b *testing.B) {
 		})
 	}
 }
+
+// TestLazyBetweenMergesWaitingAndLanding: a walk's range of the lazy
+// writes holds those waiting and those being handed over, in key order,
+// a key's waiting write hiding its landing one, within the prefix and from
+// the start key on.
+func TestLazyBetweenMergesWaitingAndLanding(t *testing.T) {
+	var l lazyWrites
+	var lt late
+	put := func(ts uint64, id, val string) {
+		l.keep(ts, op{key: recordKey("k", id), val: []byte(val), lazy: true}, time.Now())
+	}
+	put(1, "a", "a1")
+	put(1, "c", "c1")
+	put(1, "e", "e1")
+	l.keep(1, op{key: logKey("o", 1), val: []byte("log"), lazy: true}, time.Now())
+	if taken := l.take(nil, 2, &lt); len(taken) != 4 {
+		t.Fatalf("took %d writes, want 4", len(taken))
+	}
+	put(3, "b", "b3")
+	put(3, "c", "c3")
+	l.keep(3, op{key: recordKey("k", "d"), del: true, lazy: true}, time.Now())
+	put(3, "f", "f3")
+	l.keep(3, op{key: recordKey("other", "a"), val: []byte("x"), lazy: true}, time.Now())
+
+	show := func(ops []op) string {
+		var parts []string
+		for _, o := range ops {
+			v := string(o.val)
+			if o.del {
+				v = "deleted"
+			}
+			parts = append(parts, string(o.key[len(recordPrefix("k")):])+"="+v)
+		}
+		return strings.Join(parts, " ")
+	}
+	for _, tc := range []struct{ prefix, start, want string }{
+		{"", "", "a=a1 b=b3 c=c3 d=deleted e=e1 f=f3"},
+		{"", "c", "c=c3 d=deleted e=e1 f=f3"},
+		{"c", "c", "c=c3"},
+		{"e", "e", "e=e1"},
+		{"z", "z", ""},
+	} {
+		got := show(l.between(recordKey("k", tc.prefix), recordKey("k", tc.start)))
+		if got != tc.want {
+			t.Errorf("between(%q, %q) = %q, want %q", tc.prefix, tc.start, got, tc.want)
+		}
+	}
+	l.landed()
+	if got := show(l.between(recordKey("k", ""), recordKey("k", ""))); got != "b=b3 c=c3 d=deleted f=f3" {
+		t.Errorf("after the hand-over landed: %q", got)
+	}
+}
