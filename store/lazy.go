@@ -14,10 +14,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Lazy writes. Some keys are read back almost only when the store is
-// opened again: a peer's outbox, which its owner keeps in memory while
-// running, and similar bookkeeping. They change on nearly every request and
-// most are deleted within a second, yet each write cost Badger a memory
+// Lazy writes. Some keys change far more often than they are read: a
+// peer's outbox, which its owner keeps in memory while running, similar
+// bookkeeping, and the kernel's records of executions, rewritten as an
+// execution's status changes in its first second. Most outbox entries are
+// deleted within a second, yet each write cost Badger a memory
 // table entry, a share of every table flush, and compaction work: on the
 // 2-core machine this was measured on, leaving them out of Badger took the
 // bench's p99 latency down by about 2 ms.
@@ -48,7 +49,7 @@ const (
 // lazyWrites holds the lazy writes applied to nothing yet.
 type lazyWrites struct {
 	interval time.Duration // lazyInterval, less on a small disk, or a test's
-	maxBytes int           // lazyMaxBytes, less on a small disk
+	maxBytes int           // lazyMaxBytes, less on a small disk or under a memory limit
 
 	mu     sync.Mutex
 	ops    map[string]op  // key -> its last lazy write
