@@ -2008,22 +2008,21 @@ func (s *Store) Get(kind, id string, v any) error {
 	// Writes acknowledged before the read may still be on their way to
 	// the lazy writes; once applied, they are there or in Badger.
 	s.awaitApplied()
+	var err error
 	if o, ok := s.lazy.get(key); ok {
-		if o.del {
-			return fmt.Errorf("%w: %s/%s", ErrNotFound, kind, id)
+		err = badger.ErrKeyNotFound
+		if !o.del {
+			err = msgpack.Unmarshal(o.val, v)
 		}
-		if err := msgpack.Unmarshal(o.val, v); err != nil {
-			return fmt.Errorf("store: get %s/%s: %w", kind, id, err)
-		}
-		return nil
+	} else {
+		err = s.view(func(txn *badger.Txn) error {
+			item, err := txn.Get(key)
+			if err != nil {
+				return err
+			}
+			return item.Value(func(data []byte) error { return msgpack.Unmarshal(data, v) })
+		})
 	}
-	err := s.view(func(txn *badger.Txn) error {
-		item, err := txn.Get(key)
-		if err != nil {
-			return err
-		}
-		return item.Value(func(data []byte) error { return msgpack.Unmarshal(data, v) })
-	})
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return fmt.Errorf("%w: %s/%s", ErrNotFound, kind, id)
 	}
