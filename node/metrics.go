@@ -31,6 +31,7 @@ func newStoreCollector(st *store.Store) *gateway.SnapshotCollector[store.Stats] 
 	c.Gauge("gatehouse_store_level0_tables", "Tables in Badger's level 0; at gatehouse_store_level0_stall_tables writes wait for a compaction.", func(s store.Stats) float64 { return float64(s.Level0Tables) })
 	c.Gauge("gatehouse_store_level0_stall_tables", "Tables in Badger's level 0 at which writes wait.", func(s store.Stats) float64 { return float64(s.Level0Stall) })
 	c.Gauge("gatehouse_store_table_bytes", "Bytes of Badger's tables, every level.", func(s store.Stats) float64 { return float64(s.TableBytes) })
+	c.Counter("gatehouse_store_table_builders_released_total", "Table builders' allocators taken back from Badger's pool under a memory limit, so that their buffers can be collected.", func(s store.Stats) float64 { return float64(s.BuildersReleased) })
 	return c
 }
 

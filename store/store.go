@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/ristretto/v2/z"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/gatehouse-dev/gatehouse/internal/option"
@@ -296,6 +297,11 @@ type Store struct {
 	valueThreshold int64
 	// replayed is what the journal's replay at Open applied and skipped.
 	replayed replay
+	// builders is Badger's pool of table builders' allocators, which the
+	// checkpoint loop thins under a memory limit (see builders.go); nil
+	// without one. released counts the allocators let go.
+	builders *z.AllocatorPool
+	released atomic.Uint64
 
 	// logs holds the logs named by segmentLogs (see segments.go); nil in
 	// memory, where Badger holds every log. legacy is set while a format 1
@@ -358,6 +364,9 @@ type Stats struct {
 	Level0Tables, Level0Stall int
 	// TableBytes is the size of Badger's tables, every level.
 	TableBytes int64
+	// BuildersReleased counts the table builders' allocators taken back
+	// from Badger under a memory limit (see builders.go).
+	BuildersReleased uint64
 }
 
 // SyncBuckets is the number of bounded buckets of Stats.SyncLatency.
@@ -493,6 +502,11 @@ func Open(o Options) (*Store, error) {
 		s.segmentLogs = defaultSegmentLogs()
 	}
 	s.lazy.interval, s.lazy.maxBytes = cmp.Or(o.lazyInterval, z.lazyWait), z.lazyBytes
+	if o.MemoryLimit > 0 {
+		if s.builders = builderPool(db); s.builders == nil {
+			log.Warn("Badger's table builders keep their buffers: this version of Badger has no pool the store knows")
+		}
+	}
 	last := db.MaxVersion()
 	opened := time.Now()
 	if !o.InMemory {
@@ -644,6 +658,7 @@ func (s *Store) Stats() Stats {
 		st.Refused = s.guard.refused.Load()
 	}
 	st.Level0Stall = s.size.l0Stall
+	st.BuildersReleased = s.released.Load()
 	for _, l := range s.db.Levels() {
 		if l.Level == 0 {
 			st.Level0Tables = l.NumTables
@@ -1501,6 +1516,7 @@ func (s *Store) checkpointLoop() {
 			}
 			continue
 		case now := <-paging:
+			s.released.Add(uint64(releaseBuilders(s.builders)))
 			if n, err := residentFiles(); err == nil && !pg.due(n, now) {
 				continue
 			}
@@ -1514,6 +1530,7 @@ func (s *Store) checkpointLoop() {
 		case <-ticker.C:
 			discard = s.checkpoint(discard)
 			s.retainLogs(context.Background())
+			s.released.Add(uint64(releaseBuilders(s.builders)))
 			quiet := s.journal != nil && time.Since(time.Unix(0, s.lastWrite.Load())) >= cmp.Or(s.opts.idleAfter, idleAfter)
 			was := idle
 			if !quiet {
