@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/btree"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Lazy writes. Some keys change far more often than they are read: a
@@ -52,8 +51,8 @@ type lazyWrites struct {
 	maxBytes int           // lazyMaxBytes, less on a small disk or under a memory limit
 
 	mu     sync.Mutex
-	ops    map[string]op  // key -> its last lazy write
-	spaces map[string]int // log or kind (see keySpace) -> its writes in ops
+	ops    map[string]kept // key -> its last lazy write
+	spaces map[string]int  // log or kind (see spaceOf) -> its writes in ops
 	// ordered holds the keys of ops that are records' in key order, a tree
 	// per kind: a walk of records reads only its range of them (see
 	// between). A scan of ops took 0.78 ms a walk with a second of full
@@ -64,11 +63,19 @@ type lazyWrites struct {
 	// landing and landingOrdered hold the writes taken from ops until
 	// readers find them in Badger (see landed): a read between the two
 	// finds them here.
-	landing        map[string]op
+	landing        map[string]kept
 	landingOrdered map[string]*btree.BTreeG[string]
 	bytes          int
 	oldest         uint64    // version of the group of the oldest write in ops
 	since          time.Time // when that write was applied
+}
+
+// kept is a lazy write with its key as the map holds it: most writes
+// rewrite a key already waiting, and a map assigned by the write's own key
+// bytes would make a string of them each time.
+type kept struct {
+	o   op
+	key string
 }
 
 // keep takes o, written by the group at version ts.
@@ -76,39 +83,43 @@ func (l *lazyWrites) keep(ts uint64, o op, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ops == nil {
-		l.ops, l.spaces, l.ordered = map[string]op{}, map[string]int{}, map[string]*btree.BTreeG[string]{}
-		l.landing, l.landingOrdered = map[string]op{}, map[string]*btree.BTreeG[string]{}
+		l.ops, l.spaces, l.ordered = map[string]kept{}, map[string]int{}, map[string]*btree.BTreeG[string]{}
+		l.landing, l.landingOrdered = map[string]kept{}, map[string]*btree.BTreeG[string]{}
 	}
 	prev, ok := l.ops[string(o.key)]
 	if ok {
-		l.bytes -= len(prev.key) + len(prev.val)
-		if prev.fresh && o.del {
+		key := prev.key
+		l.bytes -= len(prev.o.key) + len(prev.o.val)
+		if prev.o.fresh && o.del {
 			// Appended and deleted while waiting: Badger never had it.
-			space := keySpace(o.key)
-			delete(l.ops, string(o.key))
+			space := key[:len(spaceOf(o.key))]
+			delete(l.ops, key)
 			l.spaces[space]--
 			if t := l.ordered[space]; t != nil {
-				t.Delete(string(o.key))
+				t.Delete(key)
 			}
 			if len(l.ops) == 0 {
 				l.oldest = 0 // nothing waits: the journal may go
 			}
 			return
 		}
-		o.fresh = prev.fresh
-		l.ops[string(o.key)] = o
+		o.fresh = prev.o.fresh
+		l.ops[key] = kept{o: o, key: key}
 	} else {
-		key, space := string(o.key), keySpace(o.key)
+		// The space is the key's start: it shares the key's bytes for as
+		// long as ops and spaces hold it, until take.
+		key := string(o.key)
+		space := key[:len(spaceOf(o.key))]
 		l.spaces[space]++
 		if isRecordKey(o.key) {
 			t := l.ordered[space]
 			if t == nil {
 				t = btree.NewOrderedG[string](32)
-				l.ordered[space] = t
+				l.ordered[strings.Clone(space)] = t // kept past take
 			}
 			t.ReplaceOrInsert(key)
 		}
-		l.ops[key] = o
+		l.ops[key] = kept{o: o, key: key}
 	}
 	l.bytes += len(o.key) + len(o.val)
 	if l.oldest == 0 {
@@ -138,8 +149,9 @@ func (l *lazyWrites) take(ops []op, at uint64, lt *late) []op {
 	if len(l.ops) == 0 {
 		return ops
 	}
-	for _, o := range l.ops {
-		ops = append(ops, o)
+	ops = slices.Grow(ops, len(l.ops))
+	for _, k := range l.ops {
+		ops = append(ops, k.o)
 	}
 	lt.add(l.oldest, at)
 	// The apply stage takes, applies and lands in turn: landing is empty.
@@ -166,11 +178,11 @@ func (l *lazyWrites) landed() {
 func (l *lazyWrites) get(key []byte) (op, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if o, ok := l.ops[string(key)]; ok {
-		return o, true
+	if k, ok := l.ops[string(key)]; ok {
+		return k.o, true
 	}
-	o, ok := l.landing[string(key)]
-	return o, ok
+	k, ok := l.landing[string(key)]
+	return k.o, ok
 }
 
 // between returns, in key order, the lazy writes Badger may not show yet
@@ -179,10 +191,10 @@ func (l *lazyWrites) get(key []byte) (op, bool) {
 func (l *lazyWrites) between(prefix, start []byte) []op {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	space := keySpace(prefix)
+	space := spaceOf(prefix)
 	p := string(prefix)
 	var out []op
-	pick := func(t *btree.BTreeG[string], from, shadow map[string]op) {
+	pick := func(t *btree.BTreeG[string], from, shadow map[string]kept) {
 		if t == nil {
 			return
 		}
@@ -191,14 +203,14 @@ func (l *lazyWrites) between(prefix, start []byte) []op {
 				return false
 			}
 			if _, newer := shadow[k]; !newer {
-				out = append(out, from[k])
+				out = append(out, from[k].o)
 			}
 			return true
 		})
 	}
-	pick(l.ordered[space], l.ops, nil)
+	pick(l.ordered[string(space)], l.ops, nil)
 	waiting := len(out)
-	pick(l.landingOrdered[space], l.landing, l.ops)
+	pick(l.landingOrdered[string(space)], l.landing, l.ops)
 	if waiting > 0 && len(out) > waiting {
 		slices.SortFunc(out, func(a, b op) int { return bytes.Compare(a.key, b.key) })
 	}
@@ -244,13 +256,13 @@ func (s *Store) settle(space string) error {
 // settleKey is what a settling group writes: a group needs a write.
 var settleKey = []byte("m/settle")
 
-// keySpace returns the log or kind a key belongs to: its part before the
+// spaceOf returns the log or kind a key belongs to: its part before the
 // 0x00 that ends a stream name or a kind (see logPrefix, recordPrefix).
-func keySpace(key []byte) string {
+func spaceOf(key []byte) []byte {
 	if i := bytes.IndexByte(key, 0); i >= 0 {
 		key = key[:i]
 	}
-	return string(key)
+	return key
 }
 
 func logSpace(stream string) string { return "l/" + stream }
@@ -281,11 +293,11 @@ func (b *Batch) CreateLazy(kind, id string, v any) error {
 }
 
 func (b *Batch) putLazy(kind, id string, v any, fresh bool) error {
-	data, err := msgpack.Marshal(v)
+	key, data, err := b.record(kind, id, v)
 	if err != nil {
-		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
+		return err
 	}
-	b.add(op{key: recordKey(kind, id), val: data, lazy: true, fresh: fresh})
+	b.add(op{key: key, val: data, lazy: true, fresh: fresh})
 	return nil
 }
 

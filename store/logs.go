@@ -55,8 +55,11 @@ type LogDrop struct {
 // syncs only when asked (seglog.SyncNone).
 type segmentLogs struct {
 	l *seglog.Log
-	// readers keeps the scans' buffers from one scan to the next.
+	// readers keeps the scans' buffers from one scan to the next, and
+	// batches the appends' batches (their items) from one append to the
+	// next.
 	readers *sync.Pool
+	batches *sync.Pool
 }
 
 // maxPooledReader bounds the buffers a reader keeps when it goes back to
@@ -70,11 +73,19 @@ var _ Logs = segmentLogs{}
 func openSegmentLogs(dir string, o seglog.Options) (segmentLogs, error) {
 	o.Sync = seglog.SyncNone
 	l, err := seglog.Open(dir, o)
-	return segmentLogs{l: l, readers: &sync.Pool{New: func() any { return new(seglog.Reader) }}}, err
+	return segmentLogs{l: l,
+		readers: &sync.Pool{New: func() any { return new(seglog.Reader) }},
+		batches: &sync.Pool{New: func() any { return new(seglog.Batch) }},
+	}, err
 }
 
+// maxPooledBatch bounds the items of a batch that goes back to the pool:
+// a group's log writes, with room. A larger one, such as a move's, is
+// dropped.
+const maxPooledBatch = 1024
+
 func (s segmentLogs) Append(ctx context.Context, version uint64, entries []LogEntry, drops []LogDrop) error {
-	var b seglog.Batch
+	b := s.batches.Get().(*seglog.Batch)
 	for _, e := range entries {
 		b.Append(e.Stream, e.Seq, e.Data)
 	}
@@ -82,7 +93,13 @@ func (s segmentLogs) Append(ctx context.Context, version uint64, entries []LogEn
 		b.DropBefore(d.Stream, d.Before)
 	}
 	b.SetVersion(version)
-	return s.l.Commit(ctx, &b)
+	err := s.l.Commit(ctx, b)
+	// The segment log keeps nothing of a batch once Commit returns.
+	if b.Len() <= maxPooledBatch {
+		b.Reset()
+		s.batches.Put(b)
+	}
+	return err
 }
 
 func (s segmentLogs) Scan(_ context.Context, stream string, after uint64, maxCount, maxBytes int, fn func(seq uint64, data []byte) bool) (int, error) {

@@ -90,15 +90,16 @@ func (s *Store) segmentKey(key []byte) (stream []byte, seq uint64, ok bool) {
 }
 
 // splitLogs takes the segment log's writes out of ops: appends in order,
-// and per stream one drop below its highest entry deleted. It returns the
-// rest, for Badger; ops itself is not changed. An entry at sequence 0 or
-// 2^64-1, which no Scan reads (it reads after a sequence, and nothing
-// comes after the largest), is not kept.
-func (s *Store) splitLogs(ops []op) (entries []LogEntry, drops []LogDrop, rest []op) {
-	rest = make([]op, 0, len(ops))
+// and per stream one drop below its highest entry deleted. It appends the
+// rest, for Badger, to rest; ops itself is not changed. An entry at
+// sequence 0 or 2^64-1, which no Scan reads (it reads after a sequence,
+// and nothing comes after the largest), is not kept. The entries and drops
+// are s.split's, valid until the next split.
+func (s *Store) splitLogs(ops, rest []op) (entries []LogEntry, drops []LogDrop, _ []op) {
+	sp := &s.split
+	entries, drops = sp.entries[:0], sp.drops[:0]
 	for _, o := range ops {
 		name, seq, ok := s.segmentKey(o.key)
-		stream := string(name)
 		switch {
 		case !ok:
 			rest = append(rest, o)
@@ -108,19 +109,72 @@ func (s *Store) splitLogs(ops []op) (entries []LogEntry, drops []LogDrop, rest [
 				before = seq
 			}
 			i := len(drops) - 1
-			for ; i >= 0 && drops[i].Stream != stream; i-- {
+			for ; i >= 0 && drops[i].Stream != string(name); i-- {
 			}
 			if i < 0 {
-				drops = append(drops, LogDrop{Stream: stream, Before: before})
+				drops = append(drops, LogDrop{Stream: sp.intern(name), Before: before})
 			} else {
 				drops[i].Before = max(drops[i].Before, before)
 			}
 		case seq == 0, seq == math.MaxUint64:
 		default:
-			entries = append(entries, LogEntry{Stream: stream, Seq: seq, Data: o.val})
+			entries = append(entries, LogEntry{Stream: sp.intern(name), Seq: seq, Data: o.val})
 		}
 	}
+	sp.entries, sp.drops = entries, drops
 	return entries, drops, rest
+}
+
+// logSplit is the room splitLogs works in, kept from one group to the
+// next by the apply stage (or the replay at Open, before it starts). The
+// segment log keeps none of the entries and drops once its Append
+// returns, and rest holds the writes for Badger of the groups applied
+// together, until their transaction has them. names interns the names of
+// the logs written lately: most groups write logs that earlier ones did.
+type logSplit struct {
+	entries []LogEntry
+	drops   []LogDrop
+	rest    []op
+	names   map[string]string
+}
+
+// maxInterned bounds logSplit.names: past it, the names are forgotten.
+const maxInterned = 4096
+
+// intern returns name as a string, the same string as for the names
+// before it, while it is remembered.
+func (sp *logSplit) intern(name []byte) string {
+	if n, ok := sp.names[string(name)]; ok {
+		return n
+	}
+	if sp.names == nil {
+		sp.names = make(map[string]string)
+	} else if len(sp.names) >= maxInterned {
+		clear(sp.names)
+	}
+	n := string(name)
+	sp.names[n] = n
+	return n
+}
+
+// done lets go of what the last split referred to, keeping the room.
+func (sp *logSplit) done() {
+	clear(sp.entries)
+	clear(sp.drops)
+	sp.entries, sp.drops = reusable(sp.entries), reusable(sp.drops)
+}
+
+// maxReused bounds the items of a slice the apply stage keeps for the
+// next group: one grown larger, by a burst or a replay, is let go.
+const maxReused = 4096
+
+// reusable returns s emptied to be filled again, or nil when it grew past
+// maxReused. What s held must have been cleared.
+func reusable[T any](s []T) []T {
+	if cap(s) > maxReused {
+		return nil
+	}
+	return s[:0]
 }
 
 // checkLogs refuses a batch the segment log would refuse: one whose log
@@ -157,9 +211,10 @@ const maxLogBatch = seglog.MaxSegmentSize / 4
 var ErrTooLarge = errors.New("store: batch too large")
 
 // appendLogs hands the segment log the log writes of the group at version
-// ts, and returns the rest of its writes.
-func (s *Store) appendLogs(ts uint64, ops []op) ([]op, error) {
-	entries, drops, rest := s.splitLogs(ops)
+// ts, and appends the rest of its writes to rest.
+func (s *Store) appendLogs(ts uint64, ops, rest []op) ([]op, error) {
+	entries, drops, rest := s.splitLogs(ops, rest)
+	defer s.split.done()
 	if len(entries) == 0 && len(drops) == 0 {
 		return rest, nil
 	}

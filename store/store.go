@@ -297,6 +297,10 @@ type Store struct {
 	valueThreshold int64
 	// replayed is what the journal's replay at Open applied and skipped.
 	replayed replay
+	// split and applyOps are the apply stage's room for the groups it
+	// applies (see applyGroups), kept from one apply to the next.
+	split    logSplit
+	applyOps []op
 	// builders is Badger's pool of table builders' allocators, which the
 	// checkpoint loop thins under a memory limit (see builders.go); nil
 	// without one. released counts the allocators let go.
@@ -1205,12 +1209,24 @@ func (s *Store) Compact(ctx context.Context) error {
 // tables hold the version they were applied at. Their lazy writes are kept
 // back, and the ones waiting are handed over when due.
 func (s *Store) applyGroups(groups []*group) error {
+	// The groups' writes for Badger and the ops of its transaction are
+	// kept in the apply stage's slices, which Badger does not keep (it
+	// keeps the keys and values), nor anything else past the apply.
+	buf, ops := s.split.rest[:0], s.applyOps[:0]
+	defer func() {
+		clear(buf)
+		clear(ops)
+		s.split.rest, s.applyOps = reusable(buf), reusable(ops)
+	}()
 	if s.logs != nil && !s.legacy {
 		for _, g := range groups {
-			rest, err := s.appendLogs(g.ts, g.ops)
+			from := len(buf)
+			more, err := s.appendLogs(g.ts, g.ops, buf)
 			if err != nil {
 				return err
 			}
+			buf = more
+			rest := buf[from:len(buf):len(buf)]
 			if len(rest) < len(g.ops) {
 				// A lazy write to a log in the segment log went there
 				// at once: nothing waits for it.
@@ -1237,7 +1253,7 @@ func (s *Store) applyGroups(groups []*group) error {
 	for _, g := range groups {
 		n += len(g.ops)
 	}
-	ops := make([]op, 0, n-lazy)
+	ops = slices.Grow(ops, n-lazy)
 	for _, g := range groups {
 		if g.lazy == 0 {
 			ops = append(ops, g.ops...)
@@ -1302,11 +1318,18 @@ type replay struct {
 // hold that version.
 func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 	if s.logs != nil && !s.legacy {
-		entries, drops, rest := s.splitLogs(ops)
+		entries, drops, rest := s.splitLogs(ops, s.split.rest[:0])
+		defer func() {
+			clear(rest)
+			s.split.rest = reusable(rest)
+		}()
+		var err error
 		if ts > s.logsFrom && (len(entries) > 0 || len(drops) > 0) {
-			if err := s.logs.Append(context.Background(), ts, entries, drops); err != nil {
-				return fmt.Errorf("store: journal replay: logs: %w", err)
-			}
+			err = s.logs.Append(context.Background(), ts, entries, drops)
+		}
+		s.split.done()
+		if err != nil {
+			return fmt.Errorf("store: journal replay: logs: %w", err)
 		}
 		if ops = rest; len(ops) == 0 {
 			return nil
@@ -1922,7 +1945,39 @@ type Batch struct {
 	// follow is the Replica's position of the last group a follower's
 	// batch applies (see Follow).
 	follow uint64
+	// scratch is where the batch's records are encoded before each is
+	// copied out, next to its key, in one allocation of its own: kept from
+	// one record to the next, it is never handed on.
+	scratch encodeBuf
+	// keys is room for the keys of the batch's writes to logs that are not
+	// lazy: nothing keeps those keys past the batch's apply, so they can
+	// share allocations. A lazy write's key may wait in memory for a
+	// second (see lazy.go), and has one of its own, not to hold others.
+	keys []byte
 }
+
+// batchKeys is how many keys of the first one's size a batch's first
+// room for keys holds.
+const batchKeys = 4
+
+// logKey is logKey in b's room for keys, which it grows as needed. The
+// key's capacity ends where it does: appending to it cannot reach the
+// next.
+func (b *Batch) logKey(stream string, seq uint64) []byte {
+	n := logKeyLen(stream)
+	if cap(b.keys)-len(b.keys) < n {
+		// The keys already handed out stay where they are.
+		b.keys = make([]byte, 0, max(batchKeys*n, 2*cap(b.keys)))
+	}
+	from := len(b.keys)
+	b.keys = appendLogKey(b.keys, stream, seq)
+	return b.keys[from:len(b.keys):len(b.keys)]
+}
+
+// minBatchOps is the room a batch's first write makes for its writes: a
+// transaction's batch holds several, and growing one at a time from one
+// made a batch's most allocations.
+const minBatchOps = 8
 
 type op struct {
 	key []byte
@@ -1948,10 +2003,13 @@ func (b *Batch) Len() int { return len(b.ops) }
 
 // Append adds entry seq of the log named stream.
 func (b *Batch) Append(stream string, seq uint64, data []byte) {
-	b.add(op{key: logKey(stream, seq), val: data})
+	b.add(op{key: b.logKey(stream, seq), val: data})
 }
 
 func (b *Batch) add(o op) {
+	if cap(b.ops) == 0 {
+		b.ops = make([]op, 0, minBatchOps)
+	}
 	b.ops = append(b.ops, o)
 	b.size += len(o.key) + len(o.val)
 	if o.lazy {
@@ -1976,16 +2034,58 @@ func (b *Batch) settling() bool {
 // names, see segments.go) deleting entry seq deletes the entries below it
 // too, those written by earlier batches.
 func (b *Batch) DeleteEntry(stream string, seq uint64) {
-	b.add(op{key: logKey(stream, seq), del: true})
+	b.add(op{key: b.logKey(stream, seq), del: true})
 }
 
 // Put stores v, msgpack-encoded, as record id of kind.
 func (b *Batch) Put(kind, id string, v any) error {
-	data, err := msgpack.Marshal(v)
+	key, data, err := b.record(kind, id, v)
 	if err != nil {
-		return fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
+		return err
 	}
-	b.add(op{key: recordKey(kind, id), val: data})
+	b.add(op{key: key, val: data})
+	return nil
+}
+
+// record returns the key of record id of kind and v msgpack-encoded, in
+// one allocation: the store holds them, and lets them go, together.
+func (b *Batch) record(kind, id string, v any) (key, val []byte, err error) {
+	if cap(b.scratch) == 0 {
+		b.scratch = make(encodeBuf, 0, batchRecordBytes)
+	}
+	b.scratch = b.scratch[:0]
+	if err := encodeTo(&b.scratch, v); err != nil {
+		return nil, nil, fmt.Errorf("store: encode %s/%s: %w", kind, id, err)
+	}
+	n := recordKeyLen(kind, id)
+	kv := appendRecordKey(make([]byte, 0, n+len(b.scratch)), kind, id)
+	kv = append(kv, b.scratch...)
+	return kv[:n:n], kv[n:], nil
+}
+
+// encodeTo appends v, msgpack-encoded, to w. It encodes as
+// msgpack.Marshal does, with the package's pooled encoders, into w
+// rather than into a buffer of its own.
+func encodeTo(w *encodeBuf, v any) error {
+	enc := msgpack.GetEncoder()
+	enc.Reset(w)
+	err := enc.Encode(v)
+	msgpack.PutEncoder(enc)
+	return err
+}
+
+// encodeBuf is a msgpack encoder's writer that appends what it is given.
+type encodeBuf []byte
+
+// Write appends p.
+func (w *encodeBuf) Write(p []byte) (int, error) {
+	*w = append(*w, p...)
+	return len(p), nil
+}
+
+// WriteByte appends c; with it the encoder needs no wrapper of w.
+func (w *encodeBuf) WriteByte(c byte) error {
+	*w = append(*w, c)
 	return nil
 }
 
@@ -1998,25 +2098,44 @@ func (b *Batch) Delete(kind, id string) {
 // stream's entries are contiguous and ordered. Records: "r/" kind 0x00 id.
 // Stream names and kinds must not contain 0x00.
 func logPrefix(stream string) []byte {
-	k := make([]byte, 0, 3+len(stream)+8)
+	return appendLogPrefix(make([]byte, 0, logKeyLen(stream)), stream)
+}
+
+func appendLogPrefix(k []byte, stream string) []byte {
 	k = append(k, "l/"...)
 	k = append(k, stream...)
 	return append(k, 0)
 }
 
 func logKey(stream string, seq uint64) []byte {
-	return binary.BigEndian.AppendUint64(logPrefix(stream), seq)
+	return appendLogKey(make([]byte, 0, logKeyLen(stream)), stream, seq)
+}
+
+func logKeyLen(stream string) int { return 3 + len(stream) + 8 }
+
+func appendLogKey(k []byte, stream string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(appendLogPrefix(k, stream), seq)
 }
 
 func recordPrefix(kind string) []byte {
 	k := make([]byte, 0, 3+len(kind)+36)
+	return appendRecordPrefix(k, kind)
+}
+
+func appendRecordPrefix(k []byte, kind string) []byte {
 	k = append(k, "r/"...)
 	k = append(k, kind...)
 	return append(k, 0)
 }
 
 func recordKey(kind, id string) []byte {
-	return append(recordPrefix(kind), id...)
+	return appendRecordKey(make([]byte, 0, recordKeyLen(kind, id)), kind, id)
+}
+
+func recordKeyLen(kind, id string) int { return 3 + len(kind) + len(id) }
+
+func appendRecordKey(k []byte, kind, id string) []byte {
+	return append(appendRecordPrefix(k, kind), id...)
 }
 
 // Get decodes record id of kind into v.
@@ -2311,12 +2430,29 @@ func (b badgerLogger) Debugf(f string, a ...any) { b.log(slog.LevelDebug, f, a) 
 // structs, which always encode; a value that cannot be encoded (a channel, a
 // function) is a programming error and panics.
 func Encode(v any) []byte {
-	data, err := msgpack.Marshal(v)
-	if err != nil {
+	// Encoded into room on the heap that fits most entries, and copied out
+	// at its size: two allocations, where a growing buffer made three or
+	// four, and the entry, which callers keep, holds no spare room.
+	room := new(encodeRoom)
+	room.buf = room.arr[:0]
+	if err := encodeTo(&room.buf, v); err != nil {
 		panic(fmt.Sprintf("store: encode %T: %v", v, err))
 	}
-	return data
+	return bytes.Clone(room.buf)
 }
+
+// encodeRoom is Encode's buffer, with the room it starts with.
+type encodeRoom struct {
+	buf encodeBuf
+	arr [encodeRoomBytes]byte
+}
+
+// encodeRoomBytes is the room Encode starts with, and batchRecordBytes a
+// batch's room for its records: most log entries, and records, fit.
+const (
+	encodeRoomBytes  = 512
+	batchRecordBytes = 256
+)
 
 // Decode decodes what Encode wrote.
 func Decode(data []byte, v any) error { return msgpack.Unmarshal(data, v) }

@@ -35,9 +35,19 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 var errMalformed = errors.New("seglog: malformed record")
 
 func checksum(segment uint64, payload []byte) uint32 {
-	var seed [8]byte
-	binary.LittleEndian.PutUint64(seed[:], segment)
-	return crc32.Update(crc32.Checksum(seed[:], castagnoli), castagnoli, payload)
+	return crc32.Update(seedChecksum(segment), castagnoli, payload)
+}
+
+// seedChecksum is the CRC-32C of segment's number, little-endian, which
+// seeds the checksums of its records. It is worked out byte by byte with
+// the table, as crc32 does for short input: eight bytes handed to crc32
+// would escape to the heap, an allocation per record.
+func seedChecksum(segment uint64) uint32 {
+	crc := ^uint32(0)
+	for i := range 8 {
+		crc = castagnoli[byte(crc)^byte(segment>>(8*i))] ^ crc>>8
+	}
+	return ^crc
 }
 
 // item is one parsed item of a record. data and stream alias the record's

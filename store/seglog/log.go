@@ -127,6 +127,13 @@ func (b *Batch) copyOf(stream string, l loc, data []byte) {
 	b.add(bitem{kind: itemCopy, stream: stream, seq: l.seq, version: l.version, data: data})
 }
 
+// Reset empties b, keeping its room for items, so that it can be filled
+// and committed again once Commit has returned.
+func (b *Batch) Reset() {
+	clear(b.items)
+	*b = Batch{items: b.items[:0]}
+}
+
 func (b *Batch) add(it bitem) {
 	b.items = append(b.items, it)
 	b.size += len(it.stream) + len(it.data) + itemOverhead
@@ -148,13 +155,17 @@ type Log struct {
 	o   Options
 	log *slog.Logger
 
-	// The commit queue: the leader writes what waits (see lead).
+	// The commit queue: the leader writes what waits (see lead). waiters
+	// keeps the commits' waiters, with their channels, for the next
+	// commits; group is the leader's, the waiters of the group it writes.
 	qmu      sync.Mutex
 	queue    []*waiter
 	leading  bool
 	closed   bool
 	inflight sync.WaitGroup
 	slots    chan struct{}
+	waiters  sync.Pool
+	group    []*waiter
 
 	// The leader's own: the segment written, the end of its records, its
 	// size, the record being built, the next segment prepared in the
@@ -587,7 +598,6 @@ func (l *Log) Commit(ctx context.Context, b *Batch) error {
 		return fmt.Errorf("seglog: commit not queued: %w", ctx.Err())
 	}
 	defer func() { <-l.slots }()
-	w := &waiter{b: b, done: make(chan error, 1)}
 	l.qmu.Lock()
 	if l.closed {
 		l.qmu.Unlock()
@@ -595,10 +605,26 @@ func (l *Log) Commit(ctx context.Context, b *Batch) error {
 	}
 	l.inflight.Add(1)
 	defer l.inflight.Done()
+	w, _ := l.waiters.Get().(*waiter)
+	if w == nil {
+		w = &waiter{done: make(chan error, 1)}
+	}
+	w.b, w.err = b, nil
 	l.queue = append(l.queue, w)
 	lead := !l.leading
 	l.leading = true
 	l.qmu.Unlock()
+	err := l.await(w, lead)
+	// Every value sent on w.done was received: the next commit can use
+	// w. The leader that answered it no longer reads it.
+	w.b = nil
+	l.waiters.Put(w)
+	return err
+}
+
+// await waits for w's outcome, leading the group when told to (or when
+// lead says it leads already).
+func (l *Log) await(w *waiter, lead bool) error {
 	if !lead {
 		if err := <-w.done; err != errLead {
 			return err
@@ -640,7 +666,7 @@ func (l *Log) lead() {
 		size += l.queue[n].b.size
 		n++
 	}
-	group := slices.Clone(l.queue[:n])
+	group := append(l.group[:0], l.queue[:n]...)
 	l.queue = slices.Delete(l.queue, 0, n)
 	l.qmu.Unlock()
 
@@ -652,6 +678,9 @@ func (l *Log) lead() {
 			w.done <- err
 		}
 	}
+	// The answered waiters go back to their commits, to be used again.
+	clear(group)
+	l.group = group[:0]
 	l.qmu.Lock()
 	if len(l.queue) == 0 {
 		l.leading = false
