@@ -573,23 +573,42 @@ func (k *Kernel) exists(id string) error {
 // batch reads no more than the batch from disk. A part fn was given stays
 // valid when a later append moves the buffer: it only no longer shares it.
 func (k *Kernel) AppendEvents(dst []byte, id string, after uint64, limit int, fn func(seq uint64, typ string, data []byte) bool) ([]byte, error) {
-	err := k.eachEvent(id, after, limit, func(seq uint64, raw []byte) (bool, error) {
-		// An event's JSON is a few times its stored form. Room is made by
-		// doubling: append grows a large buffer by a quarter at a time, and
-		// a catch-up's batch was copied over and over (five times its size
-		// allocated, for a batch of 256 events).
-		if need := 4*len(raw) + len(id); cap(dst)-len(dst) < need {
-			dst = slices.Grow(dst, max(need, cap(dst)))
-		}
-		at := len(dst)
-		var typ string
-		var err error
-		if dst, typ, err = event.AppendStoredJSON(dst, raw, id); err != nil {
-			return false, err
-		}
-		return fn(seq, typ, dst[at:len(dst):len(dst)]), nil
+	// A stream's reader calls this on every wake-up, and the tail mostly
+	// has what it reads: that path takes the tail's entries into room on
+	// the stack and its callback stays there too. The store's path keeps
+	// its own copy of dst, which its callback moves to the heap.
+	var room [tailRoom]tailEntry
+	if entries, ok := k.tailFrom(room[:0], id, after); ok {
+		err := eachTail(id, entries, limit, func(seq uint64, raw []byte) (more bool, err error) {
+			dst, more, err = appendEventJSON(dst, id, seq, raw, fn)
+			return more, err
+		})
+		return dst, err
+	}
+	out := dst
+	err := k.eachStored(id, after, limit, func(seq uint64, raw []byte) (more bool, err error) {
+		out, more, err = appendEventJSON(out, id, seq, raw, fn)
+		return more, err
 	})
-	return dst, err
+	return out, err
+}
+
+// appendEventJSON appends the JSON form of raw, the stored event seq of
+// execution id, to dst, and returns what fn, given it, returns.
+func appendEventJSON(dst []byte, id string, seq uint64, raw []byte, fn func(seq uint64, typ string, data []byte) bool) ([]byte, bool, error) {
+	// An event's JSON is a few times its stored form. Room is made by
+	// doubling: append grows a large buffer by a quarter at a time, and
+	// a catch-up's batch was copied over and over (five times its size
+	// allocated, for a batch of 256 events).
+	if need := 4*len(raw) + len(id); cap(dst)-len(dst) < need {
+		dst = slices.Grow(dst, max(need, cap(dst)))
+	}
+	at := len(dst)
+	dst, typ, err := event.AppendStoredJSON(dst, raw, id)
+	if err != nil {
+		return dst, false, err
+	}
+	return dst, fn(seq, typ, dst[at:len(dst):len(dst)]), nil
 }
 
 // ReadEventValues is AppendEvents for readers that render the events in
@@ -616,10 +635,15 @@ func (k *Kernel) ReadEventValues(id string, after uint64, fn func(*event.Event) 
 // bound). fn returns false to stop, or the error of an event it cannot
 // decode.
 func (k *Kernel) eachEvent(id string, after uint64, limit int, fn func(seq uint64, raw []byte) (bool, error)) error {
-	entries, ok := k.tailFrom(id, after)
+	entries, ok := k.tailFrom(nil, id, after)
 	if !ok {
 		return k.eachStored(id, after, limit, fn)
 	}
+	return eachTail(id, entries, limit, fn)
+}
+
+// eachTail is eachEvent from entries, taken from id's tail.
+func eachTail(id string, entries []tailEntry, limit int, fn func(seq uint64, raw []byte) (bool, error)) error {
 	if limit > 0 && len(entries) > limit {
 		entries = entries[:limit]
 	}

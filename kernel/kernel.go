@@ -176,6 +176,11 @@ type Kernel struct {
 
 	counters counters
 	wg       sync.WaitGroup // running effects, so Close can wait for them
+
+	// noLabels is the labels of the list entries of executions without
+	// any: a map, as {} is stored and sent where nil would be null, and
+	// one for all of them. Never written.
+	noLabels map[string]string
 }
 
 type counters struct {
@@ -194,8 +199,9 @@ func New(ctx context.Context, o Options) (*Kernel, error) {
 		opts: o, store: o.Store, out: o.Deliverer, pol: o.Policy, approvals: o.Approvals, sessions: o.Sessions, log: o.Logger,
 		live: map[string]*Execution{}, agents: map[string]*agentSet{}, runners: map[string]*runnerSet{},
 		rr: map[string]int{}, tails: map[string]*tail{}, reserved: map[string]string{}, builtin: map[string]bool{},
-		creates: newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
-		retries: newRetries(),
+		noLabels: map[string]string{},
+		creates:  newCreateKeys(o.IdempotencyWindow, o.IdempotencyKeys),
+		retries:  newRetries(),
 	}
 	k.watches.Idle = k.unwatched
 	if err := k.settleLayout(ctx); err != nil {

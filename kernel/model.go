@@ -109,6 +109,18 @@ type Execution struct {
 	// read without mu: the store keeps a live execution's entry only as of
 	// its last change of status.
 	row atomic.Pointer[Summary]
+
+	// stream is the key of the execution's log, made once: every event
+	// appended names it.
+	stream string
+}
+
+// streamKey returns the key of the execution's log; the caller holds mu.
+func (ex *Execution) streamKey() string {
+	if ex.stream == "" {
+		ex.stream = streamOf(ex.ID)
+	}
+	return ex.stream
 }
 
 // Lease binds an execution to one agent consumer. The kernel API calls it a
@@ -210,11 +222,12 @@ func (ex *Execution) view() View {
 	}
 }
 
-// summary returns the execution's list entry; the caller holds mu.
-func (ex *Execution) summary() *Summary {
+// summary returns the execution's list entry; the caller holds mu. An
+// execution without labels is given none, the kernel's noLabels.
+func (ex *Execution) summary(none map[string]string) *Summary {
 	labels := ex.Labels
 	if labels == nil {
-		labels = map[string]string{}
+		labels = none
 	}
 	return &Summary{ID: ex.ID, Status: ex.Status, AgentID: ex.AgentID, Labels: labels,
 		CreatedAt: ex.CreatedAt, UpdatedAt: ex.UpdatedAt, SessionID: ex.SessionID, Seq: ex.Seq,

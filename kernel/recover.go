@@ -43,7 +43,7 @@ func (k *Kernel) recover(ctx context.Context) error {
 	// so they wait for it.
 	k.mu.Lock()
 	for _, ex := range exs {
-		ex.row.Store(ex.summary())
+		ex.row.Store(ex.summary(k.noLabels))
 		k.live[ex.ID] = ex
 		switch {
 		case ex.Tool != nil:

@@ -40,7 +40,9 @@ func (k *Kernel) keepTail(id string, entries []tailEntry) {
 	defer k.tailMu.Unlock()
 	tl := k.tails[id]
 	if tl == nil {
-		tl = &tail{}
+		// Room for the events of a short execution's few commits, which
+		// growing one at a time took an allocation each for.
+		tl = &tail{entries: make([]tailEntry, 0, max(tailRoom, len(entries)))}
 		k.tails[id] = tl
 	}
 	for _, e := range entries {
@@ -104,11 +106,12 @@ func (k *Kernel) forgetTail(id string) {
 	}
 }
 
-// tailFrom returns id's events after sequence after, in the stored form,
-// when its tail holds the next one; false sends the reader to the store.
-// The entries' bytes are never changed once committed, so the caller reads
-// them without the lock; the slice holding them is a copy.
-func (k *Kernel) tailFrom(id string, after uint64) ([]tailEntry, bool) {
+// tailFrom appends id's events after sequence after, in the stored form,
+// to dst and returns it, when its tail holds the next one; false sends the
+// reader to the store. The entries' bytes are never changed once
+// committed, so the caller reads them without the lock; the slice holding
+// them is a copy.
+func (k *Kernel) tailFrom(dst []tailEntry, id string, after uint64) ([]tailEntry, bool) {
 	k.tailMu.Lock()
 	defer k.tailMu.Unlock()
 	tl := k.tails[id]
@@ -121,5 +124,10 @@ func (k *Kernel) tailFrom(id string, after uint64) ([]tailEntry, bool) {
 	if skip := after - (tl.entries[0].seq - 1); skip < i {
 		i = skip
 	}
-	return append([]tailEntry(nil), tl.entries[i:]...), true
+	return append(dst, tl.entries[i:]...), true
 }
+
+// tailRoom is how many entries a short execution's few commits add to its
+// tail: the room a tail is made with, and what a reader that follows an
+// execution takes from it without allocating.
+const tailRoom = 8

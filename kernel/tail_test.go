@@ -105,14 +105,14 @@ func TestTailReadsWhatTheStoreHas(t *testing.T) {
 	}
 	var fromTail int
 	for after := first - 1; after <= last; after++ {
-		if _, ok := k.tailFrom(v.ID, after); ok {
+		if _, ok := k.tailFrom(nil, v.ID, after); ok {
 			fromTail++
 		}
 	}
 	if want := int(last - first + 2); fromTail != want {
 		t.Fatalf("%d cursors served by the tail, want %d", fromTail, want)
 	}
-	if _, ok := k.tailFrom(v.ID, first-2); ok {
+	if _, ok := k.tailFrom(nil, v.ID, first-2); ok {
 		t.Fatal("a cursor before the tail was served by it")
 	}
 
@@ -177,7 +177,7 @@ func TestNothingFollowsTheLargestSequence(t *testing.T) {
 	if _, err := k.Signal(ctx, v.ID, SignalRequest{SignalType: "note"}, Meta{}); err != nil {
 		t.Fatal(err)
 	}
-	if entries, ok := k.tailFrom(v.ID, math.MaxUint64); !ok || len(entries) != 0 {
+	if entries, ok := k.tailFrom(nil, v.ID, math.MaxUint64); !ok || len(entries) != 0 {
 		t.Fatalf("tailFrom(2^64-1) = %d entries, %v; want none, from the tail", len(entries), ok)
 	}
 	n := 0
@@ -189,5 +189,34 @@ func TestNothingFollowsTheLargestSequence(t *testing.T) {
 	}
 	if page, err := k.Events(ctx, v.ID, math.MaxUint64, 1000); err != nil || len(page.Events) != 0 {
 		t.Fatalf("Events after 2^64-1: %d (%v), want none", len(page.Events), err)
+	}
+}
+
+// TestAppendEventsFromTailAllocatesNothing: a stream's reader calls
+// AppendEvents on every wake-up; from the tail, into a buffer with room,
+// it takes the entries and runs its callback on the stack.
+func TestAppendEventsFromTailAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("counts the allocations of a build without the race detector")
+	}
+	k := newKernel(t, nil)
+	v, _, err := k.Create(context.Background(), CreateRequest{AgentID: "a"}, Meta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 0, 64<<10)
+	// A callback that captures nothing: the reader's own (the gateway's)
+	// may cost it an allocation, not AppendEvents.
+	keep := func(uint64, string, []byte) bool { return true }
+	if out, err := k.AppendEvents(buf[:0], v.ID, 0, 0, keep); err != nil || len(out) == 0 {
+		t.Fatalf("AppendEvents = %q, %v; want the events", out, err)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := k.AppendEvents(buf[:0], v.ID, 0, 0, keep); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("AppendEvents from the tail allocated %v times, want none", allocs)
 	}
 }

@@ -48,6 +48,16 @@ type tx struct {
 	staged []Staged
 	// events are the stored forms of the events added, for the tail.
 	events []tailEntry
+	// buf is the free room of the buffer the stored forms are encoded in,
+	// one for the events of a transaction rather than two (the payload,
+	// then the event) for each. Only ever appended to past the events
+	// already in it, whose slices are capped at their length: the store
+	// and the tail keep them.
+	buf []byte
+	// Room for the facts and events of a usual transaction (up to three
+	// events), so that adding them allocates nothing.
+	factsRoom  [3]fact
+	eventsRoom [3]tailEntry
 	// applied runs right after a successful commit, before the answer:
 	// in-memory views of what the batch wrote (settled pushes, records).
 	applied []func()
@@ -114,8 +124,19 @@ func (k *Kernel) begin(ex *Execution, meta Meta) *tx {
 	if meta.TraceID == "" {
 		meta.TraceID = ex.TraceID
 	}
-	return &tx{k: k, ex: ex, meta: meta, now: k.now(), seq: ex.Seq}
+	t := &tx{k: k, ex: ex, meta: meta, now: k.now(), seq: ex.Seq}
+	t.facts, t.events = t.factsRoom[:0], t.eventsRoom[:0]
+	return t
 }
+
+// eventsBufSize is the size of a buffer for stored events. Most events
+// take 100 to 250 bytes: it holds those of most transactions, and wastes
+// little of the ones with a single event.
+const eventsBufSize = 512
+
+// jsonFlags are those of json.Marshal: a payload's bytes are what
+// Marshal would give.
+const jsonFlags = json.EscapeHTML | json.SortMapKeys
 
 // add appends an event; payload is one of the typed payload structs.
 func (t *tx) add(typ, stepID string, payload any) {
@@ -127,34 +148,43 @@ func (t *tx) addWith(typ, stepID, actionID string, payload any) {
 	if t.err != nil {
 		return
 	}
-	data, err := json.Marshal(payload)
-	if err != nil {
-		t.err = invalid("%s payload: %v", typ, err)
-		return
-	}
-	t.seq++
+	seq := t.seq + 1
 	id := event.NewID()
-	if t.first == "" {
-		t.first = id
-		t.prev = id
+	first, cause := t.first, t.prev
+	if first == "" {
+		first, cause = id, id
 	}
 	ev := event.Event{
 		ID: id, ExecutionID: t.ex.ID, StepID: stepID, Type: typ,
-		SchemaVersion: event.SchemaVersion, Timestamp: t.now, Payload: data,
-		CausationID: t.prev, CorrelationID: t.first, IdempotencyKey: t.meta.IdempotencyKey,
-		Sequence: t.seq, EventID: id, SessionID: t.ex.SessionID, RunID: t.ex.ID,
+		SchemaVersion: event.SchemaVersion, Timestamp: t.now,
+		CausationID: cause, CorrelationID: first, IdempotencyKey: t.meta.IdempotencyKey,
+		Sequence: seq, EventID: id, SessionID: t.ex.SessionID, RunID: t.ex.ID,
 		ActionID: actionID, TraceID: t.meta.TraceID,
 	}
 	if stepID != "" {
 		ev.ToolCallID = stepID
 	}
-	t.prev = id
 	// Logs keep the compact stored form (a third of the JSON form's bytes):
 	// every byte written passes through the journal, Badger's memory table
 	// and its compactions. Its ids and references take at most about 200
-	// bytes; sized so it is encoded without growing.
-	raw := ev.AppendStored(make([]byte, 0, 200+len(ev.IdempotencyKey)+len(ev.SessionID)+len(data)))
-	t.batch.Append(streamOf(t.ex.ID), t.seq, raw)
+	// bytes: a new buffer is started when those might not fit. The
+	// payload ends the stored form, so it is encoded in place after the
+	// rest (the stored form of an event without a payload); one that does
+	// not fit moves this event, alone, to a larger buffer.
+	b := t.buf
+	if need := 200 + len(ev.IdempotencyKey) + len(ev.SessionID); cap(b) < need {
+		b = make([]byte, 0, max(need, eventsBufSize))
+	}
+	b = ev.AppendStored(b)
+	b, err := json.Append(b, payload, jsonFlags)
+	if err != nil {
+		t.err = invalid("%s payload: %v", typ, err)
+		return
+	}
+	raw := b[:len(b):len(b)]
+	t.buf = b[len(b):]
+	t.seq, t.first, t.prev = seq, first, id
+	t.batch.Append(t.ex.streamKey(), t.seq, raw)
 	t.events = append(t.events, tailEntry{seq: t.seq, raw: raw})
 	t.facts = append(t.facts, fact{typ: typ, stepID: stepID, at: t.now, seq: t.seq, payload: payload})
 }
@@ -282,7 +312,7 @@ func (t *tx) prepare() (empty bool, err error) {
 	// execution in Badger instead of two.
 	if ex.Seq == 0 || status != ex.Status {
 		if sum.Labels == nil {
-			sum.Labels = map[string]string{}
+			sum.Labels = t.k.noLabels
 		}
 		put := t.batch.PutLazy
 		if ex.Seq == 0 {
@@ -307,7 +337,7 @@ func (t *tx) finish() {
 		apply()
 	}
 	if len(t.facts) > 0 {
-		t.ex.row.Store(t.ex.summary())
+		t.ex.row.Store(t.ex.summary(t.k.noLabels))
 		t.k.notify(t.ex.ID, t.ex.Status.Terminal())
 		t.k.counters.events.Add(uint64(len(t.facts)))
 	}
