@@ -194,7 +194,12 @@ func (s *Server) listEvents(c *call) error {
 // parseSeq reads a sequence parameter; negative or unparsable means 0, as
 // the kernel API specifies.
 func parseSeq(b []byte) uint64 {
-	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		// Absent, as it mostly is: ParseUint's error would allocate.
+		return 0
+	}
+	n, err := strconv.ParseUint(string(b), 10, 64)
 	if err != nil {
 		return 0
 	}

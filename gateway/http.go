@@ -2,11 +2,9 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/hex"
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -135,7 +133,9 @@ func (s *Server) writeJSONThen(ctx *fasthttp.RequestCtx, status int, v any, afte
 		return
 	}
 	body := append([]byte(nil), ctx.Response.Body()...)
-	ctx.Response.SetBodyStream(&thenReader{r: bytes.NewReader(body), then: after, conn: ctx.Conn()}, len(body))
+	t := &thenReader{then: after, conn: ctx.Conn()}
+	t.r.Reset(body)
+	ctx.Response.SetBodyStream(t, len(body))
 }
 
 // thenReader hands then to its connection when fasthttp closes the body
@@ -143,7 +143,7 @@ func (s *Server) writeJSONThen(ctx *fasthttp.RequestCtx, status int, v any, afte
 // dropped): the connection runs it right after the write that flushes
 // that buffer, on its own goroutine (see answerConn).
 type thenReader struct {
-	r    *bytes.Reader
+	r    bytes.Reader // in the struct: one allocation for both
 	then kernel.After
 	conn net.Conn
 	once sync.Once
@@ -230,17 +230,26 @@ func meta(ctx *fasthttp.RequestCtx) kernel.Meta {
 // ("00-<32 hex>-<16 hex>-<2 hex>"); an invalid header is ignored, as the
 // Trace Context specification requires.
 func traceID(h []byte) string {
-	parts := strings.Split(string(h), "-")
-	if len(parts) < 4 || len(parts[0]) != 2 || parts[0] == "ff" || len(parts[1]) != 32 || len(parts[2]) != 16 {
+	// Cut rather than split: most requests carry no header, and a split
+	// allocates its parts even then.
+	version, rest, ok1 := bytes.Cut(h, []byte("-"))
+	id, rest, ok2 := bytes.Cut(rest, []byte("-"))
+	parent, _, ok3 := bytes.Cut(rest, []byte("-"))
+	if !ok1 || !ok2 || !ok3 || len(version) != 2 || string(version) == "ff" || len(id) != 32 || len(parent) != 16 {
 		return ""
 	}
-	if _, err := hex.DecodeString(parts[1]); err != nil || strings.Trim(parts[1], "0") == "" {
+	zero := true
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			// Not hex, or upper-case hex.
+			return ""
+		}
+		zero = zero && c == '0'
+	}
+	if zero {
 		return ""
 	}
-	if strings.ToLower(parts[1]) != parts[1] {
-		return ""
-	}
-	return parts[1]
+	return string(id)
 }
 
 // EchoRequestID sets the response's X-Request-ID as every gateway answer

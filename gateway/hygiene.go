@@ -15,8 +15,10 @@ import (
 // than a key silently dropped.
 func checkRequestIDs(ctx *fasthttp.RequestCtx, params []string) error {
 	for i, p := range params {
-		if err := ident.Check("path parameter "+strconv.Itoa(i+1), p); err != nil {
-			return kernelValidation(err.Error())
+		// The field's name is built only for the error: the check of every
+		// request's parameters allocates nothing.
+		if ident.Check("", p) != nil {
+			return kernelValidation(ident.Check("path parameter "+strconv.Itoa(i+1), p).Error())
 		}
 	}
 	if k := ctx.Request.Header.Peek("Idempotency-Key"); k != nil {

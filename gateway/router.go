@@ -47,18 +47,20 @@ func (s *Server) mount(r *router, sf protocol.Surface) {
 	}
 }
 
-// match finds the route for a request. When the path exists under other
-// methods only, allowed lists them for a 405 answer.
-func (r *router) match(method, path string) (*route, []string, string) {
-	segs := strings.Split(strings.Trim(path, "/"), "/")
+// match finds the route for a request. Its parameters are appended to
+// params[:0], which a caller passes to keep them out of a fresh slice.
+// When the path exists under other methods only, allowed lists them for a
+// 405 answer.
+func (r *router) match(method, path string, params []string) (*route, []string, string) {
+	path = strings.Trim(path, "/")
 	var methods []string
 	for _, rt := range r.routes {
-		params, ok := rt.matchPath(segs)
+		ps, ok := rt.matchPath(path, params[:0])
 		if !ok {
 			continue
 		}
 		if rt.method == method {
-			return rt, params, ""
+			return rt, ps, ""
 		}
 		methods = append(methods, rt.method)
 	}
@@ -66,20 +68,25 @@ func (r *router) match(method, path string) (*route, []string, string) {
 	return nil, nil, strings.Join(methods, ", ")
 }
 
-func (rt *route) matchPath(segs []string) ([]string, bool) {
-	if len(segs) != len(rt.segs) {
-		return nil, false
-	}
-	var params []string
+// matchPath matches path, trimmed of its outer slashes, segment by segment
+// as strings.Split would cut it, without allocating the segments: a route
+// is tried against every request.
+func (rt *route) matchPath(path string, params []string) ([]string, bool) {
+	rest := path
 	for i, s := range rt.segs {
+		seg, tail, more := strings.Cut(rest, "/")
+		if more != (i < len(rt.segs)-1) {
+			return nil, false
+		}
+		rest = tail
 		if s == "{}" {
-			if segs[i] == "" {
+			if seg == "" {
 				return nil, false
 			}
-			params = append(params, segs[i])
+			params = append(params, seg)
 			continue
 		}
-		if s != segs[i] {
+		if s != seg {
 			return nil, false
 		}
 	}

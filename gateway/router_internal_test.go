@@ -34,8 +34,9 @@ func BenchmarkRouterMatch(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
+			var params [2]string
 			for b.Loop() {
-				r.match(c.method, c.path)
+				r.match(c.method, c.path, params[:])
 			}
 		})
 	}
@@ -57,7 +58,7 @@ func TestRouterMatch(t *testing.T) {
 		{"GET", "/v0/runners//results", "", "[]", ""},
 		{"GET", "/v0/nothing/here", "", "[]", ""},
 	} {
-		rt, params, allowed := r.match(c.method, c.path)
+		rt, params, allowed := r.match(c.method, c.path, nil)
 		pattern := ""
 		if rt != nil {
 			pattern = rt.pattern

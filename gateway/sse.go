@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,49 +54,23 @@ func (s *Server) SSE(req *protocol.Request, kind string, r stream.Renderer, so s
 func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind string, r stream.Renderer, so stream.SSEOptions, presence bool, open func(*stream.Options) (stream.Source, func())) {
 	sseHeaders(ctx)
 	conn := ctx.Conn()
-	o := stream.Options{Heartbeat: s.opts.Heartbeat, Expires: p.ExpiresAt, Closing: s.closing}
+	b := &sseBody{
+		s: s, kind: kind, conn: conn, r: r, presence: presence, open: open,
+		o: stream.Options{Heartbeat: s.opts.Heartbeat, Expires: p.ExpiresAt, Closing: s.closing},
+	}
 	if presence {
 		ctx.SetConnectionClose()
-		o.Gone = stream.ClientGone(conn)
+		b.o.Gone = stream.ClientGone(conn)
 	}
 	so.WriteTimeout = s.opts.WriteTimeout
-	ac, _ := conn.(answerConn)
-	held := false
-	if ac != nil {
-		so.Last = func() {
-			held = true
-			ac.holdToEnd()
-		}
+	b.ac, _ = conn.(answerConn)
+	if b.ac != nil {
+		so.Last = b.holdToEnd
 	}
+	b.so = so
 	s.streams.Add(1)
 	s.metrics.streams.WithLabelValues(kind).Inc()
-	ctx.Response.SetBodyStream(&sseBody{conn: ac, run: func(w io.Writer) {
-		src, ended := open(&o)
-		if ended != nil {
-			defer ended()
-		}
-		tr := stream.NewSSE(w, conn, so)
-		tr.Open()
-		reason, _ := stream.New(src, r, tr, o).Run(context.Background())
-		switch {
-		case held:
-			// The last frames wait for the end of the response, within
-			// the write deadline their flush armed; the write that
-			// carries them clears it.
-		case reason == stream.Finished || reason == stream.Expired:
-			// The response ends cleanly and the connection may carry the
-			// client's next request: the write deadline the stream armed
-			// must not outlive it, or that request's answer would fail.
-			_ = conn.SetWriteDeadline(time.Time{})
-		case !presence:
-			// A cut stream must not look like a complete answer on a
-			// connection the client would then reuse.
-			_ = conn.Close()
-		}
-	}, done: func() {
-		s.metrics.streams.WithLabelValues(kind).Dec()
-		s.streams.Done()
-	}}, -1)
+	ctx.Response.SetBodyStream(b, -1)
 }
 
 // sseBody runs an SSE stream on the connection's own goroutine: fasthttp
@@ -103,15 +78,27 @@ func (s *Server) carrySSE(ctx *fasthttp.RequestCtx, p *auth.Principal, kind stri
 // each flush of the stream is one chunk on the socket (the transport
 // buffers the frames in between). SetBodyStreamWriter
 // would put a pipe and a second goroutine between them, a hand-over per
-// flush. done runs once, when fasthttp closes the body, also if it never
-// ran it (a response that is not sent). Closing the body also tells conn
-// that the response has ended: the last frames it holds back leave with
-// fasthttp's next write, the end of the chunked body.
+// flush. Close ends it once, when fasthttp closes the body, also if
+// WriteTo never ran (a response that is not sent). Closing the body also
+// tells the connection that the response has ended: the last frames it
+// holds back leave with fasthttp's next write, the end of the chunked
+// body.
+//
+// It holds all of a stream's state itself, which closures would each
+// allocate apart.
 type sseBody struct {
-	run  func(w io.Writer)
-	done func()
-	conn answerConn // nil for a connection Serve did not accept
-	once sync.Once
+	s        *Server
+	kind     string
+	conn     net.Conn
+	ac       answerConn // nil for a connection Serve did not accept
+	r        stream.Renderer
+	so       stream.SSEOptions
+	o        stream.Options
+	presence bool
+	open     func(*stream.Options) (stream.Source, func())
+	held     bool // the last frames wait for the end of the response
+	cw       countingWriter
+	once     sync.Once
 }
 
 // SupportsBodyWriteTo lets fasthttp call WriteTo rather than Read.
@@ -119,9 +106,41 @@ func (b *sseBody) SupportsBodyWriteTo() bool { return true }
 
 // WriteTo runs the stream into w, fasthttp's chunked writer.
 func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
-	cw := &countingWriter{w: w}
-	b.run(cw)
-	return cw.n, nil
+	b.cw = countingWriter{w: w}
+	b.run(&b.cw)
+	return b.cw.n, nil
+}
+
+// holdToEnd is the transport's Last: see writeSide.holdToEnd.
+func (b *sseBody) holdToEnd() {
+	b.held = true
+	b.ac.holdToEnd()
+}
+
+// run carries the stream into w until it ends.
+func (b *sseBody) run(w io.Writer) {
+	src, ended := b.open(&b.o)
+	if ended != nil {
+		defer ended()
+	}
+	tr := stream.NewSSE(w, b.conn, b.so)
+	tr.Open()
+	reason, _ := stream.New(src, b.r, tr, b.o).Run(context.Background())
+	switch {
+	case b.held:
+		// The last frames wait for the end of the response, within
+		// the write deadline their flush armed; the write that
+		// carries them clears it.
+	case reason == stream.Finished || reason == stream.Expired:
+		// The response ends cleanly and the connection may carry the
+		// client's next request: the write deadline the stream armed
+		// must not outlive it, or that request's answer would fail.
+		_ = b.conn.SetWriteDeadline(time.Time{})
+	case !b.presence:
+		// A cut stream must not look like a complete answer on a
+		// connection the client would then reuse.
+		_ = b.conn.Close()
+	}
 }
 
 // Read is never called: fasthttp writes a stream that supports WriteTo
@@ -131,10 +150,11 @@ func (b *sseBody) Read([]byte) (int, error) { return 0, io.EOF }
 // Close is called by fasthttp once the response is written (or dropped).
 func (b *sseBody) Close() error {
 	b.once.Do(func() {
-		if b.conn != nil {
-			b.conn.endHeld()
+		if b.ac != nil {
+			b.ac.endHeld()
 		}
-		b.done()
+		b.s.metrics.streams.WithLabelValues(b.kind).Dec()
+		b.s.streams.Done()
 	})
 	return nil
 }

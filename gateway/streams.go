@@ -34,6 +34,14 @@ type eventSource struct {
 	arenas *arenas
 	arena  []byte // the data of the items Next returned last, while they are out
 	done   bool
+
+	// The batch that read fills, and what it holds so far: fields rather
+	// than variables captured by a closure, which would allocate them and
+	// the closure at each read.
+	batch []stream.Item
+	n     int
+	size  int
+	emit  func(seq uint64, typ string, data []byte) bool // s.add, bound once
 }
 
 // releaseArena hands the arena back once no item holds a part of it, so
@@ -47,7 +55,9 @@ func (s *eventSource) releaseArena() {
 // that nothing appended in between is missed. Its arenas come from a, and
 // go back to it.
 func newEventSource(k Kernel, a *arenas, id string, after uint64) *eventSource {
-	return &eventSource{k: k, id: id, last: after, watch: k.Watch(id), arenas: a}
+	s := &eventSource{k: k, id: id, last: after, watch: k.Watch(id), arenas: a}
+	s.emit = s.add
+	return s
 }
 
 // arenas keeps the arenas of execution streams that caught up, for the
@@ -119,26 +129,32 @@ func (s *eventSource) Next(buf []stream.Item) (int, error) {
 // read renders events after s.last into the arena and hands them out in
 // buf, within replayBatchBytes.
 func (s *eventSource) read(buf []stream.Item) (int, error) {
-	n := 0
 	if len(buf) == 0 {
 		return 0, nil
 	}
-	var err error
-	size := 0
 	if s.arena == nil {
 		s.arena = s.arenas.get()
 	}
-	s.arena, err = s.k.AppendEvents(s.arena[:0], s.id, s.last, len(buf), func(seq uint64, typ string, data []byte) bool {
-		if typ == "" {
-			typ = "message"
-		}
-		buf[n] = stream.Item{Seq: seq, Type: typ, Data: data}
-		n++
-		s.last = seq
-		size += len(data)
-		return n < len(buf) && size < replayBatchBytes
-	})
+	s.batch, s.n, s.size = buf, 0, 0
+	var err error
+	s.arena, err = s.k.AppendEvents(s.arena[:0], s.id, s.last, len(buf), s.emit)
+	n := s.n
+	// The stream owns buf: it is not kept past the read.
+	s.batch = nil
 	return n, err
+}
+
+// add hands out one event of read's batch, and says whether there is room
+// for another.
+func (s *eventSource) add(seq uint64, typ string, data []byte) bool {
+	if typ == "" {
+		typ = "message"
+	}
+	s.batch[s.n] = stream.Item{Seq: seq, Type: typ, Data: data}
+	s.n++
+	s.last = seq
+	s.size += len(data)
+	return s.n < len(s.batch) && s.size < replayBatchBytes
 }
 
 func (s *eventSource) OnWake(f func()) { s.watch.OnWake(f) }

@@ -77,9 +77,9 @@ const uiCSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 
 
 // serveUI serves the approvals page under /ui/ and reports whether the
 // request was for it. The files need no authentication: they hold no data,
-// and the page signs in to the API with a token the person pastes.
-func (s *Server) serveUI(ctx *fasthttp.RequestCtx) bool {
-	p := string(ctx.Path())
+// and the page signs in to the API with a token the person pastes. p is
+// the request's path, which serve has made a string already.
+func (s *Server) serveUI(ctx *fasthttp.RequestCtx, p string) bool {
 	if p != "/ui" && !strings.HasPrefix(p, "/ui/") {
 		return false
 	}

@@ -156,7 +156,12 @@ type entry struct {
 }
 
 type outbox struct {
-	key       Key
+	key Key
+	// id and entries are key.String() and key.stream(), the store ids of
+	// the outbox's record and of its entries, made once: every delivery
+	// and acknowledgement writes under them.
+	id, entries string
+
 	next      uint64 // sequence of the next delivery
 	pending   queue  // unacknowledged, in sequence order
 	acked     uint64 // highest cumulative ack
@@ -246,11 +251,11 @@ func (h *Hub) load(ctx context.Context) error {
 		return fmt.Errorf("peer: load outboxes: %w", err)
 	}
 	for k, r := range recs {
-		b := &outbox{key: k, next: r.Next, acked: r.Acked, delivered: r.Delivered, persisted: r.Acked, lostBefore: r.LostBefore, lastSeen: r.LastSeen, lost: r.Lost}
+		b := &outbox{key: k, id: k.String(), entries: k.stream(), next: r.Next, acked: r.Acked, delivered: r.Delivered, persisted: r.Acked, lostBefore: r.LostBefore, lastSeen: r.LastSeen, lost: r.Lost}
 		if b.next == 0 {
 			b.next = 1
 		}
-		err := h.o.Store.Scan(k.stream(), r.Acked, func(seq uint64, data []byte) bool {
+		err := h.o.Store.Scan(b.entries, r.Acked, func(seq uint64, data []byte) bool {
 			var s stored
 			if store.Decode(data, &s) == nil {
 				b.pending.push(entry{Delivery: Delivery{Seq: seq, Type: s.Type, Data: s.Data}, settle: s.Settle, state: published, at: s.At})
@@ -271,7 +276,7 @@ func (h *Hub) load(ctx context.Context) error {
 func (h *Hub) box(k Key) *outbox {
 	b := h.boxes[k]
 	if b == nil {
-		b = &outbox{key: k, next: 1, lastSeen: time.Now()}
+		b = &outbox{key: k, id: k.String(), entries: k.stream(), next: 1, lastSeen: time.Now()}
 		h.boxes[k] = b
 	}
 	return b
@@ -296,8 +301,8 @@ func (h *Hub) Stage(b *store.Batch, k Key, typ string, data []byte, settle strin
 	box.next++
 	box.pending.push(e)
 	if b != nil && h.o.Store != nil {
-		b.AppendLazy(k.stream(), e.Seq, store.Encode(stored{Type: typ, Data: data, Settle: settle, At: e.at}))
-		_ = b.PutLazy(kindPeer, k.String(), box.record())
+		b.AppendLazy(box.entries, e.Seq, store.Encode(stored{Type: typ, Data: data, Settle: settle, At: e.at}))
+		_ = b.PutLazy(kindPeer, box.id, box.record())
 	}
 	h.trimLocked(box, b)
 	return &Staged{h: h, key: k, seq: e.Seq}
@@ -337,7 +342,7 @@ func (h *Hub) trimLocked(box *outbox, b *store.Batch) {
 		// Everything up to last is now acknowledged or dropped: delete it
 		// all, acknowledgements not yet persisted included.
 		h.deleteAckedLocked(box, b)
-		_ = b.PutLazy(kindPeer, box.key.String(), box.record())
+		_ = b.PutLazy(kindPeer, box.id, box.record())
 		box.persisted = last
 	case h.o.Store != nil:
 		h.dirty[box.key] = true
@@ -394,7 +399,7 @@ func (h *Hub) Settle(b *store.Batch, k Key, settle string) func() {
 	for i := range box.pending.len() {
 		if e := box.pending.at(i); e.settle == settle {
 			if b != nil && h.o.Store != nil {
-				b.DeleteEntryLazy(k.stream(), e.Seq)
+				b.DeleteEntryLazy(box.entries, e.Seq)
 			}
 			seq := e.Seq
 			return func() { h.dropSeq(k, seq) }
@@ -448,7 +453,7 @@ func (h *Hub) Forget(k Key) {
 	var b store.Batch
 	if h.o.Store != nil {
 		h.deleteAckedLocked(box, &b)
-		_ = b.PutLazy(kindPeer, k.String(), box.record())
+		_ = b.PutLazy(kindPeer, box.id, box.record())
 	}
 	box.persisted = box.acked
 	h.mu.Unlock()
@@ -575,7 +580,7 @@ func (h *Hub) collectLocked(box *outbox, b *store.Batch) {
 	k := box.key
 	if h.o.Store != nil {
 		h.deleteAckedLocked(box, b)
-		b.DeleteLazy(kindPeer, k.String())
+		b.DeleteLazy(kindPeer, box.id)
 	}
 	delete(h.boxes, k)
 	delete(h.dirty, k)
@@ -588,7 +593,7 @@ func (h *Hub) collectLocked(box *outbox, b *store.Batch) {
 // box.persisted then moves up.
 func (h *Hub) deleteAckedLocked(box *outbox, b *store.Batch) {
 	for seq := box.persisted + 1; seq <= box.acked && seq < box.next; seq++ {
-		b.DeleteEntryLazy(box.key.stream(), seq)
+		b.DeleteEntryLazy(box.entries, seq)
 	}
 }
 
@@ -630,7 +635,7 @@ func (h *Hub) flush(force bool) error {
 		written = append(written, was{k, box.persisted})
 		if h.o.Store != nil {
 			h.deleteAckedLocked(box, &b)
-			_ = b.PutLazy(kindPeer, k.String(), box.record())
+			_ = b.PutLazy(kindPeer, box.id, box.record())
 		}
 		box.persisted = box.acked
 	}

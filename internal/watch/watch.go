@@ -16,39 +16,50 @@ type Set struct {
 	// log's readers.
 	Idle func(id string)
 
-	mu     sync.Mutex
-	byID   map[string]map[*Watch]struct{}
+	mu sync.Mutex
+	// byID holds the first watch of each watched log, the others linked
+	// from it: a list threaded through the watches costs nothing to start,
+	// where a set of its own per log would be allocated whenever a log
+	// gains its first watch (each execution's stream).
+	byID map[string]*Watch
+	// done is every watch's Done, closed by Close: one channel for all
+	// rather than one per watch.
+	done   chan struct{}
 	closed bool
 }
 
 // Watch is one reader's watch of one log.
 type Watch struct {
-	set  *Set
-	id   string
-	c    chan struct{}
-	done chan struct{}
-	wake func() // with set.mu
+	set        *Set
+	id         string
+	c          chan struct{}
+	done       chan struct{}
+	wake       func() // with set.mu
+	prev, next *Watch // with set.mu: the log's other watches
+	listed     bool   // with set.mu: in byID's list, not stopped
 }
 
 // Watch starts watching log id. Call it before reading the log. A watch
 // started after Close is done at once.
 func (s *Set) Watch(id string) *Watch {
-	w := &Watch{set: s, id: id, c: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &Watch{set: s, id: id, c: make(chan struct{}, 1)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.done == nil {
+		s.done = make(chan struct{})
+	}
+	w.done = s.done
 	if s.closed {
-		close(w.done)
 		return w
 	}
 	if s.byID == nil {
-		s.byID = map[string]map[*Watch]struct{}{}
+		s.byID = map[string]*Watch{}
 	}
-	ws := s.byID[id]
-	if ws == nil {
-		ws = map[*Watch]struct{}{}
-		s.byID[id] = ws
+	if first := s.byID[id]; first != nil {
+		w.next, first.prev = first, w
 	}
-	ws[w] = struct{}{}
+	s.byID[id] = w
+	w.listed = true
 	return w
 }
 
@@ -56,7 +67,7 @@ func (s *Set) Watch(id string) *Watch {
 func (s *Set) Watched(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.byID[id]) > 0
+	return s.byID[id] != nil
 }
 
 // Notify wakes every watch of log id: its C receives (once, however many
@@ -64,7 +75,7 @@ func (s *Set) Watched(id string) bool {
 func (s *Set) Notify(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for w := range s.byID[id] {
+	for w := s.byID[id]; w != nil; w = w.next {
 		select {
 		case w.c <- struct{}{}:
 		default:
@@ -84,9 +95,12 @@ func (s *Set) Close() {
 		return
 	}
 	s.closed = true
-	for _, ws := range s.byID {
-		for w := range ws {
-			close(w.done)
+	if s.done == nil {
+		s.done = make(chan struct{})
+	}
+	close(s.done)
+	for _, first := range s.byID {
+		for w := first; w != nil; w = w.next {
 			if w.wake != nil {
 				w.wake()
 			}
@@ -119,14 +133,21 @@ func (w *Watch) Stop() {
 	s := w.set
 	s.mu.Lock()
 	idle := false
-	if ws := s.byID[w.id]; ws != nil {
-		if _, ok := ws[w]; ok {
-			delete(ws, w)
-			if len(ws) == 0 {
-				delete(s.byID, w.id)
-				idle = true
-			}
+	if w.listed {
+		w.listed = false
+		if w.next != nil {
+			w.next.prev = w.prev
 		}
+		switch {
+		case w.prev != nil:
+			w.prev.next = w.next
+		case w.next != nil:
+			s.byID[w.id] = w.next
+		default:
+			delete(s.byID, w.id)
+			idle = true
+		}
+		w.prev, w.next = nil, nil
 	}
 	s.mu.Unlock()
 	if idle && s.Idle != nil {

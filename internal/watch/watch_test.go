@@ -100,3 +100,34 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatal("watches left after every one stopped")
 	}
 }
+
+// TestWatchAllocs bounds a watch's cost: one is started and stopped for
+// every execution stream, so the log's list and Done channel must not be
+// allocated per watch.
+func TestWatchAllocs(t *testing.T) {
+	var s Set
+	keep := s.Watch("other")
+	defer keep.Stop()
+	n := testing.AllocsPerRun(100, func() {
+		w := s.Watch("x")
+		w.Stop()
+	})
+	if n > 2 { // the Watch and its C
+		t.Errorf("Watch and Stop: %v allocations, want at most 2", n)
+	}
+}
+
+func TestStopUnlinksAnyWatchOfTheList(t *testing.T) {
+	var s Set
+	a, b, c := s.Watch("x"), s.Watch("x"), s.Watch("x")
+	b.Stop()
+	s.Notify("x")
+	if !fired(a.C()) || fired(b.C()) || !fired(c.C()) {
+		t.Fatal("stopping the middle watch broke the list")
+	}
+	c.Stop()
+	a.Stop()
+	if s.Watched("x") {
+		t.Fatal("x is still watched after every watch stopped")
+	}
+}
