@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/binary"
-	"hash/crc32"
 	"testing"
 	"time"
 
@@ -88,16 +86,5 @@ func TestHotPathAllocations(t *testing.T) {
 				t.Errorf("%s: %v allocations a call, want at most %v", c.name, got, c.max)
 			}
 		})
-	}
-}
-
-// TestSeedChecksumIsCRC32C: the seed worked out by hand is crc32's.
-func TestSeedChecksumIsCRC32C(t *testing.T) {
-	for _, n := range []uint64{0, 1, 2, 255, 256, 1 << 32, 0x0123456789abcdef, 1<<64 - 1} {
-		var b [8]byte
-		binary.LittleEndian.PutUint64(b[:], n)
-		if got, want := seedChecksum(n), crc32.Checksum(b[:], castagnoli); got != want {
-			t.Errorf("seedChecksum(%#x) = %#x, want %#x", n, got, want)
-		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/gatehouse-dev/gatehouse/internal/option"
+	"github.com/gatehouse-dev/gatehouse/internal/recordsum"
 )
 
 // The journal is the store's write-ahead log, in the data folder's journal/
@@ -283,7 +284,7 @@ func readSegment(path string, num uint64, fn func(payload []byte) bool) (size, e
 		if _, err := io.ReadFull(r, payload); err != nil {
 			return size, end, nil
 		}
-		if checksum(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) || !fn(payload) {
+		if recordsum.Of(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) || !fn(payload) {
 			return size, end, nil
 		}
 		// The next record starts at the next block boundary.
@@ -503,7 +504,7 @@ func (j *journal) fits(rec []byte) bool {
 // placed. Once the segment is half full, the next one is prepared.
 func (j *journal) place(rec []byte, ts uint64) segWrite {
 	n := binary.LittleEndian.Uint32(rec[0:4])
-	binary.LittleEndian.PutUint32(rec[4:8], checksum(j.cur.num, rec[recordHeader:recordHeader+n]))
+	binary.LittleEndian.PutUint32(rec[4:8], recordsum.Of(j.cur.num, rec[recordHeader:recordHeader+n]))
 	w := segWrite{f: j.f, off: j.off, buf: rec, sync: j.durable && !j.direct}
 	j.off += int64(len(rec))
 	j.cur.lastTs = ts
@@ -744,24 +745,6 @@ func alignedBlock(n int) []byte {
 	return b[skip : skip+n : skip+n]
 }
 
-// checksum is the CRC-32C of a record's payload, seeded with its segment's
-// number.
-func checksum(segment uint64, payload []byte) uint32 {
-	return crc32.Update(seedChecksum(segment), castagnoli, payload)
-}
-
-// seedChecksum is the CRC-32C of segment's number, little-endian. It is
-// worked out byte by byte with the table, as crc32 does for short input:
-// eight bytes handed to crc32 would escape to the heap, an allocation per
-// record.
-func seedChecksum(segment uint64) uint32 {
-	crc := ^uint32(0)
-	for i := range 8 {
-		crc = castagnoli[byte(crc)^byte(segment>>(8*i))] ^ crc>>8
-	}
-	return ^crc
-}
-
 // Record payload: uint64 version, uvarint op count, then per op a flag byte
 // (0 set, 1 delete), uvarint key length, key, and for a set uvarint value
 // length and value. The header before it holds the payload's length and
@@ -793,7 +776,7 @@ func encodeRecord(b []byte, seg, ts uint64, ops []op) []byte {
 	}
 	payload := b[start+recordHeader:]
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[start+4:], checksum(seg, payload))
+	binary.LittleEndian.PutUint32(b[start+4:], recordsum.Of(seg, payload))
 	return b
 }
 

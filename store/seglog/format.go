@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+
+	"github.com/gatehouse-dev/gatehouse/internal/recordsum"
 )
 
 // A segment is records back to back from offset 0. A record is its
@@ -33,22 +35,6 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // errMalformed says a record's checksum matched but its payload does not
 // parse: written by something else, never by a torn write.
 var errMalformed = errors.New("seglog: malformed record")
-
-func checksum(segment uint64, payload []byte) uint32 {
-	return crc32.Update(seedChecksum(segment), castagnoli, payload)
-}
-
-// seedChecksum is the CRC-32C of segment's number, little-endian, which
-// seeds the checksums of its records. It is worked out byte by byte with
-// the table, as crc32 does for short input: eight bytes handed to crc32
-// would escape to the heap, an allocation per record.
-func seedChecksum(segment uint64) uint32 {
-	crc := ^uint32(0)
-	for i := range 8 {
-		crc = castagnoli[byte(crc)^byte(segment>>(8*i))] ^ crc>>8
-	}
-	return ^crc
-}
 
 // item is one parsed item of a record. data and stream alias the record's
 // bytes; dataOff is where data starts in the record's payload.
@@ -109,7 +95,7 @@ func (e *encoder) finish(seg uint64) (rec []byte, shift int) {
 	copy(rec[recordHeader+8:], cnt[:k])
 	payload := rec[recordHeader:]
 	binary.LittleEndian.PutUint32(rec[0:4], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(rec[4:8], checksum(seg, payload))
+	binary.LittleEndian.PutUint32(rec[4:8], recordsum.Of(seg, payload))
 	return rec, shift
 }
 

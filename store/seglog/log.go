@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gatehouse-dev/gatehouse/internal/option"
+	"github.com/gatehouse-dev/gatehouse/internal/recordsum"
 )
 
 // Sentinel errors; callers branch on them with errors.Is.
@@ -480,7 +481,7 @@ func scanSegment(f *os.File, num uint64, fn func(recOff int64, it *item), end *i
 		if _, err := io.ReadFull(r, payload); err != nil {
 			break
 		}
-		if checksum(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) {
+		if recordsum.Of(num, payload) != binary.LittleEndian.Uint32(hdr[4:8]) {
 			break
 		}
 		// Parse first, index after: a malformed record indexes nothing.

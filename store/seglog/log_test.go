@@ -3,10 +3,8 @@ package seglog
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -544,15 +542,4 @@ func TestReadOfASegmentCutShortUnderneathIsAnError(t *testing.T) {
 	}
 	commit(t, l, func(b *Batch) { b.Append("x/b", 1, data("x/b", 1, 50)) })
 	wantSeqs(t, readAll(t, l, "x/b"), "x/b", 50, 1)
-}
-
-// TestSeedChecksumIsCRC32C: the seed worked out by hand is crc32's.
-func TestSeedChecksumIsCRC32C(t *testing.T) {
-	for _, n := range []uint64{0, 1, 2, 255, 256, 1 << 32, 0x0123456789abcdef, 1<<64 - 1} {
-		var b [8]byte
-		binary.LittleEndian.PutUint64(b[:], n)
-		if got, want := seedChecksum(n), crc32.Checksum(b[:], castagnoli); got != want {
-			t.Errorf("seedChecksum(%#x) = %#x, want %#x", n, got, want)
-		}
-	}
 }
