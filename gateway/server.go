@@ -74,6 +74,10 @@ type Options struct {
 	// It is asked on accept, before a byte is read, so only the address,
 	// which a client cannot forge, decides. nil: no address is a peer's.
 	PeerAddr func(netip.Addr) bool
+	// Load is told how long each request took to serve (a stream's
+	// request ends once the stream is set up: streams are not counted);
+	// nil: no one is.
+	Load Load
 
 	// WebSocket and admission control; docs/websocket.md describes them.
 	PingInterval  time.Duration // WebSocket pings; a ping unanswered this long closes the socket
@@ -81,6 +85,12 @@ type Options struct {
 	MaxFrameBytes int64         // zero: MaxBodyBytes + 4 KiB; a larger WebSocket frame closes the socket with 1009
 	ConnectRate   float64       // new SSE and WebSocket connections admitted per second; negative: no limit
 	ConnectBurst  int           // zero: 2 s worth of ConnectRate; connections admitted at once
+}
+
+// Load is told of the requests served: *procs.Governor is one.
+type Load interface {
+	// Served counts a request that took d to serve.
+	Served(d time.Duration)
 }
 
 // Defaults returns the value each zero duration and size of Options takes.
@@ -311,7 +321,11 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 			// What is left of the body would be read as the next request.
 			ctx.SetConnectionClose()
 		}
-		s.metrics.observe(route, methodLabel(ctx.Method()), ctx.Response.StatusCode(), time.Since(start))
+		took := time.Since(start)
+		s.metrics.observe(route, methodLabel(ctx.Method()), ctx.Response.StatusCode(), took)
+		if s.opts.Load != nil {
+			s.opts.Load.Served(took)
+		}
 	}()
 	if ctx.IsOptions() && len(s.opts.CORSOrigins) > 0 {
 		ctx.SetStatusCode(fasthttp.StatusNoContent)

@@ -9,12 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"strings"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/gateway"
 	"github.com/gatehouse-dev/gatehouse/gateway/auth"
+	"github.com/gatehouse-dev/gatehouse/internal/procs"
 	"github.com/gatehouse-dev/gatehouse/kernel"
 	"github.com/gatehouse-dev/gatehouse/kernel/policy"
 	"github.com/gatehouse-dev/gatehouse/memory"
@@ -52,10 +54,15 @@ type config struct {
 	diskBudget, diskLowWater        byteSize
 	memoryLimit                     byteSize
 	pprofAddr                       string
+	adaptiveProcs                   bool
 	notes, tenantNotes              int
 	noteBytes, tenantNoteBytes      byteSize
 	memoryWorkers                   int
 	cluster                         clusterFlags
+
+	// load is told of the requests served, for the processors' governor
+	// (see serve); nil without one.
+	load gateway.Load
 }
 
 // keyFiles collects repeated --jwt-public-key kid=path flags.
@@ -155,6 +162,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	c.tls.flags(fs)
 	fs.Var(&c.diskBudget, "disk-budget", "the most the data folder may hold (`size`: 64MiB, 2GB); 0: its size plus the free space at start")
 	fs.Var(&c.memoryLimit, "memory-limit", "memory the gateway may use (`size`): sizes the Go heap's soft limit (unless GOMEMLIMIT is set) and the store's memory tables and caches; 0: the cgroup's limit, if any")
+	fs.BoolVar(&c.adaptiveProcs, "adaptive-procs", true, "run Go on one processor while requests are few and on all of them under load (off when GOMAXPROCS is set)")
 	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `host:port`; empty: off")
 	fs.Var(&c.diskLowWater, "disk-low-water", "room (free space, or what the budget leaves) below which new work gets 507 STORAGE_FULL (`size`); 0: derived from the budget")
 	fs.IntVar(&c.notes, "memory-notes", d.Memory.MaxNotes, "memory notes one principal (or one tenant's shared space) may keep")
@@ -218,6 +226,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 	}
+	gov := c.governor()
+	if gov != nil {
+		c.load = gov
+	}
 	var g interface{ Close(context.Context) error }
 	if c.cluster.name != "" || c.cluster.url != "" {
 		g, err = startMember(ctx, c, st, log)
@@ -235,7 +247,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		return err
 	}
+	stopGov := func() {}
+	if gov != nil {
+		stopGov = runGovernor(gov)
+	}
 	<-ctx.Done()
+	stopGov()
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
@@ -243,6 +260,31 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	st.close(sctx)
 	stopPprof(sctx)
 	return err
+}
+
+// governor returns the processors' governor c asks for, or nil: none
+// when the flag is off, when GOMAXPROCS is set (the operator chose), or
+// when Go has one processor anyway.
+func (c config) governor() *procs.Governor {
+	if !c.adaptiveProcs || os.Getenv("GOMAXPROCS") != "" || runtime.GOMAXPROCS(0) < 2 {
+		return nil
+	}
+	return &procs.Governor{Max: runtime.GOMAXPROCS(0)}
+}
+
+// runGovernor runs gov until the returned function is called, which waits
+// for it to give the processors back.
+func runGovernor(gov *procs.Governor) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gov.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // startOptions are the options of the node described by c, serving TLS
@@ -289,6 +331,7 @@ func (c config) options(st *serverTLS, log *slog.Logger) (startOptions, error) {
 			Heartbeat: c.heartbeat, WriteTimeout: c.writeTimeout, MaxBodyBytes: c.maxBody, CORSOrigins: origins,
 			HeaderTimeout: c.headerTimeout, ReadTimeout: c.readTimeout, IdleTimeout: c.idleTimeout,
 			MaxConns: c.maxConns, MaxConnsPerIP: c.maxConnsPerIP, AllowedHosts: splitList(c.allowedHosts),
+			Load: c.load,
 		},
 	}
 	if err := c.channels.apply(&o); err != nil {
