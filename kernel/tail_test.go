@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/event"
+	"github.com/gatehouse-dev/gatehouse/internal/race"
 )
 
 // events returns what read gives for id after each sequence up to last:
@@ -196,7 +197,7 @@ func TestNothingFollowsTheLargestSequence(t *testing.T) {
 // AppendEvents on every wake-up; from the tail, into a buffer with room,
 // it takes the entries and runs its callback on the stack.
 func TestAppendEventsFromTailAllocatesNothing(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("counts the allocations of a build without the race detector")
 	}
 	k := newKernel(t, nil)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/race"
 	"github.com/gatehouse-dev/gatehouse/store/seglog"
 )
 
@@ -12,7 +13,7 @@ import (
 // its reused room has grown: the apply stage's split of a group, a rewrite
 // of a lazy key, the building of a batch, and a segment log append.
 func TestHotPathAllocations(t *testing.T) {
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		t.Skip("allocation counts are exact only without -race")
 	}
 	logs, err := openSegmentLogs(t.TempDir(), seglog.Options{})
@@ -48,7 +49,6 @@ func TestHotPathAllocations(t *testing.T) {
 		{"split", 0, func() {
 			_, _, rest := s.splitLogs(group, s.split.rest[:0])
 			s.split.done()
-			clear(rest)
 			s.split.rest = reusable(rest)
 		}},
 		// Before: the key's string, to assign it again.

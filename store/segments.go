@@ -159,8 +159,6 @@ func (sp *logSplit) intern(name []byte) string {
 
 // done lets go of what the last split referred to, keeping the room.
 func (sp *logSplit) done() {
-	clear(sp.entries)
-	clear(sp.drops)
 	sp.entries, sp.drops = reusable(sp.entries), reusable(sp.drops)
 }
 
@@ -168,12 +166,14 @@ func (sp *logSplit) done() {
 // next group: one grown larger, by a burst or a replay, is let go.
 const maxReused = 4096
 
-// reusable returns s emptied to be filled again, or nil when it grew past
-// maxReused. What s held must have been cleared.
+// reusable clears s, so that it keeps nothing it held from the collector,
+// and returns it emptied to be filled again, or nil when it grew past
+// maxReused.
 func reusable[T any](s []T) []T {
 	if cap(s) > maxReused {
 		return nil
 	}
+	clear(s)
 	return s[:0]
 }
 

@@ -1213,11 +1213,7 @@ func (s *Store) applyGroups(groups []*group) error {
 	// kept in the apply stage's slices, which Badger does not keep (it
 	// keeps the keys and values), nor anything else past the apply.
 	buf, ops := s.split.rest[:0], s.applyOps[:0]
-	defer func() {
-		clear(buf)
-		clear(ops)
-		s.split.rest, s.applyOps = reusable(buf), reusable(ops)
-	}()
+	defer func() { s.split.rest, s.applyOps = reusable(buf), reusable(ops) }()
 	if s.logs != nil && !s.legacy {
 		for _, g := range groups {
 			from := len(buf)
@@ -1319,10 +1315,7 @@ type replay struct {
 func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 	if s.logs != nil && !s.legacy {
 		entries, drops, rest := s.splitLogs(ops, s.split.rest[:0])
-		defer func() {
-			clear(rest)
-			s.split.rest = reusable(rest)
-		}()
+		defer func() { s.split.rest = reusable(rest) }()
 		var err error
 		if ts > s.logsFrom && (len(entries) > 0 || len(drops) > 0) {
 			err = s.logs.Append(context.Background(), ts, entries, drops)

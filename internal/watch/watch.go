@@ -45,10 +45,7 @@ func (s *Set) Watch(id string) *Watch {
 	w := &Watch{set: s, id: id, c: make(chan struct{}, 1)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.done == nil {
-		s.done = make(chan struct{})
-	}
-	w.done = s.done
+	w.done = s.doneLocked()
 	if s.closed {
 		return w
 	}
@@ -61,6 +58,15 @@ func (s *Set) Watch(id string) *Watch {
 	s.byID[id] = w
 	w.listed = true
 	return w
+}
+
+// doneLocked returns the channel every watch's Done is, made at its first
+// use so that the zero Set is ready; the caller holds s.mu.
+func (s *Set) doneLocked() chan struct{} {
+	if s.done == nil {
+		s.done = make(chan struct{})
+	}
+	return s.done
 }
 
 // Watched reports whether log id has a watch.
@@ -95,10 +101,7 @@ func (s *Set) Close() {
 		return
 	}
 	s.closed = true
-	if s.done == nil {
-		s.done = make(chan struct{})
-	}
-	close(s.done)
+	close(s.doneLocked())
 	for _, first := range s.byID {
 		for w := first; w != nil; w = w.next {
 			if w.wake != nil {

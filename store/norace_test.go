@@ -1,6 +1,0 @@
-//go:build !race
-
-package store
-
-// raceEnabled says the race detector is on (see race_test.go).
-const raceEnabled = false
