@@ -90,14 +90,15 @@ func (s *Store) segmentKey(key []byte) (stream []byte, seq uint64, ok bool) {
 }
 
 // splitLogs takes the segment log's writes out of ops: appends in order,
-// and per stream one drop below its highest entry deleted. It appends the
-// rest, for Badger, to rest; ops itself is not changed. An entry at
-// sequence 0 or 2^64-1, which no Scan reads (it reads after a sequence,
-// and nothing comes after the largest), is not kept. The entries and drops
-// are s.split's, valid until the next split.
-func (s *Store) splitLogs(ops, rest []op) (entries []LogEntry, drops []LogDrop, _ []op) {
+// and per stream one drop below its highest entry deleted. It adds them
+// to s.split's, after those of the groups before it in the same append,
+// and appends the rest, for Badger, to rest; ops itself is not changed. An
+// entry at sequence 0 or 2^64-1, which no Scan reads (it reads after a
+// sequence, and nothing comes after the largest), is not kept.
+func (s *Store) splitLogs(ops, rest []op) []op {
 	sp := &s.split
-	entries, drops = sp.entries[:0], sp.drops[:0]
+	entries, drops := sp.entries, sp.drops
+	own := len(drops)
 	for _, o := range ops {
 		name, seq, ok := s.segmentKey(o.key)
 		switch {
@@ -109,9 +110,9 @@ func (s *Store) splitLogs(ops, rest []op) (entries []LogEntry, drops []LogDrop, 
 				before = seq
 			}
 			i := len(drops) - 1
-			for ; i >= 0 && drops[i].Stream != string(name); i-- {
+			for ; i >= own && drops[i].Stream != string(name); i-- {
 			}
-			if i < 0 {
+			if i < own {
 				drops = append(drops, LogDrop{Stream: sp.intern(name), Before: before})
 			} else {
 				drops[i].Before = max(drops[i].Before, before)
@@ -122,7 +123,7 @@ func (s *Store) splitLogs(ops, rest []op) (entries []LogEntry, drops []LogDrop, 
 		}
 	}
 	sp.entries, sp.drops = entries, drops
-	return entries, drops, rest
+	return rest
 }
 
 // logSplit is the room splitLogs works in, kept from one group to the
@@ -131,12 +132,19 @@ func (s *Store) splitLogs(ops, rest []op) (entries []LogEntry, drops []LogDrop, 
 // returns, and rest holds the writes for Badger of the groups applied
 // together, until their transaction has them. names interns the names of
 // the logs written lately: most groups write logs that earlier ones did.
+// spans holds, per stream, the sequences of the entries waiting for one
+// append (see appendLogs), and bytes their size.
 type logSplit struct {
 	entries []LogEntry
 	drops   []LogDrop
 	rest    []op
 	names   map[string]string
+	spans   map[string]seqSpan
+	bytes   int
 }
+
+// seqSpan is the lowest and highest sequence of a stream's entries.
+type seqSpan struct{ lo, hi uint64 }
 
 // maxInterned bounds logSplit.names: past it, the names are forgotten.
 const maxInterned = 4096
@@ -160,6 +168,62 @@ func (sp *logSplit) intern(name []byte) string {
 // done lets go of what the last split referred to, keeping the room.
 func (sp *logSplit) done() {
 	sp.entries, sp.drops = reusable(sp.entries), reusable(sp.drops)
+	clear(sp.spans)
+	sp.bytes = 0
+}
+
+// conflicts reports whether the entries and drops from e and d on, a
+// group's, read differently when appended together with the ones before
+// them, whose spans sp.spans holds, than when appended after them. The
+// segment log orders a stream's entries by sequence and then version, and
+// a drop hides only entries of lower versions; in one append all have one
+// version. So a group conflicts when it drops entries below a sequence
+// that one before it appended, or appends a sequence at or below one
+// appended before it (the kernel's logs never do: their sequences grow).
+func (sp *logSplit) conflicts(e, d int) bool {
+	if len(sp.spans) == 0 {
+		return false
+	}
+	for _, x := range sp.drops[d:] {
+		if span, ok := sp.spans[x.Stream]; ok && span.lo < x.Before {
+			return true
+		}
+	}
+	for _, x := range sp.entries[e:] {
+		if span, ok := sp.spans[x.Stream]; ok && x.Seq <= span.hi {
+			return true
+		}
+	}
+	return false
+}
+
+// note adds the entries from e on to sp.spans and sp.bytes.
+func (sp *logSplit) note(e int) {
+	if sp.spans == nil {
+		sp.spans = make(map[string]seqSpan)
+	}
+	sp.bytes += logBytes(sp.entries[e:])
+	for _, x := range sp.entries[e:] {
+		span, ok := sp.spans[x.Stream]
+		if !ok {
+			span = seqSpan{lo: x.Seq, hi: x.Seq}
+		}
+		span.lo, span.hi = min(span.lo, x.Seq), max(span.hi, x.Seq)
+		sp.spans[x.Stream] = span
+	}
+}
+
+// shift drops the first e entries and d drops, appended, keeping the ones
+// after them, and forgets the spans and size of the appended ones.
+func (sp *logSplit) shift(e, d int) {
+	n := copy(sp.entries, sp.entries[e:])
+	clear(sp.entries[n:])
+	sp.entries = sp.entries[:n]
+	n = copy(sp.drops, sp.drops[d:])
+	clear(sp.drops[n:])
+	sp.drops = sp.drops[:n]
+	clear(sp.spans)
+	sp.bytes = 0
 }
 
 // maxReused bounds the items of a slice the apply stage keeps for the
@@ -210,18 +274,72 @@ const maxLogBatch = seglog.MaxSegmentSize / 4
 // ErrTooLarge means a batch holds more than the store takes in one write.
 var ErrTooLarge = errors.New("store: batch too large")
 
-// appendLogs hands the segment log the log writes of the group at version
-// ts, and appends the rest of its writes to rest.
-func (s *Store) appendLogs(ts uint64, ops, rest []op) ([]op, error) {
-	entries, drops, rest := s.splitLogs(ops, rest)
-	defer s.split.done()
-	if len(entries) == 0 && len(drops) == 0 {
+// appendLogs hands the segment log the log writes of groups, applied
+// together, and appends the rest of their writes, for Badger, to rest. A
+// group whose log writes went there at once keeps only the rest. The
+// groups' log writes go in one append, at the last one's version: one
+// write of the segment log's instead of one per group. A group that
+// conflicts with those before it (logSplit.conflicts), or would take the
+// append past maxLogAppend, starts another.
+func (s *Store) appendLogs(groups []*group, rest []op) ([]op, error) {
+	sp := &s.split
+	defer sp.done()
+	var at uint64
+	for _, g := range groups {
+		e, d, from := len(sp.entries), len(sp.drops), len(rest)
+		rest = s.splitLogs(g.ops, rest)
+		if at != 0 && (sp.conflicts(e, d) || sp.bytes+logBytes(sp.entries[e:]) > maxLogAppend) {
+			if err := s.flushLogs(at, e, d); err != nil {
+				return nil, err
+			}
+			sp.shift(e, d)
+			e = 0
+		}
+		sp.note(e)
+		if len(sp.entries) > 0 || len(sp.drops) > 0 {
+			at = g.ts
+		}
+		if kept := rest[from:len(rest):len(rest)]; len(kept) < len(g.ops) {
+			// A lazy write to a log in the segment log went there at
+			// once: nothing waits for it.
+			g.ops, g.lazy = kept, 0
+			for _, o := range kept {
+				if o.lazy {
+					g.lazy++
+				}
+			}
+		}
+	}
+	if at == 0 {
 		return rest, nil
 	}
-	if err := s.logs.Append(context.Background(), ts, entries, drops); err != nil {
-		return nil, fmt.Errorf("store: logs: %w", err)
+	return rest, s.flushLogs(at, len(sp.entries), len(sp.drops))
+}
+
+// maxLogAppend bounds the log writes of groups appended together: past
+// it, a group starts another append. Groups are merged for the system
+// calls they save, which a few hundred KiB already amortise; and a larger
+// append, which the segment log keeps in one segment, would leave more of
+// a small segment (a memory limit's) unused.
+const maxLogAppend = 256 << 10
+
+// logBytes is the size of entries as checkLogs counts it.
+func logBytes(entries []LogEntry) int {
+	n := 0
+	for _, e := range entries {
+		n += len(e.Stream) + len(e.Data) + logItemOverhead
 	}
-	return rest, nil
+	return n
+}
+
+// flushLogs appends the first e entries and d drops of s.split at version
+// at.
+func (s *Store) flushLogs(at uint64, e, d int) error {
+	sp := &s.split
+	if err := s.logs.Append(context.Background(), at, sp.entries[:e], sp.drops[:d]); err != nil {
+		return fmt.Errorf("store: logs: %w", err)
+	}
+	return nil
 }
 
 // readFormat returns the data folder's format: formatVersion, "1" for a

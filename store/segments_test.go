@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -340,5 +342,127 @@ func TestCompactDropsTheSegmentsOfPrunedLogs(t *testing.T) {
 	}
 	if es, err := s.Read("x/done7", 0, 0); err != nil || len(es) != 0 {
 		t.Errorf("a pruned log: %v, %v", seqsOf(es), err)
+	}
+}
+
+// TestGroupsAppliedTogetherAppendTheirLogsOnce: the apply stage hands the
+// segment log the log writes of the groups it applies together in one
+// append, and a group whose writes would read differently in the same
+// append as the ones before it (it drops what they appended, or appends a
+// sequence they did) starts another; every read is what one append per
+// group gives. Each group is a write of its own.
+func TestGroupsAppliedTogetherAppendTheirLogsOnce(t *testing.T) {
+	type want struct {
+		stream string
+		seqs   string
+		last   string // the last entry's data
+	}
+	put := func(b *Batch, n int) {
+		if err := b.Put("kind", "k", n); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		before  []func(*Batch) // written and applied first
+		groups  []func(*Batch)
+		appends uint64
+		want    []want
+	}{
+		{
+			name: "appends to two logs",
+			groups: []func(*Batch){
+				func(b *Batch) { b.Append("x/a", 1, []byte("a1")); b.Append("x/a", 2, []byte("a2")) },
+				func(b *Batch) { b.Append("x/a", 3, []byte("a3")) },
+				func(b *Batch) { put(b, 1); b.Append("x/b", 1, []byte("b1")) },
+				func(b *Batch) { put(b, 2) },
+			},
+			appends: 1,
+			want:    []want{{"x/a", "[1 2 3]", "a3"}, {"x/b", "[1]", "b1"}},
+		},
+		{
+			name: "a drop of what an earlier group appended",
+			groups: []func(*Batch){
+				func(b *Batch) { b.Append("x/a", 1, []byte("a1")); b.Append("x/a", 2, []byte("a2")) },
+				func(b *Batch) { b.Append("x/a", 3, []byte("a3")); b.Append("x/b", 1, []byte("b1")) },
+				func(b *Batch) { b.DeleteEntry("x/a", 2) },
+				func(b *Batch) { b.Append("x/a", 4, []byte("a4")) },
+			},
+			appends: 2,
+			want:    []want{{"x/a", "[3 4]", "a4"}, {"x/b", "[1]", "b1"}},
+		},
+		{
+			name: "a drop of what came before the groups",
+			before: []func(*Batch){
+				func(b *Batch) { b.Append("x/a", 1, []byte("a1")); b.Append("x/a", 2, []byte("a2")) },
+			},
+			groups: []func(*Batch){
+				func(b *Batch) { b.Append("x/a", 3, []byte("a3")) },
+				func(b *Batch) { b.DeleteEntry("x/a", 2) },
+			},
+			appends: 1,
+			want:    []want{{"x/a", "[3]", "a3"}},
+		},
+		{
+			name: "an append and then a drop in one group",
+			groups: []func(*Batch){
+				func(b *Batch) { b.Append("x/b", 1, []byte("b1")) },
+				func(b *Batch) { b.Append("x/a", 1, []byte("a1")); b.DeleteEntry("x/a", 1) },
+			},
+			appends: 1,
+			want:    []want{{"x/a", "[1]", "a1"}, {"x/b", "[1]", "b1"}},
+		},
+		{
+			name: "a sequence written again",
+			groups: []func(*Batch){
+				func(b *Batch) { b.Append("x/a", 1, []byte("first")) },
+				func(b *Batch) { b.Append("x/a", 1, []byte("second")) },
+			},
+			appends: 2,
+			want:    []want{{"x/a", "[1]", "second"}},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// The apply stage is held in the apply of a group of its own
+			// while the groups are written, so that it finds them all
+			// waiting when it goes on.
+			var holding atomic.Bool
+			held, hold := make(chan struct{}), make(chan struct{})
+			s := openWith(t, Options{Dir: t.TempDir(), Sync: SyncNone, ApplyGather: time.Hour, idleAfter: time.Hour,
+				committing: func(uint64) {
+					if holding.CompareAndSwap(true, false) {
+						close(held)
+						<-hold
+					}
+				}})
+			defer s.Close()
+			for _, fill := range c.before {
+				write(t, s, fill)
+			}
+			s.awaitApplied()
+			records := func() uint64 { return s.logs.(segmentLogs).l.Stats().Records }
+			from := records()
+			holding.Store(true)
+			write(t, s, func(b *Batch) { put(b, 0) })
+			s.hurryApply()
+			<-held
+			for _, fill := range c.groups {
+				write(t, s, fill)
+			}
+			close(hold)
+			for _, w := range c.want {
+				es, err := s.Read(w.stream, 0, 0)
+				last := ""
+				if len(es) > 0 {
+					last = string(es[len(es)-1].Data)
+				}
+				if err != nil || fmt.Sprint(seqsOf(es)) != w.seqs || last != w.last {
+					t.Errorf("%s: %v ending %q (%v); want %s ending %q", w.stream, seqsOf(es), last, err, w.seqs, w.last)
+				}
+			}
+			if n := records() - from; n != c.appends {
+				t.Errorf("the groups made %d appends; want %d", n, c.appends)
+			}
+		})
 	}
 }

@@ -1215,24 +1215,9 @@ func (s *Store) applyGroups(groups []*group) error {
 	buf, ops := s.split.rest[:0], s.applyOps[:0]
 	defer func() { s.split.rest, s.applyOps = reusable(buf), reusable(ops) }()
 	if s.logs != nil && !s.legacy {
-		for _, g := range groups {
-			from := len(buf)
-			more, err := s.appendLogs(g.ts, g.ops, buf)
-			if err != nil {
-				return err
-			}
-			buf = more
-			rest := buf[from:len(buf):len(buf)]
-			if len(rest) < len(g.ops) {
-				// A lazy write to a log in the segment log went there
-				// at once: nothing waits for it.
-				g.ops, g.lazy = rest, 0
-				for _, o := range rest {
-					if o.lazy {
-						g.lazy++
-					}
-				}
-			}
+		var err error
+		if buf, err = s.appendLogs(groups, buf); err != nil {
+			return err
 		}
 	}
 	last := groups[len(groups)-1]
@@ -1314,11 +1299,11 @@ type replay struct {
 // hold that version.
 func (s *Store) replayApply(r *replay, ts uint64, ops []op) error {
 	if s.logs != nil && !s.legacy {
-		entries, drops, rest := s.splitLogs(ops, s.split.rest[:0])
+		rest := s.splitLogs(ops, s.split.rest[:0])
 		defer func() { s.split.rest = reusable(rest) }()
 		var err error
-		if ts > s.logsFrom && (len(entries) > 0 || len(drops) > 0) {
-			err = s.logs.Append(context.Background(), ts, entries, drops)
+		if sp := &s.split; ts > s.logsFrom && (len(sp.entries) > 0 || len(sp.drops) > 0) {
+			err = s.logs.Append(context.Background(), ts, sp.entries, sp.drops)
 		}
 		s.split.done()
 		if err != nil {
