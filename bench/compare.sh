@@ -7,6 +7,7 @@
 #
 #   REBUNO=/path/to/rebuno bench/compare.sh            # default cases, 3 pairs each
 #   REPS=5 CASES="remote_k1_c32" bench/compare.sh
+#   CASES=remote_k1_c1_steady bench/compare.sh         # C=1 past the first seconds
 #   REBUNO= bench/compare.sh                           # Gatehouse alone
 #   CASES=replay bench/compare.sh                      # catch-up rate (bench/replay)
 #
@@ -29,6 +30,10 @@ CASE_LIST=(
   "remote_k1_c32|-agents 4 -runners 4 -executions 3000 -concurrency 32 -remote -tools 1"
   "local_k3_c32|-agents 4 -runners 4 -executions 2000 -concurrency 32 -tools 3"
   "remote_k1_c1|-agents 4 -runners 4 -executions 500 -concurrency 1 -remote -tools 1"
+  # one at a time for longer, after a second and a half of warm-up: the
+  # steady state of a single agent, which serve reaches once its processor
+  # governor has seen a second of calm (the case above ends about then)
+  "remote_k1_c1_steady|-agents 4 -runners 4 -executions 3000 -warmup 1000 -concurrency 1 -remote -tools 1"
   # not kbench: bench/replay, a resuming client's catch-up from sequence 0
   "replay|-executions 20 -readers 1 -rounds 5"
 )
