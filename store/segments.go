@@ -293,7 +293,7 @@ func (s *Store) appendLogs(groups []*group, rest []op) ([]op, error) {
 				return nil, err
 			}
 			sp.shift(e, d)
-			e = 0
+			e, at = 0, 0
 		}
 		sp.note(e)
 		if len(sp.entries) > 0 || len(sp.drops) > 0 {

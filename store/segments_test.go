@@ -357,6 +357,7 @@ func TestGroupsAppliedTogetherAppendTheirLogsOnce(t *testing.T) {
 		seqs   string
 		last   string // the last entry's data
 	}
+	big := bytes.Repeat([]byte{'e'}, 300<<10)
 	put := func(b *Batch, n int) {
 		if err := b.Put("kind", "k", n); err != nil {
 			t.Error(err)
@@ -413,6 +414,17 @@ func TestGroupsAppliedTogetherAppendTheirLogsOnce(t *testing.T) {
 			want:    []want{{"x/a", "[1]", "a1"}, {"x/b", "[1]", "b1"}},
 		},
 		{
+			name: "groups past 256 KiB, with one that writes no log between them",
+			groups: []func(*Batch){
+				func(b *Batch) { b.Append("x/a", 1, big) },
+				func(b *Batch) { put(b, 1) },
+				func(b *Batch) { b.Append("x/a", 2, big) },
+				func(b *Batch) { b.Append("x/b", 1, []byte("b1")) },
+			},
+			appends: 3,
+			want:    []want{{"x/a", "[1 2]", string(big)}, {"x/b", "[1]", "b1"}},
+		},
+		{
 			name: "a sequence written again",
 			groups: []func(*Batch){
 				func(b *Batch) { b.Append("x/a", 1, []byte("first")) },
@@ -457,7 +469,7 @@ func TestGroupsAppliedTogetherAppendTheirLogsOnce(t *testing.T) {
 					last = string(es[len(es)-1].Data)
 				}
 				if err != nil || fmt.Sprint(seqsOf(es)) != w.seqs || last != w.last {
-					t.Errorf("%s: %v ending %q (%v); want %s ending %q", w.stream, seqsOf(es), last, err, w.seqs, w.last)
+					t.Errorf("%s: %v ending %.20q (%v); want %s ending %.20q", w.stream, seqsOf(es), last, err, w.seqs, w.last)
 				}
 			}
 			if n := records() - from; n != c.appends {
