@@ -168,6 +168,15 @@ func (sp *logSplit) intern(name []byte) string {
 // done lets go of what the last split referred to, keeping the room.
 func (sp *logSplit) done() {
 	sp.entries, sp.drops = reusable(sp.entries), reusable(sp.drops)
+	sp.forget()
+}
+
+// forget empties sp.spans, letting it go when a burst grew it past
+// maxInterned streams (a map cleared keeps its room), and sp.bytes.
+func (sp *logSplit) forget() {
+	if len(sp.spans) > maxInterned {
+		sp.spans = nil
+	}
 	clear(sp.spans)
 	sp.bytes = 0
 }
@@ -222,8 +231,7 @@ func (sp *logSplit) shift(e, d int) {
 	n = copy(sp.drops, sp.drops[d:])
 	clear(sp.drops[n:])
 	sp.drops = sp.drops[:n]
-	clear(sp.spans)
-	sp.bytes = 0
+	sp.forget()
 }
 
 // maxReused bounds the items of a slice the apply stage keeps for the
