@@ -342,13 +342,25 @@ func (n *Node) connect(ctx context.Context) error {
 		}
 		actx, cancel := context.WithTimeout(ctx, statusTimeout)
 		defer cancel()
-		_, err := n.js.AccountInfo(actx)
+		ai, err := n.js.AccountInfo(actx)
 		if cause := n.accountRefusal(err); cause != nil {
 			return fmt.Errorf("%w: --nats-url %s: %w", ErrAccount, where, cause)
+		}
+		// Said by the account's own limits, this refusal needs no wait
+		// and no try: creating the journal first, which such an account
+		// takes, would leave a stream of 4 GiB reserved for a member that
+		// then stops at the buckets. Tiered limits are left to JetStream's
+		// answer when the bucket is made.
+		if err == nil && ai.Limits.MaxBytesRequired {
+			return fmt.Errorf("%w: --nats-url %s: %w", ErrAccount, where, errMaxBytesRequired)
 		}
 		return err
 	})
 }
+
+// errMaxBytesRequired is an account's refusal of streams without a
+// max_bytes, which the buckets (LeaseBucket, PositionsBucket) are.
+var errMaxBytesRequired = fmt.Errorf("the account requires a stream config to have max bytes set (max_bytes_required), and the buckets %s and %s set none", LeaseBucket, PositionsBucket)
 
 // accountRefusal returns, for a node on a deployment, the refusal behind
 // err that a retry would meet again, once such refusals have come in a row

@@ -114,7 +114,7 @@ func TestClusterMembersAuthenticateWithACredentialsFile(t *testing.T) {
 		{"an account whose limits are a byte short of the journal's", tooSmall.Creds, tooSmall.Seed,
 			[]string{unfit, "journal stream (3 replicas of at most 4294967296 bytes)", "insufficient storage resources"}},
 		{"an account that requires every stream's max_bytes", boundsRequired.Creds, boundsRequired.Seed,
-			[]string{unfit, "bucket gatehouse_leader", "account requires a stream config to have max bytes set"}},
+			[]string{unfit, "max_bytes_required", "gatehouse_leader", "account requires a stream config to have max bytes set"}},
 		{"a user without the right to use JetStream's API", noAPI.Creds, noAPI.Seed,
 			[]string{unfit, `Permissions Violation for Publish to "$JS.API.INFO"`}},
 	} {
