@@ -155,6 +155,11 @@ type entry struct {
 	deliveredAt time.Time // when a connection that cannot acknowledge wrote it
 }
 
+// newOutbox returns k's outbox, empty, with the store ids made from k.
+func newOutbox(k Key) *outbox {
+	return &outbox{key: k, id: k.String(), entries: k.stream(), next: 1}
+}
+
 type outbox struct {
 	key Key
 	// id and entries are key.String() and key.stream(), the store ids of
@@ -251,10 +256,9 @@ func (h *Hub) load(ctx context.Context) error {
 		return fmt.Errorf("peer: load outboxes: %w", err)
 	}
 	for k, r := range recs {
-		b := &outbox{key: k, id: k.String(), entries: k.stream(), next: r.Next, acked: r.Acked, delivered: r.Delivered, persisted: r.Acked, lostBefore: r.LostBefore, lastSeen: r.LastSeen, lost: r.Lost}
-		if b.next == 0 {
-			b.next = 1
-		}
+		b := newOutbox(k)
+		b.next = max(r.Next, 1)
+		b.acked, b.delivered, b.persisted, b.lostBefore, b.lastSeen, b.lost = r.Acked, r.Delivered, r.Acked, r.LostBefore, r.LastSeen, r.Lost
 		err := h.o.Store.Scan(b.entries, r.Acked, func(seq uint64, data []byte) bool {
 			var s stored
 			if store.Decode(data, &s) == nil {
@@ -276,7 +280,8 @@ func (h *Hub) load(ctx context.Context) error {
 func (h *Hub) box(k Key) *outbox {
 	b := h.boxes[k]
 	if b == nil {
-		b = &outbox{key: k, id: k.String(), entries: k.stream(), next: 1, lastSeen: time.Now()}
+		b = newOutbox(k)
+		b.lastSeen = time.Now()
 		h.boxes[k] = b
 	}
 	return b

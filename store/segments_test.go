@@ -345,13 +345,13 @@ func TestCompactDropsTheSegmentsOfPrunedLogs(t *testing.T) {
 	}
 }
 
-// TestGroupsAppliedTogetherAppendTheirLogsOnce: the apply stage hands the
+// TestGroupsAppliedTogetherShareAnAppendWhereTheyReadTheSame: the apply stage hands the
 // segment log the log writes of the groups it applies together in one
 // append, and a group whose writes would read differently in the same
 // append as the ones before it (it drops what they appended, or appends a
 // sequence they did) starts another; every read is what one append per
 // group gives. Each group is a write of its own.
-func TestGroupsAppliedTogetherAppendTheirLogsOnce(t *testing.T) {
+func TestGroupsAppliedTogetherShareAnAppendWhereTheyReadTheSame(t *testing.T) {
 	type want struct {
 		stream string
 		seqs   string

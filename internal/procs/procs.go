@@ -5,8 +5,8 @@
 // stream that carries what it caused, the store's apply stage) may wake
 // another processor's thread on another CPU, and in a virtual machine that
 // wake-up costs more than the work it hands over: a gateway serving one
-// execution at a time spent a fifth less CPU, and answered a tenth sooner,
-// on one processor (docs/performance.md). Under load the other processors
+// execution at a time spent a fifth less CPU on one processor, and
+// answered as soon or up to a tenth sooner (docs/performance.md). Under load the other processors
 // carry the throughput. A Governor measures the load as the requests in
 // flight on average (the time spent serving them over the time elapsed)
 // and moves GOMAXPROCS between one and all.
